@@ -1,0 +1,115 @@
+"""Shared fixtures: free loopback ports and subprocesses that are always stopped."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 20.0,
+                  proc: subprocess.Popen | None = None) -> None:
+    """Poll until something accepts connections on host:port (a readiness check, not a sleep)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise TimeoutError(f"nothing listened on {host}:{port} within {timeout}s")
+
+
+class ProcManager:
+    """Starts subprocesses in their own process group and stops all of them at teardown."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, args: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | Path | None = None,
+              stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs) -> subprocess.Popen:
+        full_env = {**os.environ, **(env or {})}
+        full_env["PATH"] = f"{VENV_BIN}{os.pathsep}{full_env.get('PATH', '')}"
+        proc = subprocess.Popen(list(args), env=full_env, cwd=cwd, stdout=stdout, stderr=stderr,
+                                start_new_session=True, **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen, timeout: float = 5.0) -> int:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        for stream in (proc.stdout, proc.stderr, proc.stdin):
+            if stream:
+                stream.close()
+        return proc.returncode
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        """SIGKILL the process group at once (a crash, for fault tests)."""
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            self.stop(proc)
+
+
+@pytest.fixture
+def proc_manager() -> Iterator[ProcManager]:
+    manager = ProcManager()
+    try:
+        yield manager
+    finally:
+        manager.stop_all()
+
+
+@pytest.fixture
+def port_factory() -> Callable[[], int]:
+    return free_port
+
+
+def pytest_collection_modifyitems(config, items):
+    import importlib.util
+
+    has_cuda = False
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    if not has_cuda:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (run on a GPU machine: scripts/gpu_check)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
