@@ -1,0 +1,60 @@
+"""The rpc wire codec: arrays and tensors round-trip bit-exactly; garbage and unsafe dtypes are refused."""
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+from mlsyskit.core.rpc_codec import EXT_NDARRAY, CodecError, decode, encode
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "int64", "uint16", "bool", "complex64"])
+def test_numpy_roundtrip_keeps_dtype_shape_and_bytes(dtype):
+    rng = np.random.default_rng(0)
+    array = (rng.standard_normal((3, 4, 5)) * 10).astype(dtype)
+    back = decode(encode({"w": array}))["w"]
+    assert back.dtype == array.dtype and back.shape == array.shape
+    assert back.tobytes() == array.tobytes()
+    back[0, 0, 0] = 0  # the receiver owns a writable copy
+
+
+def test_non_contiguous_and_empty_arrays():
+    array = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2]
+    assert np.array_equal(decode(encode(array)), array)
+    empty = np.zeros((0, 7), dtype=np.int32)
+    assert decode(encode(empty)).shape == (0, 7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8])
+def test_torch_roundtrip(dtype):
+    tensor = (torch.arange(12, dtype=torch.float32).reshape(3, 4) - 5).to(dtype)
+    back = decode(encode([tensor, {"nested": tensor.t()}]))
+    assert isinstance(back[0], torch.Tensor) and back[0].dtype == dtype
+    assert torch.equal(back[0], tensor) and torch.equal(back[1]["nested"], tensor.t())
+
+
+def test_numpy_scalars_and_tuples_become_plain_values():
+    assert decode(encode({"a": np.float32(1.5), "b": (1, 2), 3: "int key"})) == {"a": 1.5, "b": [1, 2], 3: "int key"}
+
+
+def test_object_arrays_and_unknown_types_are_refused():
+    with pytest.raises(CodecError, match="dtype object"):
+        encode(np.array([object()], dtype=object))
+    with pytest.raises(CodecError, match="cannot encode a value of type"):
+        encode({"f": lambda: 0})
+
+
+def test_garbage_and_forged_headers_are_refused():
+    with pytest.raises(CodecError):
+        decode(b"\xc1\xff\x00garbage")
+    header = msgpack.packb(["<f4", [1000, 1000]])
+    forged = msgpack.ExtType(EXT_NDARRAY, len(header).to_bytes(4, "little") + header + b"\0" * 8)
+    with pytest.raises(CodecError, match="needs 4000000 bytes, got 8"):
+        decode(msgpack.packb(forged))
+    header = msgpack.packb(["|O", [1]])
+    pickled = msgpack.ExtType(EXT_NDARRAY, len(header).to_bytes(4, "little") + header + b"\0" * 8)
+    with pytest.raises(CodecError, match="refusing array dtype object"):
+        decode(msgpack.packb(pickled))
+    with pytest.raises(CodecError, match="unknown msgpack extension"):
+        decode(msgpack.packb(msgpack.ExtType(42, b"x")))
