@@ -1,0 +1,93 @@
+"""The smart client: fetches the shard map and sends each request straight to the right node.
+
+Writes go to the controlet's write target for the key's shard (the chain head, the
+master, or any replica for active-active), reads to one of its read targets (picked by a
+seeded RNG). Each node connection is one pipelined RESP connection, so many coroutines
+can share a client. Optionally every operation is recorded in a History.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import hiredis
+
+from mlsyskit.tools.kv.controlets import controlet_class
+from mlsyskit.tools.kv.history import History
+from mlsyskit.tools.kv.pipeline import RespConnection
+from mlsyskit.tools.kv.shardmap import ShardMap
+
+
+class KVError(RuntimeError):
+    """The cluster answered with an error."""
+
+
+class SmartClient:
+    def __init__(self, shard_map: ShardMap, seed: int = 0, history: History | None = None,
+                 process: int = 0) -> None:
+        self.map = shard_map
+        self.cls = controlet_class(shard_map.controlet)
+        self.rng = random.Random(seed)
+        self.history = history
+        self.process = process
+        self.conns: dict[str, RespConnection] = {}
+        self._connecting: dict[str, asyncio.Future] = {}
+
+    @classmethod
+    async def connect(cls, host: str, port: int, **kwargs) -> SmartClient:
+        seed_conn = await RespConnection.connect(host, port)
+        try:
+            text = await seed_conn.call(b"BKV.SHARDMAP")
+        finally:
+            await seed_conn.close()
+        return cls(ShardMap.from_json(text), **kwargs)
+
+    async def close(self) -> None:
+        for conn in self.conns.values():
+            await conn.close()
+        self.conns.clear()
+
+    async def _conn(self, node_id: str) -> RespConnection:
+        conn = self.conns.get(node_id)
+        if conn is not None and not conn.closed:
+            return conn
+        addr = self.map.nodes[node_id]
+        conn = self.conns[node_id] = await RespConnection.connect(addr.host, addr.port)
+        return conn
+
+    def target(self, key: bytes, write: bool) -> str:
+        replicas = self.map.shards[self.map.shard_for(key)]
+        targets = self.cls.write_targets(replicas) if write else self.cls.read_targets(replicas)
+        return targets[0] if len(targets) == 1 else targets[self.rng.randrange(len(targets))]
+
+    async def _call(self, f: str, key: bytes, value: bytes | None, *parts: bytes):
+        write = f in ("put", "del")
+        if self.history is not None:
+            self.history.invoke(self.process, f, key, value)
+        try:
+            conn = await self._conn(self.target(key, write))
+            result = await conn.call(*parts)
+        except hiredis.ReplyError as e:
+            self._record("fail", f, key, value)
+            raise KVError(str(e)) from None
+        except (TimeoutError, OSError, ConnectionError):
+            self._record("info" if write else "fail", f, key, value)
+            raise
+        self._record("ok", f, key, result if f == "get" else value)
+        return result
+
+    def _record(self, kind: str, f: str, key: bytes, value) -> None:
+        if self.history is not None:
+            self.history.complete(self.process, kind, f, key, value)
+
+    async def get(self, key: bytes) -> bytes | None:
+        return await self._call("get", key, None, b"GET", key)
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        await self._call("put", key, value, b"SET", key, value)
+
+    async def delete(self, key: bytes) -> bool:
+        return bool(await self._call("del", key, None, b"DEL", key))
+
+    async def exists(self, key: bytes) -> bool:
+        return bool(await self._call("exists", key, None, b"EXISTS", key))

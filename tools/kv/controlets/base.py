@@ -1,0 +1,119 @@
+"""The controlet interface: replication and consistency as a pure state machine.
+
+A controlet is one replica's protocol logic for one shard. It never touches sockets, files
+or clocks: the node runtime (or a simulator) feeds it events -- a client operation, a
+message from a peer replica -- and executes the actions it returns, in order:
+
+  Apply(key, value, req)   write (value None: delete) to the local datalet; when `req` is
+                           given, the runtime records on it whether the key existed (DEL's reply)
+  Read(req)                read req.key from the local datalet and answer req with it
+  Reply(req)               answer a completed write (OK for SET, the existed count for DEL)
+  Fail(req, message)       answer with a RESP error
+  Send(node, kind, fields) one-way message to another replica of the shard (FIFO per link)
+  Forward(req, node)       this replica may not serve req: relay it to `node`, relay the answer
+
+Datalet operations are executed in issue order, and any action after a datalet operation
+waits for it, so a Reply never precedes the write it reports. Every peer message carries
+the configuration epoch; the runtime drops messages from another epoch (fencing), so a
+replica from an older configuration can never change this one.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar, NamedTuple
+
+GET = "get"
+EXISTS = "exists"
+PUT = "put"
+DEL = "del"
+WRITES = (PUT, DEL)
+
+
+class Apply(NamedTuple):
+    key: bytes
+    value: bytes | None
+    req: Any = None
+
+
+class Read(NamedTuple):
+    req: Any
+
+
+class Reply(NamedTuple):
+    req: Any
+
+
+class Fail(NamedTuple):
+    req: Any
+    message: str
+
+
+class Send(NamedTuple):
+    node: str
+    kind: bytes
+    fields: tuple
+
+
+class Forward(NamedTuple):
+    req: Any
+    node: str
+
+
+Action = Apply | Read | Reply | Fail | Send | Forward
+
+
+def op_code(op: str) -> bytes:
+    return b"P" if op == PUT else b"D"
+
+
+def value_of(code: bytes, value: bytes) -> bytes | None:
+    """Wire form of a write: op code P carries a value, D (delete) carries an empty one."""
+    return value if code == b"P" else None
+
+
+class Controlet(ABC):
+    """One replica's protocol for one shard. `replicas` is the shard's replica list in role order."""
+
+    name: ClassVar[str]
+    topology: ClassVar[str]  # "ms" | "aa"
+    consistency: ClassVar[str]  # "strong" | "eventual"
+
+    def __init__(self, node_id: str, replicas: Sequence[str], epoch: int) -> None:
+        if node_id not in replicas:
+            raise ValueError(f"{node_id!r} is not a replica of {list(replicas)}")
+        self.node_id = node_id
+        self.replicas = tuple(replicas)
+        self.index = self.replicas.index(node_id)
+        self.epoch = epoch
+        self.others = tuple(r for r in self.replicas if r != node_id)
+
+    @staticmethod
+    @abstractmethod
+    def write_targets(replicas: Sequence[str]) -> Sequence[str]:
+        """Replicas that accept writes directly (smart clients send writes there)."""
+
+    @staticmethod
+    @abstractmethod
+    def read_targets(replicas: Sequence[str]) -> Sequence[str]:
+        """Replicas that serve reads directly."""
+
+    @abstractmethod
+    def on_client(self, req: Any) -> list[Action]:
+        """A client operation (req.op in get/exists/put/del, req.key, req.value) reached this replica."""
+
+    @abstractmethod
+    def on_peer(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
+        """A message from another replica of this shard (fields arrive as bytes on the wire)."""
+
+    def serves_locally(self, op: str) -> bool:
+        """True when this replica answers `op` from its own datalet with no coordination at all.
+
+        The runtime may then skip the action machinery for that op (the hot path of a
+        single-replica shard); the result is the same as running on_client's actions.
+        """
+        return False
+
+    def state(self) -> dict[str, Any]:
+        """Protocol counters for INFO and status tables."""
+        return {"controlet": self.name, "epoch": self.epoch, "role_index": self.index}

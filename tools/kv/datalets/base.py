@@ -1,0 +1,68 @@
+"""The datalet API: the data plane is any single-server KV store that can get, put and delete.
+
+A datalet is deliberately dumb: no replication, no ordering, no versions. Controlets add
+those. Beyond get/put/del it offers export/import (a stream of pairs, used to bring a
+replica back up to date) and, where the store is ordered, a range scan.
+
+Local datalets (memory, lmdb) answer synchronously; a remote one (redis) returns futures
+that complete in issue order. The node runtime handles both without blocking.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Iterable
+from typing import Any, ClassVar
+
+
+class ScanUnsupported(RuntimeError):
+    """This datalet keeps no key order."""
+
+
+class Datalet(ABC):
+    name: ClassVar[str]
+    is_async: ClassVar[bool] = False  # True: get/put/delete/exists return asyncio futures
+    ordered: ClassVar[bool] = False  # True: scan() is supported
+
+    async def open(self) -> None:  # noqa: B027 - most datalets need no setup
+        """Connect or create storage; called once before any operation."""
+
+    async def close(self) -> None:  # noqa: B027
+        """Flush and release resources."""
+
+    @abstractmethod
+    def get(self, key: bytes) -> Any: ...
+
+    @abstractmethod
+    def put(self, key: bytes, value: bytes) -> Any: ...
+
+    @abstractmethod
+    def delete(self, key: bytes) -> Any:
+        """Remove `key`; the result says whether it existed."""
+
+    @abstractmethod
+    def exists(self, key: bytes) -> Any: ...
+
+    @abstractmethod
+    def export_pairs(self) -> AsyncIterator[tuple[bytes, bytes]]:
+        """Every (key, value) pair, in batches under the hood (for recovery and moves)."""
+
+    async def import_pairs(self, pairs: Iterable[tuple[bytes, bytes]]) -> int:
+        """Write every pair; returns how many. Remote datalets pipeline the writes."""
+        count = 0
+        last = None
+        for key, value in pairs:
+            last = self.put(key, value)
+            count += 1
+        if self.is_async and last is not None:
+            await last
+        return count
+
+    def scan(self, start: bytes = b"", limit: int = 100) -> list[tuple[bytes, bytes]]:
+        """Up to `limit` pairs with key >= start, in key order."""
+        raise ScanUnsupported(f"the {self.name} datalet keeps no key order")
+
+    async def count(self) -> int:
+        n = 0
+        async for _ in self.export_pairs():
+            n += 1
+        return n

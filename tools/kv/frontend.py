@@ -1,0 +1,301 @@
+"""The RESP front end: one asyncio Protocol per client connection.
+
+Everything a connection received in one read is parsed (hiredis) and dispatched before a
+single write of all ready replies goes back, which is what makes pipelined clients cheap.
+Replies leave in request order even when some complete later (a replicated write waiting
+for its ack): each request holds a slot in `slots`, and only a ready prefix is flushed.
+Bad input never raises out of here: malformed frames close the connection after an
+error (as Redis does); unknown commands, wrong arity and oversize keys/values get errors.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections import deque
+from typing import Any
+
+import hiredis
+
+from mlsyskit.tools.kv import resp
+from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT
+from mlsyskit.tools.kv.node import PEER_MESSAGE, Node, Request
+
+
+class Ready:
+    """An immediate reply queued behind a slower one."""
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+
+class Aggregate:
+    """A multi-key command (MGET, MSET, DEL k..., EXISTS k...) split into single-key requests."""
+
+    __slots__ = ("conn", "kind", "parts", "remaining", "payload")
+
+    def __init__(self, conn: ClientConnection, kind: bytes, n: int) -> None:
+        self.conn, self.kind, self.remaining = conn, kind, n
+        self.parts: list[bytes | None] = [None] * n
+        self.payload: bytes | None = None
+
+    def part_done(self, req: Request) -> None:
+        self.parts[req.index] = req.payload
+        self.remaining -= 1
+        if self.remaining:
+            return
+        failed = next((p for p in self.parts if p.startswith(b"-")), None)
+        if failed is not None:
+            self.payload = failed
+        elif self.kind == b"MGET":
+            self.payload = b"*%d\r\n" % len(self.parts) + b"".join(self.parts)
+        elif self.kind == b"MSET":
+            self.payload = resp.OK
+        else:
+            self.payload = resp.integer(sum(int(p[1:-2]) for p in self.parts))
+        self.conn.slot_done()
+
+
+class ClientConnection(asyncio.Protocol):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.limits = node.limits
+        self.reader = hiredis.Reader()
+        self.slots: deque[Any] = deque()
+        self.out: list[bytes] = []
+        self.in_batch = False
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.node.stats["connections"] += 1
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+    # -- input ---------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        reader = self.reader
+        reader.feed(data)
+        self.in_batch = True
+        handlers = HANDLERS
+        count = 0
+        node = self.node
+        # Hot path, inlined: single-key GET/SET that this replica serves from its own datalet.
+        fast_get, fast_put = node.fast_get, node.fast_put
+        owns, max_key, max_value = node.owns, self.limits.max_key_bytes, self.limits.max_value_bytes
+        out, slots, bulk, ok = self.out, self.slots, resp.bulk, resp.OK
+        try:
+            while True:
+                cmd = reader.gets()
+                if cmd is False:
+                    break
+                count += 1
+                if type(cmd) is list and not slots:
+                    n = len(cmd)
+                    if n == 2 and fast_get is not None and cmd[0] == b"GET":
+                        key = cmd[1]
+                        if len(key) <= max_key and owns(key):
+                            out.append(bulk(fast_get(key)))
+                            continue
+                    elif n == 3 and fast_put is not None and cmd[0] == b"SET":
+                        key = cmd[1]
+                        if len(key) <= max_key and len(cmd[2]) <= max_value and owns(key):
+                            fast_put(key, cmd[2])
+                            out.append(ok)
+                            continue
+                if type(cmd) is not list or not cmd or type(cmd[0]) is not bytes:
+                    self.fatal("Protocol error: expected an array of bulk strings")
+                    return
+                handler = handlers.get(cmd[0]) or handlers.get(cmd[0].upper())
+                if handler is None:
+                    self.reply(resp.error(f"unknown command '{cmd[0][:64].decode(errors='replace')}'"))
+                else:
+                    handler(self, cmd)
+            if reader.len() > self.limits.max_request_bytes:
+                self.fatal(f"Protocol error: request larger than {self.limits.max_request_bytes} bytes")
+                return
+        except hiredis.ProtocolError as e:
+            self.fatal(f"Protocol error: {e}")
+            return
+        finally:
+            self.node.stats["commands"] += count
+            self.in_batch = False
+        self.flush()
+
+    def fatal(self, message: str) -> None:
+        """Malformed input: answer with an error, then close (the stream cannot be resynchronised)."""
+        self.node.stats["errors"] += 1
+        self.out.append(resp.error(message))
+        self.in_batch = False
+        self.flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- output --------------------------------------------------------------
+    def reply(self, payload: bytes) -> None:
+        if self.slots:
+            self.slots.append(Ready(payload))
+        else:
+            self.out.append(payload)
+
+    def slot_done(self) -> None:
+        slots = self.slots
+        out = self.out
+        while slots and slots[0].payload is not None:
+            out.append(slots.popleft().payload)
+        if not self.in_batch:
+            self.flush()
+
+    def flush(self) -> None:
+        out = self.out
+        if out:
+            if self.transport is not None:
+                self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
+
+    # -- requests --------------------------------------------------------------
+    def single(self, op: str, key: bytes, value: bytes | None) -> None:
+        req = Request(op, key, value, self)
+        self.slots.append(req)
+        self.node.submit(req)
+
+    def multi(self, kind: bytes, op: str, items: list[tuple[bytes, bytes | None]]) -> None:
+        agg = Aggregate(self, kind, len(items))
+        self.slots.append(agg)
+        for i, (key, value) in enumerate(items):
+            self.node.submit(Request(op, key, value, None, agg, i))
+
+    def bad_key(self, key: bytes) -> bool:
+        if len(key) > self.limits.max_key_bytes:
+            self.reply(resp.error(f"key too long ({len(key)} > {self.limits.max_key_bytes} bytes)"))
+            return True
+        return False
+
+    def bad_value(self, value: bytes) -> bool:
+        if len(value) > self.limits.max_value_bytes:
+            self.reply(resp.error(f"value too large ({len(value)} > {self.limits.max_value_bytes} bytes)"))
+            return True
+        return False
+
+
+def _arity(conn: ClientConnection, cmd: list, name: str) -> None:
+    conn.reply(resp.error(f"wrong number of arguments for '{name}' command"))
+
+
+def cmd_get(conn: ClientConnection, cmd: list) -> None:
+    if len(cmd) != 2:
+        return _arity(conn, cmd, "get")
+    key = cmd[1]
+    if conn.bad_key(key):
+        return None
+    node = conn.node
+    if node.fast_get is not None and not conn.slots and node.owns(key):
+        conn.out.append(resp.bulk(node.fast_get(key)))
+    else:
+        conn.single(GET, key, None)
+
+
+def cmd_set(conn: ClientConnection, cmd: list) -> None:
+    if len(cmd) != 3:
+        if len(cmd) > 3:
+            return conn.reply(resp.error("SET options (EX, PX, NX, XX, GET, ...) are not supported"))
+        return _arity(conn, cmd, "set")
+    key, value = cmd[1], cmd[2]
+    if conn.bad_key(key) or conn.bad_value(value):
+        return None
+    node = conn.node
+    if node.fast_put is not None and not conn.slots and node.owns(key):
+        node.fast_put(key, value)
+        conn.out.append(resp.OK)
+    else:
+        conn.single(PUT, key, value)
+
+
+def _keys_command(op: str, name: str, kind: bytes):
+    def handler(conn: ClientConnection, cmd: list) -> None:
+        if len(cmd) < 2:
+            return _arity(conn, cmd, name)
+        if len(cmd) > conn.limits.max_args:
+            return conn.reply(resp.error(f"too many arguments ({len(cmd)} > {conn.limits.max_args})"))
+        if any(conn.bad_key(k) for k in cmd[1:]):
+            return None
+        if len(cmd) == 2 and kind != b"MGET":
+            return conn.single(op, cmd[1], None)
+        return conn.multi(kind, op, [(k, None) for k in cmd[1:]])
+    return handler
+
+
+def cmd_mset(conn: ClientConnection, cmd: list) -> None:
+    if len(cmd) < 3 or len(cmd) % 2 == 0:
+        return _arity(conn, cmd, "mset")
+    if len(cmd) > conn.limits.max_args:
+        return conn.reply(resp.error(f"too many arguments ({len(cmd)} > {conn.limits.max_args})"))
+    pairs = list(zip(cmd[1::2], cmd[2::2], strict=True))
+    if any(conn.bad_key(k) or conn.bad_value(v) for k, v in pairs):
+        return None
+    conn.multi(b"MSET", PUT, pairs)
+
+
+def cmd_ping(conn: ClientConnection, cmd: list) -> None:
+    conn.reply(resp.PONG if len(cmd) == 1 else resp.bulk(cmd[1]))
+
+
+def cmd_echo(conn: ClientConnection, cmd: list) -> None:
+    if len(cmd) != 2:
+        return _arity(conn, cmd, "echo")
+    conn.reply(resp.bulk(cmd[1]))
+
+
+def cmd_info(conn: ClientConnection, cmd: list) -> None:
+    lines = ["# bespokv"] + [f"{k}:{v}" for k, v in conn.node.info().items()]
+    conn.reply(resp.bulk(("\r\n".join(lines) + "\r\n").encode()))
+
+
+def cmd_shardmap(conn: ClientConnection, cmd: list) -> None:
+    conn.reply(resp.bulk(conn.node.map.to_json().encode()))
+
+
+def cmd_peer(conn: ClientConnection, cmd: list) -> None:
+    conn.node.on_peer_message(cmd)
+
+
+def cmd_select(conn: ClientConnection, cmd: list) -> None:
+    ok = len(cmd) == 2 and cmd[1] == b"0"
+    conn.reply(resp.OK if ok else resp.error("only database 0 exists in a bespokv cluster"))
+
+
+def cmd_quit(conn: ClientConnection, cmd: list) -> None:
+    conn.reply(resp.OK)
+    conn.flush()
+    if conn.transport is not None:
+        conn.transport.close()
+
+
+def cmd_ok(conn: ClientConnection, cmd: list) -> None:
+    conn.reply(resp.OK)  # CLIENT SETNAME / SETINFO that client libraries send on connect
+
+
+def cmd_empty(conn: ClientConnection, cmd: list) -> None:
+    conn.reply(resp.EMPTY_ARRAY)  # COMMAND DOCS probes from redis-cli
+
+
+def cmd_config(conn: ClientConnection, cmd: list) -> None:
+    """CONFIG GET <param>: an empty value (redis-benchmark asks for `save` and `appendonly`)."""
+    if len(cmd) == 3 and cmd[1].upper() == b"GET":
+        return conn.reply(resp.array([cmd[2], b""]))
+    conn.reply(resp.error("CONFIG supports only GET, and a bespokv node has no Redis settings"))
+
+
+HANDLERS: dict[bytes, Any] = {
+    b"GET": cmd_get, b"SET": cmd_set, b"MSET": cmd_mset,
+    b"DEL": _keys_command(DEL, "del", b"DEL"), b"EXISTS": _keys_command(EXISTS, "exists", b"EXISTS"),
+    b"MGET": _keys_command(GET, "mget", b"MGET"),
+    b"PING": cmd_ping, b"ECHO": cmd_echo, b"INFO": cmd_info, b"BKV.SHARDMAP": cmd_shardmap,
+    PEER_MESSAGE: cmd_peer, b"SELECT": cmd_select, b"QUIT": cmd_quit, b"CLIENT": cmd_ok,
+    b"COMMAND": cmd_empty, b"CONFIG": cmd_config,
+}
