@@ -1,0 +1,71 @@
+"""Update validation and sample-weighted FedAvg.
+
+Validation runs on every update before it can be aggregated or paid: it must be for the open
+round, from a selected client, with exactly the global model's names, shapes and dtypes, finite,
+no larger than the configured byte limit, with sane metrics. After the round closes, updates
+whose distance from the global model is more than `max_norm_ratio` times the round's median are
+rejected too (a cheap guard against a provider that sends noise while reporting good quality).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from mlsyskit.tools.fl.model import Weights, flatten
+
+METRIC_KEYS = ("num_samples", "loss", "quality", "train_time_s", "cpu_time_s")
+
+
+def validate_update(weights: Any, metrics: Any, reference: Weights, max_bytes: int) -> str | None:
+    """None if the update is acceptable, else the reason it is not."""
+    if not isinstance(weights, Mapping) or not isinstance(metrics, Mapping):
+        return "update must carry a weights map and a metrics map"
+    if set(weights) != set(reference):
+        return f"weights have names {sorted(map(str, weights))}, expected {sorted(reference)}"
+    size = 0
+    for name, ref in reference.items():
+        array = weights[name]
+        if not isinstance(array, np.ndarray):
+            return f"{name} is a {type(array).__name__}, not an array"
+        if array.shape != ref.shape or array.dtype != ref.dtype:
+            return f"{name} has shape {array.shape} {array.dtype}, expected {ref.shape} {ref.dtype}"
+        if not np.isfinite(array).all():
+            return f"{name} contains NaN or Inf"
+        size += array.nbytes
+    if size > max_bytes:
+        return f"update of {size} bytes exceeds the {max_bytes}-byte limit"
+    for key in METRIC_KEYS:
+        value = metrics.get(key)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            return f"metric {key} is missing or invalid ({value!r})"
+    if not 0 <= metrics["quality"] <= 1:
+        return f"quality {metrics['quality']} is outside [0, 1]"
+    if int(metrics["num_samples"]) < 1:
+        return "num_samples must be at least 1"
+    return None
+
+
+def outliers_by_norm(updates: Mapping[int, Weights], reference: Weights, ratio: float) -> dict[int, str]:
+    """Clients whose update moved the model more than `ratio` x the median distance of the round."""
+    if len(updates) < 3:  # a median of one or two says nothing
+        return {}
+    base = flatten(reference)
+    norms = {cid: float(np.linalg.norm(flatten(w) - base)) for cid, w in updates.items()}
+    median = float(np.median(list(norms.values())))
+    if median <= 0:
+        return {}
+    return {cid: f"update norm {n:.3g} is {n / median:.1f}x the round median {median:.3g}"
+            for cid, n in norms.items() if n > ratio * median}
+
+
+def fedavg(updates: Sequence[tuple[Weights, int]]) -> Weights:
+    """Sample-weighted average  w = sum_i n_i w_i / sum_i n_i  (McMahan et al. 2017)."""
+    if not updates:
+        raise ValueError("nothing to aggregate")
+    total = float(sum(n for _, n in updates))
+    names = updates[0][0].keys()
+    return {name: (sum(w[name].astype(np.float64) * (n / total) for w, n in updates)).astype(updates[0][0][name].dtype)
+            for name in names}

@@ -1,0 +1,126 @@
+"""FL job configuration: frozen dataclasses, loadable from TOML, validated on construction.
+
+One `JobConfig` describes a whole federated job, the same for `fl-server run` and
+`fl-server simulate`; the data part (`DataSpec`) is sent to clients at registration so both
+sides derive identical partitions from the same seed.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from mlsyskit.core.config import from_dict, require
+
+DATASETS = ("digits", "mnist1d", "synthetic")
+PARTITIONS = ("iid", "dirichlet", "shards")
+ATTACKS = ("none", "label-flip", "noisy-labels", "random-update")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    dataset: str = "digits"
+    num_clients: int = 10
+    partition: str = "dirichlet"
+    alpha: float = 0.5  # Dirichlet concentration of label skew
+    shards_per_client: int = 2
+    synthetic_alpha: float = 1.0  # LEAF synthetic(alpha, beta): model and feature heterogeneity
+    synthetic_beta: float = 1.0
+    test_fraction: float = 0.2  # each client's own test split (and the global held-out split)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.dataset in DATASETS, f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
+        require(self.partition in PARTITIONS, f"partition must be one of {', '.join(PARTITIONS)}")
+        require(self.num_clients >= 1, "num_clients must be at least 1")
+        require(self.alpha > 0, "alpha must be positive")
+        require(self.shards_per_client >= 1, "shards_per_client must be at least 1")
+        require(0 < self.test_fraction < 1, "test_fraction must be in (0, 1)")
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """What a selected client does with the global model (sent with every round)."""
+
+    epochs: int = 2
+    batch_size: int = 16
+    lr: float = 0.05
+    momentum: float = 0.9
+    hidden: int = 64
+    local_only_epochs: int = 20  # the consumer's local-only baseline for the utility ratio
+
+    def __post_init__(self) -> None:
+        require(self.epochs >= 1 and self.batch_size >= 1, "epochs and batch_size must be at least 1")
+        require(self.lr > 0, "lr must be positive")
+        require(self.hidden >= 1, "hidden must be at least 1")
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    """Epsilon-greedy on quality history (TIFF); `random` ignores everything but k."""
+
+    epsilon: float = 0.3  # initial exploration probability per slot
+    epsilon_decay: float = 0.95  # multiplied in every round
+    epsilon_min: float = 0.05
+    history: str = "ema"  # ema | window
+    ema_beta: float = 0.5  # weight of the newest observation
+    window: int = 5
+    optimistic_quality: float = 1.0  # what an unseen client is assumed to score
+
+    def __post_init__(self) -> None:
+        require(0 <= self.epsilon_min <= self.epsilon <= 1, "need 0 <= epsilon_min <= epsilon <= 1")
+        require(0 < self.epsilon_decay <= 1, "epsilon_decay must be in (0, 1]")
+        require(self.history in ("ema", "window"), "history must be ema or window")
+        require(0 < self.ema_beta <= 1 and self.window >= 1, "ema_beta in (0, 1] and window >= 1")
+
+
+@dataclass(frozen=True)
+class EconomyConfig:
+    """The token economy (TIFF); the default strategy keeps prices and fee but pays equally."""
+
+    endowment: float = 1000.0  # tokens minted to every client when it first registers
+    price: float = 1.0  # paid into escrow by every consumer each round
+    infra_fee: float = 0.1  # fraction of escrow kept by the infrastructure
+    quality_exponent: float = 2.0  # provider weight = samples * quality ** exponent
+    quality_floor: float = 0.5  # x round median quality: providers below are neither aggregated nor paid
+    reimburse_every: int = 0  # rounds between consumer reimbursements; 0 = once, at the end of the job
+
+    def __post_init__(self) -> None:
+        require(self.endowment >= 0 and self.price >= 0, "endowment and price must be non-negative")
+        require(0 <= self.infra_fee < 1, "infra_fee must be in [0, 1)")
+        require(self.quality_exponent >= 0, "quality_exponent must be non-negative")
+        require(0 <= self.quality_floor <= 1, "quality_floor must be in [0, 1]")
+        require(self.reimburse_every >= 0, "reimburse_every must be >= 0")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    strategy: str = "tiff"
+    rounds: int = 10
+    per_round: int = 5
+    min_clients: int = 0  # wait for this many registrations before round 1; 0 = data.num_clients
+    round_timeout_s: float = 30.0  # per-round deadline for updates (virtual seconds in simulation)
+    max_update_bytes: int = 16 * 1024 * 1024
+    max_norm_ratio: float = 10.0  # an update whose delta norm exceeds this x the round median is rejected
+    seed: int = 0
+    data: DataSpec = field(default_factory=DataSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    economy: EconomyConfig = field(default_factory=EconomyConfig)
+
+    def __post_init__(self) -> None:
+        require(self.rounds >= 1, "rounds must be at least 1")
+        require(1 <= self.per_round <= self.data.num_clients,
+                f"per_round must be in [1, clients={self.data.num_clients}], got {self.per_round}")
+        require(0 <= self.min_clients <= self.data.num_clients, "min_clients must be in [0, clients]")
+        require(self.round_timeout_s > 0, "round_timeout_s must be positive")
+        require(self.max_norm_ratio > 1, "max_norm_ratio must exceed 1")
+
+    @property
+    def wait_for(self) -> int:
+        return self.min_clients or self.data.num_clients
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_mapping(cls, data: dict) -> JobConfig:
+        return from_dict(cls, data)

@@ -1,0 +1,223 @@
+"""The round state machine shared by `fl-server run` and `fl-server simulate`.
+
+It never touches the network or the clock: the driver tells it that a client registered, that
+a round should begin (with who is available and the current time), that an update arrived,
+that a client dropped, and that the round is over (all replied, or the deadline passed). Each
+finished round is committed in one MetaStore transaction: ledger transfers, the round record
+and the checkpoint (model, selector memory, counters), so a restart resumes from the last
+committed round with the books balanced.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mlsyskit.core.rpc_codec import decode, encode
+from mlsyskit.core.sim import Seeds, sub_seed
+from mlsyskit.core.storage import MetaStore
+from mlsyskit.tools.fl.aggregation import outliers_by_norm, validate_update
+from mlsyskit.tools.fl.config import JobConfig
+from mlsyskit.tools.fl.data import load_federated
+from mlsyskit.tools.fl.incentive.ledger import MINT, POOL, Ledger, Transfer, client_account
+from mlsyskit.tools.fl.model import Weights, build_model, evaluate, get_weights
+from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
+from mlsyskit.tools.fl.strategy import STRATEGIES
+
+NS = "fl"
+
+
+class JobMismatch(ValueError):
+    """The run directory holds a different job than the one asked for."""
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    round: int
+    selected: list[int]
+    weights: Weights
+    train: dict[str, Any]  # the TrainSpec as a dict
+    seeds: dict[int, int]  # per-client training seed
+    deadline: float
+
+
+class Coordinator:
+    def __init__(self, config: JobConfig, store: MetaStore) -> None:
+        self.config = config
+        self.store = store
+        self.ledger = Ledger(store)
+        data = load_federated(config.data)
+        self.num_features, self.num_classes = data.num_features, data.num_classes
+        hidden = config.train.hidden
+
+        def evaluator(weights: Weights) -> dict[str, float]:
+            return evaluate(weights, data.x_test, data.y_test, self.num_features, self.num_classes, hidden)
+
+        self.strategy = STRATEGIES.get(config.strategy)(config, evaluator)
+        self.weights = get_weights(build_model(self.num_features, self.num_classes, hidden,
+                                               sub_seed(config.seed, "model-init") % (2**31)))
+        self.round = 0  # last committed round
+        self.clients: dict[int, dict[str, Any]] = {}
+        self.consumer_accuracy: dict[int, float] = {}
+        self.last_reimbursed = 0
+        self.finished = False
+        self._plan: RoundPlan | None = None
+        self._reports: dict[int, ClientReport] = {}
+        self._updates: dict[int, Weights] = {}
+        self._resume()
+
+    # -- persistence -------------------------------------------------------------------------------
+    def _resume(self) -> None:
+        stored = self.store.get(NS, "config", None)
+        if stored is None:
+            self.store.put(NS, "config", self.config.to_dict())
+            return
+        mine = self.config.to_dict()
+        for key in ("strategy", "seed", "data", "train", "selection", "economy"):
+            if stored.get(key) != mine.get(key):
+                raise JobMismatch(f"{self.store.path} holds a job with a different {key}; use a fresh run directory")
+        self.store.put(NS, "config", mine)  # rounds/per_round/timeouts may change on resume
+        for key, info in self.store.items("fl_clients"):
+            self.clients[int(key)] = info
+        state = self.store.get(NS, "state", None)
+        if state is not None:
+            self.round = state["round"]
+            self.weights = decode(state["weights"])
+            self.strategy.selector.load_state_dict(state["selector"])
+            self.consumer_accuracy = {int(k): v for k, v in state["consumer_accuracy"].items()}
+            self.last_reimbursed = state["last_reimbursed"]
+            self.finished = state["finished"]
+
+    def _checkpoint(self) -> None:
+        self.store.put(NS, "state", {
+            "round": self.round, "weights": encode(self.weights),
+            "selector": self.strategy.selector.state_dict(),
+            "consumer_accuracy": {str(k): v for k, v in self.consumer_accuracy.items()},
+            "last_reimbursed": self.last_reimbursed, "finished": self.finished})
+
+    # -- registration ------------------------------------------------------------------------------
+    def register(self, client_id: int, info: dict[str, Any]) -> None:
+        """A client joined (or rejoined). First-time clients receive the endowment."""
+        if not 0 <= client_id < self.config.data.num_clients:
+            raise ValueError(f"client id {client_id} is outside 0..{self.config.data.num_clients - 1}")
+        record = {"num_samples": int(info.get("num_samples", 0)),
+                  "local_only_accuracy": float(info.get("local_only_accuracy", 0.0)),
+                  "declared_attack": str(info.get("declared_attack", "none"))}
+        with self.store.transaction():
+            if client_id not in self.clients:
+                self.ledger.apply(self.round, [Transfer(MINT, client_account(client_id),
+                                                        self.config.economy.endowment, "endowment")])
+            self.clients[client_id] = record
+            self.store.put("fl_clients", str(client_id), record)
+
+    # -- one round ---------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.round >= self.config.rounds
+
+    @property
+    def open_round(self) -> RoundPlan | None:
+        return self._plan
+
+    def begin_round(self, available: list[int], now: float) -> RoundPlan:
+        if self._plan is not None:
+            raise RuntimeError(f"round {self._plan.round} is still open")
+        number = self.round + 1
+        rng = Seeds(self.config.seed).random(f"select:{number}")
+        selected = self.strategy.configure_round(number, sorted(set(available) & set(self.clients)), rng)
+        seeds = {cid: sub_seed(self.config.seed, f"train:{number}:{cid}") % (2**31) for cid in selected}
+        self._plan = RoundPlan(number, selected, self.weights, self.config.train.__dict__.copy(), seeds,
+                               now + self.config.round_timeout_s)
+        self._reports, self._updates = {}, {}
+        return self._plan
+
+    def submit(self, client_id: int, round_num: int, weights: Any, metrics: Any) -> tuple[bool, str]:
+        """Check an update; (accepted, reason). A rejected update is recorded and will not be paid."""
+        plan = self._plan
+        if plan is None or round_num != plan.round:
+            return False, f"round {round_num} is not open"
+        if client_id not in plan.selected:
+            return False, f"client {client_id} was not selected in round {round_num}"
+        if client_id in self._reports:
+            return False, f"client {client_id} already reported in round {round_num}"
+        reason = validate_update(weights, metrics, self.weights, self.config.max_update_bytes)
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)} \
+            if isinstance(metrics, dict) else {}
+        if reason is not None:
+            self._reports[client_id] = ClientReport(client_id, clean, "rejected", reason)
+            return False, reason
+        self._reports[client_id] = ClientReport(client_id, clean)
+        self._updates[client_id] = weights
+        if "consumer_accuracy" in clean:
+            self.consumer_accuracy[client_id] = clean["consumer_accuracy"]
+        return True, ""
+
+    def drop(self, client_id: int, reason: str) -> None:
+        """A selected client went away before reporting (connection lost)."""
+        plan = self._plan
+        if plan is not None and client_id in plan.selected and client_id not in self._reports:
+            self._reports[client_id] = ClientReport(client_id, {}, "failed", reason)
+
+    def waiting_for(self) -> list[int]:
+        plan = self._plan
+        return [] if plan is None else [c for c in plan.selected if c not in self._reports]
+
+    def finish_round(self, duration_s: float) -> RoundOutcome:
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("no round is open")
+        for cid in self.waiting_for():
+            self._reports[cid] = ClientReport(cid, {}, "failed", "no update before the deadline")
+        for cid, reason in outliers_by_norm(self._updates, self.weights, self.config.max_norm_ratio).items():
+            report = self._reports[cid]
+            report.status, report.reason = "rejected", reason
+        outcome = RoundOutcome(plan.round, plan.selected, dict(sorted(self._reports.items())), duration_s=duration_s)
+        new_weights = self.strategy.aggregate(self.weights, self._updates, outcome)
+        outcome.global_metrics = self.strategy.evaluate(new_weights)
+        incentive = self.strategy.incentive
+        with self.store.transaction():
+            transfers, pot = incentive.collect(sorted(self.clients), self.ledger.balances())
+            transfers += incentive.pay_providers(outcome, pot)
+            self.ledger.apply(plan.round, transfers)
+            self.strategy.selector.observe(outcome)
+            self.weights, self.round, self._plan = new_weights, plan.round, None
+            every = self.config.economy.reimburse_every
+            if every and self.round % every == 0:
+                self._reimburse(self.consumer_accuracy)
+            self.store.append("fl_rounds", outcome.to_record())
+            self._checkpoint()
+        return outcome
+
+    # -- end of job --------------------------------------------------------------------------------
+    def _reimburse(self, accuracies: dict[int, float]) -> None:
+        paid = {client_id_of(a): v for a, v in
+                self.ledger.totals_by("price", "payer", since_round=self.last_reimbursed).items()}
+        uir = {}
+        for cid, info in self.clients.items():
+            local = info["local_only_accuracy"]
+            if cid in accuracies:
+                uir[cid] = (accuracies[cid] - local) / max(local, 1e-6)
+        transfers = self.strategy.incentive.reimburse(self.ledger.balance(POOL), paid, uir)
+        self.ledger.apply(self.round, transfers)
+        refunds = {int(t.payee.split(":")[1]): t.amount for t in transfers}
+        self.store.append("fl_reimbursements", {
+            "round": self.round, "consumers": {str(cid): {
+                "paid": paid.get(cid, 0.0), "refund": refunds.get(cid, 0.0),
+                "trr": refunds.get(cid, 0.0) / paid[cid] if paid.get(cid) else 0.0,
+                "uir": uir.get(cid), "global_accuracy": accuracies.get(cid),
+                "local_only_accuracy": self.clients[cid]["local_only_accuracy"]} for cid in sorted(self.clients)}})
+        self.last_reimbursed = self.round
+
+    def finish_job(self, accuracies: dict[int, float]) -> None:
+        """Final reimbursement with each consumer's accuracy of the final model on its own data."""
+        if self.finished:
+            return
+        self.consumer_accuracy.update(accuracies)
+        with self.store.transaction():
+            if self.last_reimbursed < self.round or not self.config.economy.reimburse_every:
+                self._reimburse(self.consumer_accuracy)
+            self.finished = True
+            self._checkpoint()
+
+
+def client_id_of(account: str) -> int:
+    return int(account.split(":", 1)[1])

@@ -1,0 +1,88 @@
+"""A double-entry token ledger in SQLite (core.storage MetaStore).
+
+Every movement is one row with a payer, a payee and a non-negative amount, so the sum of all
+balances is zero by construction: the `mint` account goes negative by exactly what it issued.
+Balances are derived from the rows, never stored separately, so they cannot drift.
+Writes join the caller's MetaStore transaction, so a round's transfers and its checkpoint
+commit together (a crash leaves either both or neither).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mlsyskit.core.storage import MetaStore
+
+MINT, ESCROW, INFRA, POOL = "mint", "escrow", "infra", "pool"
+
+_DDL = ("CREATE TABLE IF NOT EXISTS fl_ledger (seq INTEGER PRIMARY KEY AUTOINCREMENT, round INTEGER NOT NULL, "
+        "payer TEXT NOT NULL, payee TEXT NOT NULL, amount REAL NOT NULL CHECK (amount >= 0), kind TEXT NOT NULL)")
+
+
+def client_account(client_id: int) -> str:
+    return f"client:{client_id}"
+
+
+def account_client(account: str) -> int | None:
+    return int(account.split(":", 1)[1]) if account.startswith("client:") else None
+
+
+@dataclass(frozen=True)
+class Transfer:
+    payer: str
+    payee: str
+    amount: float
+    kind: str  # endowment | price | fee | pay | forfeit | refund
+
+
+class Ledger:
+    def __init__(self, store: MetaStore) -> None:
+        self.store = store
+        store.ensure_table(_DDL)
+
+    def apply(self, round_num: int, transfers: list[Transfer]) -> None:
+        with self.store.transaction():
+            for t in transfers:
+                if not (t.amount >= 0 and math.isfinite(t.amount)):
+                    raise ValueError(f"refusing transfer of {t.amount!r} tokens ({t.kind})")
+                if t.amount == 0 or t.payer == t.payee:
+                    continue
+                self.store.execute("INSERT INTO fl_ledger (round, payer, payee, amount, kind) VALUES (?, ?, ?, ?, ?)",
+                                   (round_num, t.payer, t.payee, float(t.amount), t.kind))
+
+    def balances(self) -> dict[str, float]:
+        rows = self.store.query("SELECT payer, payee, amount FROM fl_ledger ORDER BY seq")
+        credit: dict[str, list[float]] = {}
+        for payer, payee, amount in rows:
+            credit.setdefault(payer, []).append(-amount)
+            credit.setdefault(payee, []).append(amount)
+        return {account: math.fsum(v) for account, v in sorted(credit.items())}
+
+    def balance(self, account: str) -> float:
+        return self.balances().get(account, 0.0)
+
+    def total(self) -> float:
+        """Sum of all balances; zero up to float rounding when the books balance."""
+        return math.fsum(self.balances().values())
+
+    def totals_by(self, kind: str, side: str = "payee", since_round: int = 0) -> dict[str, float]:
+        """Amount of `kind` received (side='payee') or paid (side='payer') per account, rounds > since_round."""
+        column = "payee" if side == "payee" else "payer"
+        rows = self.store.query(f"SELECT {column}, amount FROM fl_ledger WHERE kind=? AND round>? ORDER BY seq",
+                                (kind, since_round))
+        out: dict[str, list[float]] = {}
+        for account, amount in rows:
+            out.setdefault(account, []).append(amount)
+        return {a: math.fsum(v) for a, v in sorted(out.items())}
+
+    def rows(self) -> list[tuple]:
+        return self.store.query("SELECT seq, round, payer, payee, amount, kind FROM fl_ledger ORDER BY seq")
+
+    def digest(self) -> str:
+        """A stable fingerprint of every transfer (for determinism checks)."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for row in self.rows():
+            h.update(repr((row[1], row[2], row[3], round(row[4], 12), row[5])).encode())
+        return h.hexdigest()

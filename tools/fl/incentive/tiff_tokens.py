@@ -1,0 +1,59 @@
+"""TIFF's token economy: pay providers by data quality, starve bad data, refund consumers by utility.
+
+Per round (formulas in docs/tiff.md):
+  * every selected provider holds one slot worth  pot / K  (K = number selected);
+  * slots of providers that failed, were rejected, or scored below the round's quality floor
+        floor_t = quality_floor * median{ q_p : p valid in round t }
+    are forfeited to the reimbursement pool (the floor is relative to the round, ours: the first
+    global model is random, so an absolute floor would reject everyone and never bootstrap);
+  * the remaining  pot * |P| / K  is shared among the paid set P in proportion to
+        w_p = n_p * q_p ** gamma      (n = samples, q = quality, gamma = quality_exponent).
+At reimbursement time the pool is refunded to consumers with weights
+        v_c = paid_c / (1 + max(0, UIR_c)),   refund_c = min(paid_c, pool * v_c / sum v),
+so consumers who gained less from the federation get more of their payment back.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from statistics import median
+
+from mlsyskit.tools.fl.incentive import INCENTIVES
+from mlsyskit.tools.fl.incentive.base import Incentive
+from mlsyskit.tools.fl.incentive.ledger import ESCROW, POOL, Transfer, client_account
+from mlsyskit.tools.fl.outcome import RoundOutcome
+
+
+def quality_threshold(outcome: RoundOutcome, floor: float) -> float:
+    """The round's quality floor: a fraction of the median quality of its valid updates."""
+    qualities = [r.quality for r in outcome.with_status("valid")]
+    return floor * float(median(qualities)) if qualities else 0.0
+
+
+@INCENTIVES.register("tiff")
+class TiffTokens(Incentive):
+    name = "tiff"
+
+    def paid_set(self, outcome: RoundOutcome) -> list:
+        floor = quality_threshold(outcome, self.config.quality_floor)
+        return [r for r in outcome.with_status("valid") if r.quality >= floor]
+
+    def pay_providers(self, outcome: RoundOutcome, pot: float) -> list[Transfer]:
+        paid = self.paid_set(outcome)
+        slot = pot / max(len(outcome.selected), 1)
+        weights = {r.client_id: r.num_samples * r.quality ** self.config.quality_exponent for r in paid}
+        total = sum(weights.values())
+        if total <= 0:
+            return [Transfer(ESCROW, POOL, pot, "forfeit")]
+        paid_pot = slot * len(paid)
+        transfers = [Transfer(ESCROW, client_account(cid), paid_pot * w / total, "pay")
+                     for cid, w in sorted(weights.items())]
+        transfers.append(Transfer(ESCROW, POOL, max(0.0, pot - sum(t.amount for t in transfers)), "forfeit"))
+        return transfers
+
+    def reimburse(self, pool: float, paid: Mapping[int, float], uir: Mapping[int, float]) -> list[Transfer]:
+        weights = {cid: amount / (1.0 + max(0.0, uir.get(cid, 0.0))) for cid, amount in paid.items() if amount > 0}
+        total = sum(weights.values())
+        if pool <= 0 or total <= 0:
+            return []
+        return [Transfer(POOL, client_account(cid), min(paid[cid], pool * w / total), "refund")
+                for cid, w in sorted(weights.items())]

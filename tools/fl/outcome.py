@@ -1,0 +1,42 @@
+"""What one round produced, as plain data shared by selectors, incentives and the report."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ClientReport:
+    """A provider's reply in one round: its metrics and what the server decided about it."""
+
+    client_id: int
+    metrics: dict[str, float]
+    status: str = "valid"  # valid | rejected | failed
+    reason: str = ""
+    aggregated: bool = False
+
+    @property
+    def quality(self) -> float:
+        return float(self.metrics.get("quality", 0.0))
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.metrics.get("num_samples", 0))
+
+
+@dataclass
+class RoundOutcome:
+    round: int
+    selected: list[int]
+    reports: dict[int, ClientReport] = field(default_factory=dict)
+    global_metrics: dict[str, float] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    def with_status(self, status: str) -> list[ClientReport]:
+        return [r for cid, r in sorted(self.reports.items()) if r.status == status]
+
+    def to_record(self) -> dict[str, Any]:
+        return {"round": self.round, "selected": self.selected, "duration_s": self.duration_s,
+                "global": self.global_metrics,
+                "reports": {str(cid): {"metrics": r.metrics, "status": r.status, "reason": r.reason,
+                                       "aggregated": r.aggregated} for cid, r in sorted(self.reports.items())}}

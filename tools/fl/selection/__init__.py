@@ -1,0 +1,6 @@
+"""Client selectors by name."""
+from mlsyskit.tools.fl.registry import Registry
+
+SELECTORS: Registry = Registry("selector")
+
+from mlsyskit.tools.fl.selection import quality_greedy, random_pick  # noqa: E402,F401 (register)

@@ -1,0 +1,37 @@
+"""Client selection interface: separate from aggregation and from the incentive.
+
+A selector sees who is available and what earlier rounds reported (quality, measured train time
+and CPU use, failures) and picks k clients. It is pure: randomness comes from the rng argument
+(derived per round from the job seed) and its memory is a plain dict that is checkpointed.
+Roadmap selectors (a heterogeneity-aware adaptive scheduler, TiFL tiers, Oort utility) implement
+the same three methods.
+"""
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from mlsyskit.tools.fl.config import SelectionConfig
+from mlsyskit.tools.fl.outcome import RoundOutcome
+
+
+class Selector(ABC):
+    name = "selector"
+
+    def __init__(self, config: SelectionConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def select(self, round_num: int, available: Sequence[int], k: int, rng: random.Random) -> list[int]:
+        """Up to k distinct ids from `available`, in a deterministic order for a given rng."""
+
+    def observe(self, outcome: RoundOutcome) -> None:  # noqa: B027 (optional hook)
+        """Learn from a finished round."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 (stateless by default)
+        pass

@@ -1,0 +1,6 @@
+"""Strategies by name (`--strategy fedavg|tiff`)."""
+from mlsyskit.tools.fl.registry import Registry
+
+STRATEGIES: Registry = Registry("strategy")
+
+from mlsyskit.tools.fl.strategy import fedavg, tiff  # noqa: E402,F401 (register)

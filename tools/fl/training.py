@@ -1,0 +1,103 @@
+"""Local training on a client, with TIFF's overhead-free quality signal and the malicious behaviours.
+
+Quality (TIFF): the fraction of the provider's own training samples that the model predicts
+correctly in the forward passes of its first local epoch, each batch scored before its own
+optimiser step. The first batch is scored by exactly the received global model; later batches
+add only this client's earlier steps of the same epoch. Training computes these logits anyway,
+so the signal costs one argmax per batch. A label-flipper scores low because the global model
+predicts the true labels, which its data contradicts.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from mlsyskit.tools.fl.config import ATTACKS, TrainSpec
+from mlsyskit.tools.fl.data import ClientData
+from mlsyskit.tools.fl.model import Weights, accuracy, build_model, get_weights, set_weights
+
+NOISY_LABEL_RATE = 0.8
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    weights: Weights
+    num_samples: int
+    loss: float  # mean training loss of the last local epoch
+    quality: float
+    train_time_s: float  # measured wall time of local training
+    cpu_time_s: float  # measured process CPU time of local training
+    consumer_accuracy: float  # received global model on this client's own test split (for the utility ratio)
+
+    def metrics(self) -> dict[str, float]:
+        return {"num_samples": self.num_samples, "loss": self.loss, "quality": self.quality,
+                "train_time_s": self.train_time_s, "cpu_time_s": self.cpu_time_s,
+                "cpu_percent": 100.0 * self.cpu_time_s / max(self.train_time_s, 1e-9),
+                "consumer_accuracy": self.consumer_accuracy}
+
+
+def poisoned_labels(y: np.ndarray, attack: str, num_classes: int, rng: np.random.Generator) -> np.ndarray:
+    """The labels a client trains on: its true ones, or the attack's."""
+    if attack not in ATTACKS:
+        raise ValueError(f"unknown attack {attack!r}; choose from {', '.join(ATTACKS)}")
+    if attack == "label-flip":
+        return (num_classes - 1 - y).astype(np.int64)
+    if attack == "noisy-labels":
+        noisy = y.copy()
+        mask = rng.random(len(y)) < NOISY_LABEL_RATE
+        noisy[mask] = rng.integers(0, num_classes, int(mask.sum()))
+        return noisy
+    return y
+
+
+def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec, epochs: int,
+           generator: torch.Generator) -> tuple[float, float]:
+    """SGD for `epochs`; returns (first-epoch pre-step accuracy, last-epoch mean loss)."""
+    optimiser = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
+    correct, last_loss = 0, 0.0
+    for epoch in range(epochs):
+        order = torch.randperm(len(y), generator=generator)
+        total = 0.0
+        for start in range(0, len(y), spec.batch_size):
+            batch = order[start:start + spec.batch_size]
+            logits = model(x[batch])
+            if epoch == 0:
+                correct += int((logits.argmax(dim=1) == y[batch]).sum())
+            loss = nn.functional.cross_entropy(logits, y[batch])
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+            total += loss.item() * len(batch)
+        last_loss = total / max(len(y), 1)
+    return correct / max(len(y), 1), last_loss
+
+
+def train_local(global_weights: Weights, data: ClientData, spec: TrainSpec, num_features: int, num_classes: int,
+                seed: int, attack: str = "none") -> LocalResult:
+    rng = np.random.default_rng(seed)
+    generator = torch.Generator().manual_seed(seed)
+    model = build_model(num_features, num_classes, spec.hidden, seed=0)
+    set_weights(model, global_weights)
+    consumer_accuracy = accuracy(model, data.x_test, data.y_test)
+    labels = poisoned_labels(data.y_train, attack, num_classes, rng)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    quality, loss = _train(model, torch.from_numpy(data.x_train), torch.from_numpy(labels), spec, spec.epochs,
+                           generator)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    weights = get_weights(model)
+    if attack == "random-update":  # trains (and reports) honestly, then sends noise instead of its model
+        weights = {k: rng.normal(0.0, 1.0, v.shape).astype(v.dtype) for k, v in weights.items()}
+    return LocalResult(weights, data.num_samples, loss, quality, wall, cpu, consumer_accuracy)
+
+
+def local_only_accuracy(data: ClientData, spec: TrainSpec, num_features: int, num_classes: int, seed: int) -> float:
+    """Accuracy on the client's own test split of a model trained on its own data alone (the UIR baseline)."""
+    model = build_model(num_features, num_classes, spec.hidden, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    _train(model, torch.from_numpy(data.x_train), torch.from_numpy(data.y_train), spec, spec.local_only_epochs,
+           generator)
+    return accuracy(model, data.x_test, data.y_test)
