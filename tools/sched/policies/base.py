@@ -1,0 +1,64 @@
+"""The policy interface, its options, and the registry that maps CLI names to classes.
+
+A policy is a pure function of (cluster state, time) -> actions: `decide` reads the state the
+caller owns and returns a Decision; it keeps no hidden schedule of its own (memo tables of
+pure functions of job specs are allowed). The simulator and a future daemon call it the same way.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+from mlsyskit.core.config import require
+from mlsyskit.tools.sched.state import ClusterState, Decision
+from mlsyskit.tools.sched.throughput import ThroughputModel
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    efficiency_threshold: float = 0.5     # marble: least marginal gain of one more GPU, in single-GPU units
+    backfill_depth: int = 500             # jobs examined per decision behind a blocked head (Slurm's bf_max_job_test)
+    tiresias_thresholds: tuple[float, ...] = (3600.0, 36000.0)  # GPU-seconds between LAS queues
+    optimus_interval: float = 600.0       # seconds between Optimus' full re-allocations
+    grow_min_gain: float = 1.0            # marble-elastic: grow only if it saves this many restart costs
+
+    def __post_init__(self) -> None:
+        require(0.0 <= self.efficiency_threshold <= 1.5, "efficiency_threshold must be in [0, 1.5]")
+        require(self.backfill_depth >= 1, "backfill_depth must be >= 1")
+        require(list(self.tiresias_thresholds) == sorted(self.tiresias_thresholds)
+                and all(t > 0 for t in self.tiresias_thresholds), "tiresias_thresholds must be positive and rising")
+        require(self.optimus_interval > 0, "optimus_interval must be > 0")
+        require(self.grow_min_gain >= 0, "grow_min_gain must be >= 0")
+
+
+class Policy(ABC):
+    name: ClassVar[str]
+    description: ClassVar[str]
+
+    def __init__(self, model: ThroughputModel, options: PolicyOptions | None = None) -> None:
+        self.model = model
+        self.options = options or PolicyOptions()
+
+    @abstractmethod
+    def decide(self, state: ClusterState) -> Decision:
+        """Actions to take now. Must not mutate `state`."""
+
+
+class Registry(dict):
+    """name -> Policy class; raises on duplicate or unknown names."""
+
+    def add(self, cls: type[Policy]) -> type[Policy]:
+        if cls.name in self:
+            raise ValueError(f"policy {cls.name!r} registered twice")
+        self[cls.name] = cls
+        return cls
+
+    def create(self, name: str, model: ThroughputModel, options: PolicyOptions | None = None) -> Policy:
+        if name not in self:
+            raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(self))}")
+        return self[name](model, options)
+
+
+POLICIES = Registry()
+register = POLICIES.add

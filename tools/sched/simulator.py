@@ -1,0 +1,216 @@
+"""Trace-driven cluster simulator: a thin driver around a policy on the core event loop.
+
+Events: job arrivals (all jobs arriving at one instant are queued together), job completions,
+and policy wake-ups. After any of them one decision runs at the same virtual time; its actions
+are applied one by one, and every GPU taken must be free (FreeMap raises otherwise), so a policy
+can never allocate more GPUs than exist. All per-event work is incremental: queue and running
+sets are insertion-ordered dicts, end times a sorted list, free GPUs bucketed by node.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mlsyskit.core.sim import EventHandle, EventLoop
+from mlsyskit.core.telemetry import Telemetry
+from mlsyskit.tools.sched.cluster import ClusterSpec, FreeMap
+from mlsyskit.tools.sched.policies.base import Policy
+from mlsyskit.tools.sched.state import ClusterState, JobRecord, JobSpec, Preempt, Resize, Start
+from mlsyskit.tools.sched.throughput import ThroughputModel
+
+
+class PolicyError(RuntimeError):
+    """A policy returned an action that cannot be applied (a bug in the policy)."""
+
+
+@dataclass
+class SimResult:
+    policy: str
+    cluster: str
+    jobs: list[JobRecord]
+    finish: dict[int, float]
+    makespan_start: float
+    makespan_end: float
+    gpu_seconds_held: float
+    effective_gpu_seconds: float
+    timeline: list[tuple[float, int, float]]   # (time, GPUs allocated, effective GPUs)
+    counters: dict[str, int]
+    decision_ms: list[float] = field(default_factory=list)  # wall time; not part of the deterministic result
+    wall_s: float = 0.0
+    events: int = 0
+
+
+class Simulator:
+    def __init__(self, spec: ClusterSpec, policy: Policy, model: ThroughputModel, jobs: list[JobSpec],
+                 restart_cost: float = 30.0, telemetry: Telemetry | None = None,
+                 on_finish: Callable[[int], None] | None = None) -> None:
+        if not jobs:
+            raise ValueError("the workload has no jobs")
+        too_big = [j.name for j in jobs if j.gpus > spec.total_gpus]
+        if too_big:
+            raise ValueError(f"{len(too_big)} job(s) ask for more GPUs than the cluster has ({spec.total_gpus}), "
+                             f"e.g. {too_big[0]}")
+        for j in jobs:
+            model.check_app(j.app)
+        self.spec, self.policy, self.model = spec, policy, model
+        self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.job_id))
+        self.loop = EventLoop()
+        self.state = ClusterState(spec, FreeMap(spec), restart_cost=restart_cost)
+        self.telemetry = telemetry or Telemetry(clock=self.loop.clock)
+        self.on_finish = on_finish
+        self.records = {j.job_id: JobRecord(j) for j in self.jobs}
+        self.finish: dict[int, float] = {}
+        self._next_arrival = 0
+        self._completion: dict[int, EventHandle] = {}
+        self._decision_pending = False
+        self._wake: EventHandle | None = None
+        self._effective_now = 0.0
+        self._gpu_seconds = 0.0
+        self.timeline: list[tuple[float, int, float]] = []
+        self.decision_ms: list[float] = []
+        self.counters = {"starts": 0, "preemptions": 0, "resizes": 0, "decisions": 0}
+
+    # ---- events -------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        wall0 = time.perf_counter()
+        self.loop.schedule_at(self.jobs[0].arrival, self._arrive)
+        self.loop.run()
+        if len(self.finish) != len(self.jobs):
+            stuck = len(self.jobs) - len(self.finish)
+            raise PolicyError(f"policy {self.policy.name} left {stuck} job(s) unfinished with no event pending")
+        end = max(self.finish.values())
+        return SimResult(self.policy.name, str(self.spec), list(self.records.values()), self.finish,
+                         self.jobs[0].arrival, end, self._gpu_seconds, self._effective_gpu_seconds(),
+                         self.timeline, dict(self.counters), self.decision_ms,
+                         time.perf_counter() - wall0, self.loop.events_run)
+
+    def _arrive(self) -> None:
+        now = self.loop.now()
+        while self._next_arrival < len(self.jobs) and self.jobs[self._next_arrival].arrival <= now:
+            spec = self.jobs[self._next_arrival]
+            rec = self.records[spec.job_id]
+            rec.since = now
+            self.state.queue[spec.job_id] = rec
+            self._next_arrival += 1
+        if self._next_arrival < len(self.jobs):
+            self.loop.schedule_at(self.jobs[self._next_arrival].arrival, self._arrive)
+        self._request_decision()
+
+    def _complete(self, job_id: int) -> None:
+        now = self.loop.now()
+        rec = self.state.running[job_id]
+        self._stop(rec, now)
+        rec.done = rec.spec.work
+        self.finish[job_id] = now
+        self.telemetry.event("finish", job=rec.spec.name, jct=now - rec.spec.arrival)
+        if self.on_finish is not None:
+            self.on_finish(len(self.finish))
+        self._request_decision()
+
+    def _request_decision(self) -> None:
+        if not self._decision_pending:
+            self._decision_pending = True
+            self.loop.schedule(0.0, self._decide)
+
+    def _decide(self) -> None:
+        self._decision_pending = False
+        now = self.loop.now()
+        self.state.now = now
+        t0 = time.perf_counter()
+        decision = self.policy.decide(self.state)
+        self.decision_ms.append((time.perf_counter() - t0) * 1e3)
+        self.counters["decisions"] += 1
+        # Releases first, then takes: a policy plans on a scratch copy where all its releases
+        # happened before its placements, so the order inside `actions` does not matter.
+        releases = [a for a in decision.actions if isinstance(a, Preempt | Resize)]
+        for action in releases:
+            self._release(action, now)
+        for action in decision.actions:
+            self._apply(action, now)
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
+        if decision.wake_at is not None and decision.wake_at > now and (self.state.running or self.state.queue):
+            self._wake = self.loop.schedule_at(decision.wake_at, self._request_decision)
+        sample = (now, self.spec.total_gpus - self.state.free.total, self._effective_now)
+        if self.timeline and self.timeline[-1][0] == now:
+            self.timeline[-1] = sample
+        else:
+            self.timeline.append(sample)
+
+    # ---- actions ------------------------------------------------------------------------------
+    def _release(self, action: Preempt | Resize, now: float) -> None:
+        rec = self.records.get(action.job_id)
+        if rec is None or action.job_id not in self.state.running:
+            raise PolicyError(f"{self.policy.name}: {type(action).__name__.lower()} of job {action.job_id}, "
+                              "which is not running")
+        self._stop(rec, now)
+        rec.restarts += 1
+        if isinstance(action, Preempt):
+            self.state.queue[action.job_id] = rec
+            self.counters["preemptions"] += 1
+            self.telemetry.event("preempt", job=rec.spec.name)
+
+    def _apply(self, action: Start | Preempt | Resize, now: float) -> None:
+        rec = self.records.get(action.job_id)
+        if rec is None:
+            raise PolicyError(f"{self.policy.name}: unknown job {action.job_id}")
+        if isinstance(action, Start):
+            if action.job_id not in self.state.queue:
+                raise PolicyError(f"{self.policy.name}: started job {rec.spec.name}, which is not waiting")
+            del self.state.queue[action.job_id]
+            self._run(rec, action.placement, action.shape, now, restart=rec.started_before)
+            self.counters["starts"] += 1
+            self.telemetry.event("start", job=rec.spec.name, placement=action.placement)
+        elif isinstance(action, Preempt):
+            pass  # released above
+        elif isinstance(action, Resize):
+            self._run(rec, action.placement, action.shape, now, restart=True)
+            self.counters["resizes"] += 1
+            self.telemetry.event("resize", job=rec.spec.name, placement=action.placement)
+        else:
+            raise PolicyError(f"{self.policy.name}: unknown action {action!r}")
+
+    def _run(self, rec: JobRecord, placement, shape, now: float, restart: bool) -> None:
+        try:
+            self.state.free.take(placement)
+        except (ValueError, IndexError, KeyError) as e:
+            raise PolicyError(f"{self.policy.name}: bad placement for {rec.spec.name}: {e}") from None
+        shape = tuple(sorted(shape if shape is not None else (g for _, g in placement), reverse=True))
+        if sum(shape) > sum(g for _, g in placement) or sum(shape) == 0:
+            raise PolicyError(f"{self.policy.name}: {rec.spec.name} computes on {shape} but holds {placement}")
+        rec.placement, rec.shape, rec.since = placement, shape, now
+        rec.rate = self.model.rate(rec.spec.app, shape, rec.spec.batch_size)
+        rec.busy_until = now + (self.state.restart_cost if restart else 0.0)
+        if rec.first_start is None:
+            rec.first_start = now
+        rec.started_before = True
+        end = rec.busy_until + rec.remaining(rec.busy_until) / rec.rate
+        rec.end_estimate = end
+        self.state.running[rec.spec.job_id] = rec
+        self.state.by_end.add((end, rec.spec.job_id))
+        job_id = rec.spec.job_id
+        self._completion[job_id] = self.loop.schedule_at(end, lambda: self._complete(job_id))
+        self._effective_now += self._speedup(rec)
+
+    def _stop(self, rec: JobRecord, now: float) -> None:
+        """Settle progress and release GPUs of a running job."""
+        rec.done = min(rec.spec.work, rec.done_at(now))
+        held = rec.held_gpus
+        rec.attained += held * (now - rec.since)
+        self._gpu_seconds += held * (now - rec.since)
+        rec.since = now
+        self.state.free.give(rec.placement)
+        self._completion.pop(rec.spec.job_id).cancel()
+        self.state.by_end.remove((rec.end_estimate, rec.spec.job_id))
+        del self.state.running[rec.spec.job_id]
+        self._effective_now -= self._speedup(rec)
+        rec.placement, rec.shape, rec.rate, rec.end_estimate = (), (), 0.0, float("inf")
+
+    def _speedup(self, rec: JobRecord) -> float:
+        return rec.rate / self.model.rate(rec.spec.app, (1,), rec.spec.batch_size)
+
+    def _effective_gpu_seconds(self) -> float:
+        """Work done, in single-GPU seconds: the throughput-weighted GPU time."""
+        return sum(j.work / self.model.rate(j.app, (1,), j.batch_size) for j in self.jobs)

@@ -1,0 +1,96 @@
+"""Job throughput (samples/s) for a placement, the efficiency curve, and MARBLE's "appropriate"
+GPUs per node.
+
+Lookup order for a placement shape at local batch m:
+1. a measured shape: interpolate between measured local batch sizes (clamped to their range);
+2. otherwise the fitted model, scaled by measured/model at the nearest measured configuration
+   (same shape with per-node counts capped at the testbed's 4 GPUs, or the nearest spread run),
+   so unmeasured 5- and 6-GPU nodes inherit the model's slope but keep the measured level.
+
+A job keeps its global batch B. With K GPUs the local batch is B/K; above the largest batch one
+GPU was measured with, the job accumulates gradients over k micro-steps (as Pollux does):
+    time per step = sync + k * (step(m) - sync(m)),   m = B / (K k)
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from mlsyskit.tools.sched.profiles import AppProfile, Shape, load_profiles
+from mlsyskit.tools.sched.scaling_model import FittedModel, fit
+
+
+def compact_shape(gpus: int, gpus_per_node: int) -> Shape:
+    """`gpus` GPUs on as few nodes as possible: full nodes, then the remainder."""
+    full, rest = divmod(gpus, gpus_per_node)
+    return (gpus_per_node,) * full + ((rest,) if rest else ())
+
+
+class ThroughputModel:
+    """Deterministic, cached throughput of every (application, shape, global batch)."""
+
+    def __init__(self, profiles: dict[str, AppProfile] | None = None) -> None:
+        self.profiles = profiles if profiles is not None else load_profiles()
+        self.fits: dict[str, FittedModel] = {name: fit(p.rows) for name, p in self.profiles.items()}
+        self.rate = lru_cache(maxsize=None)(self._rate)
+        self.appropriate_gpus_per_node = lru_cache(maxsize=None)(self._appropriate_gpus_per_node)
+
+    @property
+    def apps(self) -> list[str]:
+        return sorted(self.profiles)
+
+    def check_app(self, app: str) -> None:
+        if app not in self.profiles:
+            raise KeyError(f"unknown application {app!r}; known: {', '.join(self.apps)}")
+
+    def step_and_sync(self, app: str, shape: Shape, local_bsz: float) -> tuple[float, float]:
+        profile, model = self.profiles[app], self.fits[app]
+        if shape in profile.shapes:
+            return profile.shapes[shape].at(local_bsz)
+        key, curve = profile.nearest_measured(shape)
+        meas_step, meas_sync = curve.at(local_bsz)
+        anchor_nodes, anchor_gpus = (len(key), sum(key)) if key in profile.shapes else key
+        scale = meas_step / model.step_time(anchor_gpus, anchor_nodes, local_bsz)
+        step = scale * model.step_time(sum(shape), len(shape), local_bsz)
+        sync = min(step, scale * model.sync_time(sum(shape), len(shape)))
+        return step, sync
+
+    def _rate(self, app: str, shape: Shape, global_batch: int) -> float:
+        """Samples per second of a job with global batch `global_batch` on `shape`."""
+        if not shape:
+            return 0.0
+        gpus = sum(shape)
+        local = global_batch / gpus
+        max_local = self.profiles[app].max_local_bsz
+        accum = max(1, math.ceil(local / max_local - 1e-9))
+        local /= accum
+        step, sync = self.step_and_sync(app, shape, local)
+        seconds = sync + accum * max(step - sync, 1e-9)
+        return global_batch / seconds
+
+    def efficiency(self, app: str, shape: Shape, global_batch: int) -> float:
+        """E(p) = T(p) / (p * T(1))."""
+        return self.rate(app, shape, global_batch) / (sum(shape) * self.rate(app, (1,), global_batch))
+
+    def efficiency_curve(self, app: str, global_batch: int, max_gpus: int, gpus_per_node: int) -> list[dict]:
+        rows = []
+        for p in range(1, max_gpus + 1):
+            shape = compact_shape(p, gpus_per_node)
+            rows.append({"gpus": p, "shape": "".join(map(str, shape)),
+                         "throughput": self.rate(app, shape, global_batch),
+                         "efficiency": self.efficiency(app, shape, global_batch)})
+        return rows
+
+    def _appropriate_gpus_per_node(self, app: str, global_batch: int, nodes: int, max_per_node: int,
+                                   threshold: float) -> int:
+        """MARBLE's GPUs per node for a job spread over `nodes` nodes: keep adding one GPU per node
+        while each added GPU still brings at least `threshold` of a single GPU's throughput."""
+        base = self.rate(app, (1,), global_batch)
+        best = 1
+        prev = self.rate(app, (1,) * nodes, global_batch)
+        for g in range(2, max_per_node + 1):
+            cur = self.rate(app, (g,) * nodes, global_batch)
+            if (cur - prev) / (nodes * base) < threshold:
+                break
+            best, prev = g, cur
+        return best

@@ -1,0 +1,155 @@
+"""Workloads: Pollux-style CSVs, Philly-style job logs and a synthetic Poisson generator.
+
+None of the inputs says how much *work* a job is (Pollux's traces end jobs at a target accuracy;
+Philly logs give wall time on the requested GPUs). marble's rule ("Job work" in docs/marble.md):
+a job's size is its GPU-hours when run as asked (requested GPUs, compact layout); work (samples)
+= that wall time x the model's throughput on that layout. Pollux jobs draw GPU-hours log-uniformly
+within their application's size class from the Pollux paper (S 0.1-1, M 1-10, L 10-100,
+XL 100-1000), seeded per job name; Philly jobs use their logged duration.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlsyskit.core.sim import Seeds, sub_seed
+from mlsyskit.tools.sched.profiles import DATA_DIR
+from mlsyskit.tools.sched.state import JobSpec
+from mlsyskit.tools.sched.throughput import ThroughputModel, compact_shape
+
+WORKLOADS_DIR = DATA_DIR / "pollux-workloads"
+SIZE_CLASSES = {"S": (0.1, 1.0), "M": (1.0, 10.0), "L": (10.0, 100.0), "XL": (100.0, 1000.0)}
+APP_CLASS = {"cifar10": "S", "ncf": "S", "deepspeech2": "M", "bert": "M", "yolov3": "L", "imagenet": "XL"}
+CLASS_APPS = {c: sorted(a for a, k in APP_CLASS.items() if k == c) for c in SIZE_CLASSES}
+# Global batch sizes the Pollux workloads use per application (Philly/synthetic jobs pick one).
+APP_BATCHES = {"bert": (384,), "cifar10": (2048, 4096), "deepspeech2": (320, 640), "imagenet": (3200, 6400),
+               "ncf": (32768,), "yolov3": (64,)}
+
+
+class WorkloadError(ValueError):
+    """A workload file that cannot be read as the documented format."""
+
+
+def builtin_workload(name: str) -> Path:
+    """'workload-1' .. 'workload-4' (the Pollux workloads shipped with marble) or a path."""
+    path = WORKLOADS_DIR / f"{name}.csv"
+    return path if path.exists() else Path(name)
+
+
+def work_for(model: ThroughputModel, app: str, gpus: int, batch: int, duration: float, gpus_per_node: int) -> float:
+    return duration * model.rate(app, compact_shape(gpus, gpus_per_node), batch)
+
+
+def _read_rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
+    if not path.is_file():
+        raise WorkloadError(f"workload file not found: {path}")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in columns if c not in (reader.fieldnames or [])]
+        if missing:
+            raise WorkloadError(f"{path}: missing column(s) {', '.join(missing)}; expected {','.join(columns)}")
+        rows = list(reader)
+    if not rows:
+        raise WorkloadError(f"{path}: no jobs")
+    return rows
+
+
+def load_pollux(path: Path, model: ThroughputModel, seed: int, gpus_per_node: int) -> list[JobSpec]:
+    """Columns name,time,application,num_replicas,batch_size."""
+    rows = _read_rows(path, ("name", "time", "application", "num_replicas", "batch_size"))
+    jobs = []
+    for i, r in enumerate(rows):
+        try:
+            app, gpus, batch, arrival = r["application"], int(r["num_replicas"]), int(r["batch_size"]), float(r["time"])
+        except ValueError as e:
+            raise WorkloadError(f"{path}: line {i + 2}: {e}") from None
+        if app not in APP_CLASS:
+            raise WorkloadError(f"{path}: line {i + 2}: unknown application {app!r}")
+        if gpus < 1 or batch < 1 or arrival < 0:
+            raise WorkloadError(f"{path}: line {i + 2}: num_replicas, batch_size must be >= 1 and time >= 0")
+        lo, hi = SIZE_CLASSES[APP_CLASS[app]]
+        rng = Seeds(sub_seed(seed, "pollux-work")).random(r["name"])
+        gpu_hours = math.exp(rng.uniform(math.log(lo), math.log(hi)))
+        duration = gpu_hours * 3600.0 / gpus
+        jobs.append(JobSpec(i, r["name"], app, arrival, gpus, batch,
+                            work_for(model, app, gpus, batch, duration, gpus_per_node)))
+    return jobs
+
+
+def load_philly(path: Path, model: ThroughputModel, seed: int, gpus_per_node: int) -> list[JobSpec]:
+    """Columns timestamp,duration,num_gpus,gpu_time,cluster (seconds). Each job is mapped to an
+    application by its size class (GPU-hours = gpu_time / 3600, else duration x num_gpus), chosen
+    uniformly within the class, and to one of that application's batch sizes, with an RNG seeded
+    by (seed, row index): the same file and seed always give the same mapping."""
+    rows = _read_rows(path, ("timestamp", "duration", "num_gpus", "gpu_time", "cluster"))
+    jobs = []
+    t0 = None
+    for i, r in enumerate(rows):
+        try:
+            ts, duration, gpus = float(r["timestamp"]), float(r["duration"]), int(r["num_gpus"])
+            gpu_time = float(r["gpu_time"]) if r["gpu_time"] else duration * gpus
+        except ValueError as e:
+            raise WorkloadError(f"{path}: line {i + 2}: {e}") from None
+        if gpus < 1 or duration <= 0:
+            continue  # CPU-only or failed-at-launch entries carry no GPU work
+        t0 = ts if t0 is None else min(t0, ts)
+        rng = Seeds(sub_seed(seed, "philly-map")).random(str(i))
+        hours = gpu_time / 3600.0
+        size = "S" if hours < 1 else "M" if hours < 10 else "L" if hours < 100 else "XL"
+        app = rng.choice(CLASS_APPS[size])
+        batch = rng.choice(APP_BATCHES[app])
+        jobs.append(JobSpec(i, f"philly-{i}", app, ts, gpus, batch,
+                            work_for(model, app, gpus, batch, duration, gpus_per_node)))
+    if not jobs:
+        raise WorkloadError(f"{path}: no GPU jobs")
+    return [JobSpec(j.job_id, j.name, j.app, j.arrival - t0, j.gpus, j.batch_size, j.work) for j in jobs]
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    jobs: int = 1000
+    load: float = 0.9              # offered GPU-seconds per second / cluster GPUs
+    size_mix: tuple[tuple[int, float], ...] = ()  # (GPUs, weight); empty = the Pollux workloads' mix
+
+    def __post_init__(self) -> None:
+        if self.jobs < 1 or not 0 < self.load <= 10:
+            raise WorkloadError("synthetic workload needs jobs >= 1 and 0 < load <= 10")
+
+
+def pollux_mix() -> list[tuple[str, int, int]]:
+    """(application, GPUs, batch) of every job in the four shipped Pollux workloads."""
+    out = []
+    for n in range(1, 5):
+        for r in _read_rows(WORKLOADS_DIR / f"workload-{n}.csv", ("application", "num_replicas", "batch_size")):
+            out.append((r["application"], int(r["num_replicas"]), int(r["batch_size"])))
+    return out
+
+
+def synthetic(spec: SyntheticSpec, model: ThroughputModel, seed: int, total_gpus: int,
+              gpus_per_node: int) -> list[JobSpec]:
+    """Poisson arrivals; (application, GPUs, batch) drawn from the Pollux mix (GPUs from `size_mix`
+    if given); GPU-hours log-uniform in the application's size class; the arrival rate is set so
+    the offered load is `spec.load` of the cluster."""
+    seeds = Seeds(seed)
+    pick, size_rng, work_rng, arrive_rng = (seeds.random(n) for n in ("mix", "size", "work", "arrivals"))
+    mix = pollux_mix()
+    sizes, weights = zip(*spec.size_mix, strict=True) if spec.size_mix else ((), ())
+    drafts = []
+    for i in range(spec.jobs):
+        app, gpus, batch = mix[pick.randrange(len(mix))]
+        if sizes:
+            gpus = size_rng.choices(sizes, weights)[0]
+        gpus = min(gpus, total_gpus)
+        lo, hi = SIZE_CLASSES[APP_CLASS[app]]
+        gpu_seconds = math.exp(work_rng.uniform(math.log(lo), math.log(hi))) * 3600.0
+        drafts.append((i, app, gpus, batch, gpu_seconds))
+    rate = spec.load * total_gpus / (sum(d[4] for d in drafts) / len(drafts))  # jobs per second
+    t = 0.0
+    jobs = []
+    for i, app, gpus, batch, gpu_seconds in drafts:
+        t += arrive_rng.expovariate(rate)
+        jobs.append(JobSpec(i, f"syn-{i}", app, round(t, 3), gpus, batch,
+                            work_for(model, app, gpus, batch, gpu_seconds / gpus, gpus_per_node)))
+    return jobs
