@@ -235,6 +235,9 @@ class Node:
             "shard": -1 if self.shard is None else self.shard, "shards": len(self.map.shards),
             "replicas": len(self.map.shards[0]), "epoch": self.map.epoch, "controlet": self.map.controlet,
             "datalet": self.map.datalet, **{f"total_{k}": v for k, v in self.stats.items()}}
+        size = getattr(self.datalet, "size", None)
+        if size is not None:
+            out["keys"] = size()
         if self.controlet is not None:
             out.update({k: v for k, v in self.controlet.state().items() if k not in out})
         return out

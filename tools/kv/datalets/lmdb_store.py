@@ -52,6 +52,9 @@ class LmdbDatalet(Datalet):
         with self.env.begin() as txn:
             return txn.get(key) is not None
 
+    def size(self) -> int:
+        return self.env.stat()["entries"] if self.env is not None else 0
+
     async def export_pairs(self) -> AsyncIterator[tuple[bytes, bytes]]:
         start = b""
         while True:

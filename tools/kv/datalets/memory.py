@@ -27,6 +27,9 @@ class MemoryDatalet(Datalet):
     def exists(self, key: bytes) -> bool:
         return key in self.data
 
+    def size(self) -> int:
+        return len(self.data)
+
     async def export_pairs(self) -> AsyncIterator[tuple[bytes, bytes]]:
         for item in list(self.data.items()):
             yield item

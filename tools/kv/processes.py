@@ -1,0 +1,279 @@
+"""`bespokv up/down/status`: a cluster as separate processes on loopback, recorded on disk.
+
+Layout for base port P with N = shards x replicas nodes: the proxy listens on P, node i on
+P+1+i, and (datalet redis) node i's redis-server on P+1+N+i. The record
+(<data-dir>/cluster.json) holds the shard map, the datalet options and every process id,
+so `down` and `status` need nothing but the data directory.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hiredis
+
+from mlsyskit.core.clock import Clock, RealClock
+from mlsyskit.core.config import ConfigError, require
+from mlsyskit.tools.kv.cluster import node_datalet
+from mlsyskit.tools.kv.controlets import controlet_class
+from mlsyskit.tools.kv.datalets import DATALETS
+from mlsyskit.tools.kv.node import Node
+from mlsyskit.tools.kv.shardmap import ShardMap, layout
+
+RECORD = "cluster.json"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    shards: int = 1
+    replicas: int = 1
+    controlet: str = "ms-sc"
+    datalet: str = "memory"
+    host: str = "127.0.0.1"
+    base_port: int = 7000
+    data_dir: Path = Path(".bespokv")
+
+    def __post_init__(self) -> None:
+        require(1 <= self.shards <= 64, f"--shards must be 1..64, got {self.shards}")
+        require(1 <= self.replicas <= 9, f"--replicas must be 1..9, got {self.replicas}")
+        controlet_class(self.controlet)
+        require(self.datalet in DATALETS, f"unknown datalet {self.datalet!r}; choose from {sorted(DATALETS)}")
+        n = self.shards * self.replicas
+        require(1024 <= self.base_port and self.base_port + 1 + 2 * n < 65536,
+                f"--base-port {self.base_port} leaves no room for {n} nodes below 65536")
+
+
+def sync_call(host: str, port: int, *parts: bytes | str | int, timeout: float = 1.0) -> Any:
+    """One blocking RESP request (for status checks from the command line)."""
+    reader = hiredis.Reader()
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(hiredis.pack_command(parts))
+        while (reply := reader.gets()) is False:
+            data = s.recv(65536)
+            if not data:
+                raise ConnectionError(f"{host}:{port} closed the connection")
+            reader.feed(data)
+    if isinstance(reply, hiredis.ReplyError):
+        raise ConnectionError(str(reply))
+    return reply
+
+
+def parse_info(text: bytes) -> dict[str, str]:
+    out = {}
+    for line in text.decode().splitlines():
+        if ":" in line and not line.startswith("#"):
+            k, v = line.split(":", 1)
+            out[k] = v
+    return out
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def record_path(data_dir: Path) -> Path:
+    return Path(data_dir) / RECORD
+
+
+def load_record(data_dir: Path) -> dict[str, Any]:
+    path = record_path(data_dir)
+    if not path.exists():
+        raise ConfigError(f"no cluster recorded under {data_dir} (start one with `bespokv up --data-dir {data_dir}`)")
+    return json.loads(path.read_text())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def plan(spec: ClusterSpec) -> dict[str, Any]:
+    n = spec.shards * spec.replicas
+    node_ports = [spec.base_port + 1 + i for i in range(n)]
+    smap = layout(spec.controlet, spec.datalet, spec.shards, spec.replicas, spec.host, node_ports)
+    node_ids = [nid for reps in smap.shards for nid in reps]
+    redis = ({nid: spec.base_port + 1 + n + i for i, nid in enumerate(node_ids)}
+             if spec.datalet == "redis" else {})
+    return {"map": smap.to_dict(), "datalet": spec.datalet, "data_dir": str(Path(spec.data_dir).resolve()),
+            "proxy": {"host": spec.host, "port": spec.base_port}, "redis_ports": redis, "processes": []}
+
+
+def up(spec: ClusterSpec, clock: Clock | None = None, timeout: float = 30.0) -> dict[str, Any]:
+    """Start every process, wait until each answers PING, and write the record."""
+    clock = clock or RealClock()
+    data_dir = Path(spec.data_dir).resolve()
+    if record_path(data_dir).exists():
+        old = load_record(data_dir)
+        if any(alive(p["pid"]) for p in old.get("processes", [])):
+            raise ConfigError(f"a cluster is already running under {data_dir}; run `bespokv down` first")
+    record = plan(spec)
+    endpoints = _endpoints(record)
+    busy = [f"{h}:{p}" for _, h, p in endpoints if not port_free(h, p)]
+    if busy:
+        raise ConfigError(f"ports already in use: {', '.join(busy)} (pick another --base-port)")
+    if record["redis_ports"] and shutil.which("redis-server") is None:
+        raise ConfigError("the redis datalet needs redis-server: apt-get install -y redis-server")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "logs").mkdir(exist_ok=True)
+    try:
+        for nid, port in record["redis_ports"].items():
+            rdir = data_dir / nid / "redis"
+            rdir.mkdir(parents=True, exist_ok=True)
+            _spawn(record, f"redis:{nid}", ["redis-server", "--port", str(port), "--bind", spec.host,
+                                             "--dir", str(rdir), "--save", "", "--appendonly", "yes",
+                                             "--daemonize", "no"], data_dir)
+        _wait_ready(record, [("redis", spec.host, p) for p in record["redis_ports"].values()], clock, timeout)
+        record_path(data_dir).write_text(json.dumps(record, indent=2))
+        me = [sys.executable, "-m", "mlsyskit.tools.kv.cli"]
+        for reps in record["map"]["shards"]:
+            for nid in reps:
+                _spawn(record, f"node:{nid}", me + ["node", nid, "--data-dir", str(data_dir)], data_dir)
+        _spawn(record, "proxy", me + ["proxy", "--data-dir", str(data_dir)], data_dir)
+        record_path(data_dir).write_text(json.dumps(record, indent=2))
+        _wait_ready(record, endpoints, clock, timeout)
+    except BaseException:
+        down(data_dir)
+        raise
+    return record
+
+
+def _endpoints(record: dict[str, Any]) -> list[tuple[str, str, int]]:
+    smap = record["map"]
+    out = [(nid, a["host"], a["port"]) for nid, a in smap["nodes"].items()]
+    out.append(("proxy", record["proxy"]["host"], record["proxy"]["port"]))
+    return out
+
+
+def _spawn(record: dict[str, Any], name: str, argv: list[str], data_dir: Path) -> None:
+    log = open(data_dir / "logs" / f"{name.replace(':', '-')}.log", "ab")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    log.close()
+    record["processes"].append({"name": name, "pid": proc.pid})
+
+
+def _wait_ready(record: dict[str, Any], endpoints: list, clock: Clock, timeout: float) -> None:
+    deadline = clock.now() + timeout
+    for name, host, port in endpoints:
+        while True:
+            try:
+                if sync_call(host, port, "PING", timeout=0.5) == b"PONG":
+                    break
+            except OSError:
+                pass
+            dead = [p["name"] for p in record["processes"] if not alive(p["pid"])]
+            if dead:
+                raise ConfigError(f"{', '.join(dead)} exited during start-up; see {record['data_dir']}/logs")
+            if clock.now() > deadline:
+                raise ConfigError(f"{name} at {host}:{port} did not answer within {timeout:.0f}s")
+            clock.sleep(0.05)
+
+
+def down(data_dir: Path, clock: Clock | None = None, grace: float = 5.0) -> list[str]:
+    """SIGTERM every recorded process group (SIGKILL after `grace`); returns what was stopped."""
+    clock = clock or RealClock()
+    record = load_record(Path(data_dir))
+    stopped = []
+    procs = [p for p in record.get("processes", []) if alive(p["pid"])]
+    for p in reversed(procs):  # proxy and nodes before their redis datalets
+        try:
+            os.killpg(p["pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+    deadline = clock.now() + grace
+    for p in procs:
+        while alive(p["pid"]) and _reap(p["pid"]) and clock.now() < deadline:
+            clock.sleep(0.02)
+        if alive(p["pid"]) and not _reaped(p["pid"]):
+            try:
+                os.killpg(p["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        stopped.append(p["name"])
+    record["processes"] = []
+    record_path(Path(data_dir)).write_text(json.dumps(record, indent=2))
+    return stopped
+
+
+def _reap(pid: int) -> bool:
+    """Collect our own exited child (so alive() turns false); True while it still runs."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return alive(pid)
+
+
+def _reaped(pid: int) -> bool:
+    return not alive(pid)
+
+
+def status(data_dir: Path) -> list[dict[str, Any]]:
+    record = load_record(Path(data_dir))
+    pids = {p["name"]: p["pid"] for p in record.get("processes", [])}
+    rows = []
+    for name, host, port in _endpoints(record):
+        row: dict[str, Any] = {"name": name, "endpoint": f"{host}:{port}",
+                               "pid": pids.get(f"node:{name}", pids.get(name)), "up": False}
+        try:
+            info = parse_info(sync_call(host, port, "INFO"))
+            row.update(up=True, role=info.get("role", "proxy"), commands=int(info.get("total_commands", 0)),
+                       keys=info.get("keys", "-"))
+        except OSError:
+            pass
+        rows.append(row)
+    return rows
+
+
+# -- process entry points (`bespokv node`, `bespokv proxy`) -----------------------
+def serve_node(data_dir: Path, node_id: str | None) -> None:
+    record = load_record(Path(data_dir))
+    smap = ShardMap.from_dict(record["map"])
+    datalet = None
+    if node_id is not None:
+        if smap.shard_of_node(node_id) is None:
+            raise ConfigError(f"node {node_id!r} is not in the cluster under {data_dir}")
+        redis = {"host": record["proxy"]["host"], "port": record["redis_ports"].get(node_id, 6379)}
+        datalet = node_datalet(record["datalet"], node_id, Path(record["data_dir"]), redis)
+    node = Node(smap, node_id, datalet)
+    proxy = record["proxy"]
+    addr = (proxy["host"], proxy["port"]) if node_id is None else (None, None)
+    _run(_serve(node, *addr))
+
+
+async def _serve(node: Node, host: str | None, port: int | None) -> None:
+    await node.start(host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await node.stop()
+
+
+def _run(coro) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:
+        asyncio.run(coro)
