@@ -1,5 +1,23 @@
-"""marble command line."""
-from mlsyskit.core.cli import make_app, run_app
+"""marble command line: simulate policies on workloads, inspect the scalability model."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from mlsyskit.core.cli import fail, make_app, run_app
+from mlsyskit.core.config import ConfigError
+from mlsyskit.core.console import emit_json, emit_table, log, make_table, progress
+from mlsyskit.tools.sched.cluster import ClusterSpec
+from mlsyskit.tools.sched.experiment import Run, WorkloadSource, report, run_one
+from mlsyskit.tools.sched.metrics import downsample, jcts
+from mlsyskit.tools.sched.policies import POLICIES, PolicyOptions
+from mlsyskit.tools.sched.policies.marble import sized_shapes
+from mlsyskit.tools.sched.scaling_model import held_out_error
+from mlsyskit.tools.sched.simulator import PolicyError
+from mlsyskit.tools.sched.throughput import ThroughputModel
+from mlsyskit.tools.sched.workloads import WorkloadError
 
 app = make_app(
     "marble",
@@ -7,6 +25,148 @@ app = make_app(
     "its training is still efficient, packs jobs onto shared nodes and keeps FIFO fairness; includes a "
     "trace-driven cluster simulator.",
 )
+
+# (column, JSON key); times shown in hours. "eff" = effective (throughput-weighted) utilisation.
+SUMMARY_COLUMNS = [("policy", "policy"), ("JCT h", "avg_jct_s"), ("p50 h", "median_jct_s"),
+                   ("p99 h", "p99_jct_s"), ("span h", "makespan_s"), ("wait h", "avg_queue_delay_s"),
+                   ("alloc", "alloc_util"), ("eff", "effective_util"), ("preempt", "preemptions"),
+                   ("resize", "resizes")]
+
+
+def _hours(key: str, value):
+    return value / 3600.0 if key.endswith("_s") else value
+
+
+def _parse_policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if not names or unknown:
+        raise fail(f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(sorted(POLICIES))}")
+    return names
+
+
+@app.command()
+def sim(
+    workload: str = typer.Option(..., "--workload", "-w", help="workload-1..4, a Pollux/Philly CSV, or synthetic:JOBS[@LOAD]"),
+    cluster: str = typer.Option("16x6", help="NODESxGPUS_PER_NODE"),
+    policies: str = typer.Option("fifo,backfill,optimus,tiresias,marble", help="comma-separated policies"),
+    seeds: int = typer.Option(1, min=1, help="how many seeds (seed, seed+1, ...)"),
+    seed: int = typer.Option(0, help="first seed"),
+    restart_cost: float = typer.Option(30.0, min=0.0, help="checkpoint-restart cost in seconds"),
+    threshold: float = typer.Option(0.5, help="marble: least gain per added GPU, in single-GPU throughputs"),
+    out: Path | None = typer.Option(None, help="directory for results.json, timing.json and PNG plots"),
+    events: bool = typer.Option(False, help="also write a JSONL event log per run under --out"),
+    as_json: bool = typer.Option(False, "--json", help="print the JSON document instead of tables"),
+) -> None:
+    """Replay a workload under several policies and seeds; tables (or --json) on stdout."""
+    try:
+        spec = ClusterSpec.parse(cluster)
+        options = PolicyOptions(efficiency_threshold=threshold)
+    except (ValueError, ConfigError) as e:
+        raise fail(str(e)) from None
+    names = _parse_policies(policies)
+    if events and out is None:
+        raise fail("--events needs --out")
+    source = WorkloadSource(workload)
+    model = ThroughputModel()
+    runs: list[Run] = []
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    with progress() as bar:
+        for s in range(seed, seed + seeds):
+            try:
+                jobs = source.load(model, s, spec)
+            except (WorkloadError, ValueError) as e:
+                raise fail(str(e)) from None
+            for name in names:
+                task = bar.add_task(f"{name} seed {s}", total=len(jobs))
+                events_path = out / f"events-{name}-seed{s}.jsonl" if events and out else None
+                try:
+                    run = run_one(source, spec, name, s, model, options, restart_cost, events_path,
+                                  on_finish=lambda n, t=task: bar.update(t, completed=n) if n % 50 == 0 else None,
+                                  jobs=jobs)
+                except (ValueError, PolicyError) as e:
+                    raise fail(f"{name}, seed {s}: {e}") from None
+                bar.update(task, completed=len(jobs))
+                runs.append(run)
+    doc = report(runs, source, spec, options, restart_cost)
+    if out is not None:
+        _write_outputs(out, doc, runs, spec)
+    if as_json:
+        emit_json(doc)
+        return
+    rows = [[name] + [_hours(k, doc["policies"][name]["mean"][k]) for _, k in SUMMARY_COLUMNS[1:]] for name in names]
+    emit_table(make_table(f"marble sim: {source.label} on {spec} ({seeds} seed(s), mean)",
+                          [c for c, _ in SUMMARY_COLUMNS], rows))
+
+
+def _write_outputs(out: Path, doc: dict, runs: list[Run], spec: ClusterSpec) -> None:
+    from mlsyskit.tools.sched import plots
+
+    (out / "results.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    timing = {f"{r.policy}/seed{r.seed}": r.timing for r in runs}
+    (out / "timing.json").write_text(json.dumps(timing, indent=2, sort_keys=True) + "\n")
+    first = min(r.seed for r in runs)
+    chosen = [r for r in runs if r.seed == first]
+    title = f"{doc['workload']} on {spec}, seed {first}"
+    plots.jct_cdf({r.policy: jcts(r.result) for r in chosen}, out / "jct_cdf.png", title)
+    plots.utilisation({r.policy: downsample(r.result.timeline) for r in chosen}, spec.total_gpus,
+                      out / "utilisation.png", title)
+    log(f"wrote {out / 'results.json'}, timing.json, jct_cdf.png, utilisation.png")
+
+
+@app.command()
+def model(
+    holdout: float = typer.Option(0.2, min=0.05, max=0.9, help="share of measured placements held out"),
+    seed: int = typer.Option(0, help="seed of the held-out split"),
+    as_json: bool = typer.Option(False, "--json", help="JSON instead of a table"),
+) -> None:
+    """The fitted scalability model per application and its error on held-out placements."""
+    tm = ThroughputModel()
+    rows = []
+    for name, profile in tm.profiles.items():
+        err = held_out_error(profile, holdout, seed)
+        rows.append({**err, **{k: round(v, 6) for k, v in vars(tm.fits[name]).items()}})
+    if as_json:
+        emit_json(rows)
+        return
+    emit_table(make_table(f"fitted model, held-out {holdout:.0%} of placements (seed {seed})",
+                          ["app", "rows", "MAPE", "p90", "c0", "c1", "l0", "l1", "n0", "n1"],
+                          [[r["app"], r["test_rows"], r["mape"], r["p90_ape"], r["c0"], r["c1"], r["l0"], r["l1"],
+                            r["n0"], r["n1"]] for r in rows]))
+
+
+@app.command()
+def curve(
+    app_name: str = typer.Option(..., "--app", help="bert, cifar10, deepspeech2, imagenet, ncf or yolov3"),
+    batch: int = typer.Option(..., min=1, help="global batch size"),
+    max_gpus: int = typer.Option(12, min=1, max=512, help="largest GPU count to show"),
+    gpus_per_node: int = typer.Option(6, min=1, max=64),
+    threshold: float = typer.Option(0.5, help="marble's least gain per added GPU"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Efficiency curve E(p) = T(p) / (p T(1)) of one application and marble's size for it."""
+    tm = ThroughputModel()
+    try:
+        tm.check_app(app_name)
+    except KeyError as e:
+        raise fail(str(e.args[0])) from None
+    rows = tm.efficiency_curve(app_name, batch, max_gpus, gpus_per_node)
+    size = sized_shapes(tm, app_name, batch, max_gpus, gpus_per_node, threshold)[-1]
+    doc = {"app": app_name, "batch": batch, "curve": rows, "marble_shape": list(size), "marble_gpus": sum(size)}
+    if as_json:
+        emit_json(doc)
+        return
+    emit_table(make_table(f"{app_name}, global batch {batch}: marble picks {sum(size)} GPUs as "
+                          f"{''.join(map(str, size))}", ["GPUs", "shape", "samples/s", "efficiency"],
+                          [[r["gpus"], r["shape"], r["throughput"], r["efficiency"]] for r in rows]))
+
+
+@app.command("policies")
+def list_policies() -> None:
+    """The registered scheduling policies."""
+    emit_table(make_table("policies", ["name", "what it does"],
+                          [[name, POLICIES[name].description] for name in sorted(POLICIES)]))
 
 
 def main() -> None:

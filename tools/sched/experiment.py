@@ -1,0 +1,97 @@
+"""Run policies x seeds on one workload: what `marble sim` and the benchmark share."""
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlsyskit.core.telemetry import Telemetry
+from mlsyskit.tools.sched.cluster import ClusterSpec
+from mlsyskit.tools.sched.metrics import aggregate, summarize, timing
+from mlsyskit.tools.sched.policies import POLICIES, PolicyOptions
+from mlsyskit.tools.sched.simulator import SimResult, Simulator
+from mlsyskit.tools.sched.state import JobSpec
+from mlsyskit.tools.sched.throughput import ThroughputModel
+from mlsyskit.tools.sched.workloads import (
+    SyntheticSpec,
+    WorkloadError,
+    builtin_workload,
+    load_philly,
+    load_pollux,
+    synthetic,
+)
+
+
+@dataclass(frozen=True)
+class WorkloadSource:
+    """'workload-1'..'workload-4', a Pollux or Philly CSV path (format from its header), or
+    'synthetic:JOBS' / 'synthetic:JOBS@LOAD'."""
+
+    text: str
+
+    @property
+    def label(self) -> str:
+        return Path(self.text).stem if not self.text.startswith("synthetic") else self.text
+
+    def load(self, model: ThroughputModel, seed: int, spec: ClusterSpec) -> list[JobSpec]:
+        m = re.fullmatch(r"synthetic:(\d+)(?:@([0-9.]+))?", self.text)
+        if m:
+            syn = SyntheticSpec(jobs=int(m.group(1)), load=float(m.group(2) or 0.9))
+            return synthetic(syn, model, seed, spec.total_gpus, spec.gpus_per_node)
+        if self.text.startswith("synthetic"):
+            raise WorkloadError(f"synthetic workloads look like synthetic:JOBS or synthetic:JOBS@LOAD, got {self.text!r}")
+        path = builtin_workload(self.text)
+        if not path.is_file():
+            raise WorkloadError(f"workload not found: {self.text} (give a CSV path or workload-1..workload-4)")
+        with path.open(newline="") as f:
+            header = next(csv.reader(f), [])
+        if "application" in header:
+            return load_pollux(path, model, seed, spec.gpus_per_node)
+        if "num_gpus" in header:
+            return load_philly(path, model, seed, spec.gpus_per_node)
+        raise WorkloadError(f"{path}: header {','.join(header)} is neither Pollux "
+                            "(name,time,application,num_replicas,batch_size) nor Philly "
+                            "(timestamp,duration,num_gpus,gpu_time,cluster)")
+
+
+@dataclass
+class Run:
+    policy: str
+    seed: int
+    result: SimResult
+    summary: dict
+    timing: dict
+
+
+def run_one(source: WorkloadSource, spec: ClusterSpec, policy: str, seed: int, model: ThroughputModel,
+            options: PolicyOptions, restart_cost: float, events_path: Path | None = None,
+            on_finish: Callable[[int], None] | None = None, jobs: list[JobSpec] | None = None) -> Run:
+    jobs = jobs if jobs is not None else source.load(model, seed, spec)
+    sim = Simulator(spec, POLICIES.create(policy, model, options), model, jobs, restart_cost=restart_cost,
+                    on_finish=on_finish)
+    if events_path is not None:
+        sim.telemetry = Telemetry(clock=sim.loop.clock, log_path=events_path, run_id=f"{policy}-seed{seed}")
+    try:
+        result = sim.run()
+    finally:
+        sim.telemetry.close()
+    return Run(policy, seed, result, summarize(result, spec.total_gpus), timing(result))
+
+
+def report(runs: list[Run], source: WorkloadSource, spec: ClusterSpec, options: PolicyOptions,
+           restart_cost: float) -> dict:
+    """The deterministic JSON document: per policy, every seed's summary and their mean."""
+    policies: dict[str, dict] = {}
+    for run in runs:
+        entry = policies.setdefault(run.policy, {"seeds": {}})
+        entry["seeds"][str(run.seed)] = run.summary
+    for entry in policies.values():
+        entry["mean"] = aggregate(list(entry["seeds"].values()))
+    return {"workload": source.label, "cluster": str(spec), "restart_cost_s": restart_cost,
+            "options": {"efficiency_threshold": options.efficiency_threshold,
+                        "backfill_depth": options.backfill_depth,
+                        "tiresias_thresholds": list(options.tiresias_thresholds),
+                        "optimus_interval": options.optimus_interval},
+            "policies": policies}

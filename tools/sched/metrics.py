@@ -1,0 +1,59 @@
+"""Summary metrics of one simulated run (deterministic for a given workload, policy and seed)."""
+from __future__ import annotations
+
+import math
+import statistics
+
+from mlsyskit.tools.sched.simulator import SimResult
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (the same rule as core.telemetry)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+
+
+def jcts(result: SimResult) -> list[float]:
+    return [result.finish[r.spec.job_id] - r.spec.arrival for r in result.jobs]
+
+
+def summarize(result: SimResult, total_gpus: int) -> dict[str, float | int | str]:
+    """JCT, queueing delay, makespan and utilisation. Allocation utilisation = GPU-seconds held /
+    (GPUs x makespan); effective utilisation = work done in single-GPU seconds / (GPUs x makespan),
+    i.e. held GPUs weighted by how efficiently each job used them."""
+    jct = jcts(result)
+    delays = [r.first_start - r.spec.arrival for r in result.jobs]
+    span = result.makespan_end - result.makespan_start
+    capacity = total_gpus * span
+    return {
+        "policy": result.policy, "cluster": result.cluster, "jobs": len(jct),
+        "avg_jct_s": statistics.fmean(jct), "median_jct_s": statistics.median(jct), "p99_jct_s": percentile(jct, 99),
+        "makespan_s": span, "avg_queue_delay_s": statistics.fmean(delays), "p99_queue_delay_s": percentile(delays, 99),
+        "alloc_util": result.gpu_seconds_held / capacity if capacity else 0.0,
+        "effective_util": result.effective_gpu_seconds / capacity if capacity else 0.0,
+        "starts": result.counters["starts"], "preemptions": result.counters["preemptions"],
+        "resizes": result.counters["resizes"], "decisions": result.counters["decisions"],
+    }
+
+
+def timing(result: SimResult) -> dict[str, float]:
+    """Wall-clock figures (differ between runs; kept out of the deterministic summary)."""
+    lat = result.decision_ms
+    return {"wall_s": result.wall_s, "events": result.events, "decisions": len(lat),
+            "decision_ms_mean": statistics.fmean(lat) if lat else 0.0,
+            "decision_ms_p99": percentile(lat, 99), "decision_ms_max": max(lat) if lat else 0.0}
+
+
+def aggregate(runs: list[dict]) -> dict[str, float]:
+    """Mean over seeds of the numeric fields."""
+    keys = [k for k, v in runs[0].items() if isinstance(v, int | float) and not isinstance(v, bool)]
+    return {k: statistics.fmean(r[k] for r in runs) for k in keys}
+
+
+def downsample(timeline: list[tuple[float, int, float]], points: int = 2000) -> list[tuple[float, int, float]]:
+    if len(timeline) <= points:
+        return list(timeline)
+    step = len(timeline) / points
+    return [timeline[int(i * step)] for i in range(points)] + [timeline[-1]]
