@@ -96,8 +96,10 @@ def sim(
         emit_json(doc)
         return
     rows = [[name] + [_hours(k, doc["policies"][name]["mean"][k]) for _, k in SUMMARY_COLUMNS[1:]] for name in names]
-    emit_table(make_table(f"marble sim: {source.label} on {spec} ({seeds} seed(s), mean)",
-                          [c for c, _ in SUMMARY_COLUMNS], rows))
+    table = make_table(f"marble sim: {source.label} on {spec} ({seeds} seed(s), mean)",
+                       [c for c, _ in SUMMARY_COLUMNS], rows)
+    table.columns[0].no_wrap = True  # policy names stay whole on narrow terminals
+    emit_table(table)
 
 
 def _write_outputs(out: Path, doc: dict, runs: list[Run], spec: ClusterSpec) -> None:

@@ -81,15 +81,21 @@ class AppProfile:
 
     def nearest_measured(self, shape: Shape) -> tuple[Shape | tuple[int, int], Curve]:
         """The measured configuration closest to `shape`: the same shape with per-node counts capped at
-        what the testbed had, or for many nodes the spread run with the nearest node and GPU counts."""
+        what the testbed had if that was measured, else the measured shape or spread run with the
+        nearest node and GPU counts (log distance)."""
         capped = canonical([min(g, self.max_gpus_per_node) for g in shape])
         if capped in self.shapes:
             return capped, self.shapes[capped]
         nodes, gpus = len(capped), sum(capped)
-        if not self.spread:
-            raise KeyError(f"{self.name}: nothing measured near {shape}")
-        key = min(self.spread, key=lambda k: (abs(np.log(k[0] / nodes)) + abs(np.log(k[1] / gpus)), k))
-        return key, self.spread[key]
+
+        def distance(key: tuple[int, int]) -> float:
+            return abs(np.log(key[0] / nodes)) + abs(np.log(key[1] / gpus))
+
+        best_spread = min(self.spread, key=lambda k: (distance(k), k)) if self.spread else None
+        best_shape = min(self.shapes, key=lambda s: (distance((len(s), sum(s))), s))
+        if best_spread is not None and distance(best_spread) < distance((len(best_shape), sum(best_shape))):
+            return best_spread, self.spread[best_spread]
+        return best_shape, self.shapes[best_shape]
 
 
 def load_profile(app_dir: Path) -> AppProfile:

@@ -1,0 +1,55 @@
+"""Hand-made throughput models with known curves, for tests whose right answer is computed by hand."""
+from __future__ import annotations
+
+from mlsyskit.tools.sched.cluster import ClusterSpec, FreeMap
+from mlsyskit.tools.sched.profiles import AppProfile, Row
+from mlsyskit.tools.sched.state import ClusterState, JobRecord, JobSpec
+from mlsyskit.tools.sched.throughput import ThroughputModel
+
+BATCH = 60
+
+
+def toy_model(curves: dict[str, list[float]], gpus_per_node: int = 6) -> ThroughputModel:
+    """`curves[app][k-1]` = samples/s on k GPUs of one node, at global batch BATCH; multi-node
+    shapes run at the rate of their GPU count times 0.5 (a slow network)."""
+    profiles = {}
+    for app, rates in curves.items():
+        rows = []
+        for k, rate in enumerate(rates, start=1):
+            local = BATCH / k
+            rows.append(Row((k,), 1, k, local, BATCH / rate, 0.0))
+        for nodes in (2, 3):
+            for k in range(1, gpus_per_node + 1):
+                total = k * nodes
+                rate = 0.5 * rates[-1] * total / len(rates) if total > len(rates) else 0.5 * rates[total - 1]
+                rows.append(Row((k,) * nodes, nodes, total, BATCH / total, BATCH / rate, 0.0))
+        profiles[app] = AppProfile(app, rows)
+    return ThroughputModel(profiles)
+
+
+LINEAR = [10.0 * k for k in range(1, 7)]            # perfect scaling
+FLAT = [10.0, 18.0, 20.0, 21.0, 21.5, 22.0]          # saturates after 2 GPUs
+
+
+def job(job_id: int, app: str, gpus: int, work: float, arrival: float = 0.0) -> JobSpec:
+    return JobSpec(job_id, f"{app}-{job_id}", app, arrival, gpus, BATCH, work)
+
+
+def state_with(spec: ClusterSpec, queued: list[JobSpec], now: float = 0.0) -> ClusterState:
+    state = ClusterState(spec, FreeMap(spec), now=now)
+    for j in queued:
+        state.queue[j.job_id] = JobRecord(j, since=now)
+    return state
+
+
+def run_job(state: ClusterState, model: ThroughputModel, spec: JobSpec, placement, shape=None) -> JobRecord:
+    """Put a job in `state` as running since state.now on `placement` (bookkeeping as the simulator does)."""
+    rec = JobRecord(spec, since=state.now, placement=tuple(placement), started_before=True,
+                    first_start=state.now)
+    rec.shape = tuple(sorted(shape or [g for _, g in placement], reverse=True))
+    rec.rate = model.rate(spec.app, rec.shape, spec.batch_size)
+    rec.end_estimate = state.now + spec.work / rec.rate
+    state.free.take(rec.placement)
+    state.running[spec.job_id] = rec
+    state.by_end.add((rec.end_estimate, spec.job_id))
+    return rec

@@ -1,0 +1,138 @@
+"""Policies on small hand-made clusters whose right answer is worked out in the comments."""
+import copy
+
+import pytest
+from sched_toy import FLAT, LINEAR, job, run_job, state_with, toy_model
+
+from mlsyskit.tools.sched.cluster import ClusterSpec
+from mlsyskit.tools.sched.policies import POLICIES, Policy, PolicyOptions, register
+from mlsyskit.tools.sched.policies.marble import sized_shapes
+from mlsyskit.tools.sched.simulator import Simulator
+from mlsyskit.tools.sched.state import Preempt, Resize, Start
+
+MODEL = toy_model({"lin": LINEAR, "flat": FLAT})
+ONE_NODE = ClusterSpec(1, 6)
+TWO_NODES = ClusterSpec(2, 6)
+
+
+def starts(decision):
+    return {a.job_id: a for a in decision.actions if isinstance(a, Start)}
+
+
+def test_registry_has_the_six_policies_and_rejects_bad_names():
+    assert sorted(POLICIES) == ["backfill", "fifo", "marble", "marble-elastic", "optimus", "tiresias"]
+    with pytest.raises(KeyError, match="unknown policy"):
+        POLICIES.create("lsf", MODEL)
+
+    class Again(Policy):
+        name = "fifo"
+        description = "duplicate"
+
+        def decide(self, state):
+            raise NotImplementedError
+
+    with pytest.raises(ValueError, match="registered twice"):
+        register(Again)
+
+
+def test_marble_size_comes_from_the_efficiency_curve():
+    # flat: 1->2 GPUs adds 8 samples/s = 0.8 single GPUs (>= 0.5); 2->3 adds 0.2; 2->4 adds 0.15 per GPU...
+    assert sum(sized_shapes(MODEL, "flat", 60, 6, 6, 0.5)[-1]) == 2
+    assert sum(sized_shapes(MODEL, "lin", 60, 6, 6, 0.5)[-1]) == 6
+    # at 0.15: 2->3 adds 0.2 (kept); 3->4 adds 0.1, 3->5 0.075 per GPU, 3->6 0.067: stops at 3
+    assert sum(sized_shapes(MODEL, "flat", 60, 6, 6, 0.15)[-1]) == 3
+    assert sum(sized_shapes(MODEL, "lin", 60, 4, 6, 0.5)[-1]) == 4    # never more than asked
+
+
+def test_fifo_gives_whole_nodes_and_is_strict():
+    state = state_with(TWO_NODES, [job(1, "lin", 1, 100), job(2, "lin", 12, 100), job(3, "lin", 1, 100)])
+    d = POLICIES.create("fifo", MODEL).decide(state)
+    s = starts(d)
+    assert list(s) == [1]                      # job 2 needs two whole nodes; job 3 may not pass it
+    assert s[1].placement == ((0, 6),) and s[1].shape == (1,)
+
+
+def test_backfill_lets_only_a_job_that_ends_before_the_reservation_pass():
+    state = state_with(TWO_NODES, [], now=0.0)
+    run_job(state, MODEL, job(9, "lin", 6, 10.0 * 6 * 100), [(0, 6)])   # node 0 busy until t=100
+    for j in (job(1, "lin", 12, 1000), job(2, "lin", 6, 60.0 * 500), job(3, "lin", 6, 60.0 * 50)):
+        state.queue[j.job_id] = state_with(TWO_NODES, [j]).queue[j.job_id]
+    # head (12 GPUs) waits for t=100; job 2 would run 500 s on node 1 -> delays the head; job 3 runs 50 s
+    assert list(starts(POLICIES.create("backfill", MODEL).decide(state))) == [3]
+    assert list(starts(POLICIES.create("fifo", MODEL).decide(state))) == []
+
+
+def test_marble_packs_two_jobs_on_one_node_where_fifo_serialises_them():
+    # A (flat, asks 6) is efficient on 2 GPUs; B (lin, asks 4) on 4: both fit on the 6-GPU node.
+    a, b = job(1, "flat", 6, 36000.0), job(2, "lin", 4, 144000.0)
+    d = POLICIES.create("marble", MODEL).decide(state_with(ONE_NODE, [a, b]))
+    s = starts(d)
+    assert {k: v.shape for k, v in s.items()} == {1: (2,), 2: (4,)}
+    # End to end: marble A = 36000/18 = 2000 s, B = 144000/40 = 3600 s -> mean 2800 s.
+    # fifo: A alone on the node at 22/s = 1636.4 s, then B 3600 s -> B ends at 5236.4 s.
+    res = {p: Simulator(ONE_NODE, POLICIES.create(p, MODEL), MODEL, [a, b], restart_cost=0).run()
+           for p in ("marble", "fifo")}
+    assert res["marble"].finish == pytest.approx({1: 2000.0, 2: 3600.0})
+    assert res["fifo"].finish == pytest.approx({1: 36000 / 22, 2: 36000 / 22 + 3600})
+
+
+def test_marble_best_fit_fills_the_fuller_node_first():
+    state = state_with(TWO_NODES, [job(1, "flat", 2, 100)])
+    run_job(state, MODEL, job(9, "lin", 4, 1e6), [(1, 4)])   # node 1 has 2 free, node 0 has 6
+    assert starts(POLICIES.create("marble", MODEL).decide(state))[1].placement == ((1, 2),)
+
+
+def test_marble_starts_small_when_that_beats_waiting():
+    # lin asks 6 (efficient at 6) but only 4 are free; the 2 busy GPUs free at t=1e5.
+    state = state_with(ONE_NODE, [job(1, "lin", 6, 60.0 * 1000)])
+    run_job(state, MODEL, job(9, "lin", 2, 20.0 * 1e5), [(0, 2)])
+    # now on 4 GPUs: 60000/40 = 1500 s; waiting: 1e5 + 1000 s -> start small
+    assert starts(POLICIES.create("marble", MODEL).decide(state))[1].shape == (4,)
+    # if the busy GPUs free at t=10, waiting (10 + 1000 s) beats 1500 s on 4 GPUs
+    state = state_with(ONE_NODE, [job(1, "lin", 6, 60.0 * 1000)])
+    run_job(state, MODEL, job(9, "lin", 2, 20.0 * 10), [(0, 2)])
+    assert starts(POLICIES.create("marble", MODEL).decide(state)) == {}
+
+
+def test_marble_elastic_grows_a_shrunken_job_when_gpus_free_up():
+    state = state_with(ONE_NODE, [], now=0.0)
+    run_job(state, MODEL, job(1, "lin", 6, 60.0 * 10000), [(0, 4)])  # 4 of its 6 efficient GPUs
+    state.restart_cost = 30.0
+    d = POLICIES.create("marble-elastic", MODEL).decide(state)
+    # remaining 600000 samples: 15000 s on 4 GPUs vs 30 + 10000 s on 6 -> grow
+    assert [type(a) for a in d.actions] == [Resize] and d.actions[0].shape == (6,)
+    assert POLICIES.create("marble", MODEL).decide(state).actions == ()
+
+
+def test_tiresias_preempts_the_job_with_most_attained_service():
+    state = state_with(ONE_NODE, [job(2, "lin", 6, 1000, arrival=5000.0)], now=5000.0)
+    old = run_job(state, MODEL, job(1, "lin", 6, 1e9), [(0, 6)])
+    old.since, old.attained = 0.0, 0.0     # has held 6 GPUs for 5000 s = 30000 GPU-s: queue 1
+    d = POLICIES.create("tiresias", MODEL, PolicyOptions(tiresias_thresholds=(3600.0,))).decide(state)
+    assert Preempt(1) in d.actions and 2 in starts(d)
+
+
+def test_tiresias_asks_to_wake_when_a_job_changes_queue():
+    state = state_with(ONE_NODE, [])
+    run_job(state, MODEL, job(1, "lin", 6, 1e9), [(0, 6)])
+    d = POLICIES.create("tiresias", MODEL, PolicyOptions(tiresias_thresholds=(3600.0,))).decide(state)
+    assert d.wake_at == pytest.approx(600.0)   # 3600 GPU-s / 6 GPUs
+
+
+def test_optimus_gives_the_spare_gpu_to_the_job_that_gains_most():
+    # 3 free GPUs, two jobs: each gets 1; the third goes to lin (1->2 GPUs halves its time)
+    # rather than flat (10->18/s saves less of a shorter job).
+    state = state_with(ClusterSpec(1, 3), [job(1, "flat", 3, 1000), job(2, "lin", 3, 1000)])
+    s = starts(POLICIES.create("optimus", MODEL).decide(state))
+    assert {k: sum(v.shape) for k, v in s.items()} == {1: 1, 2: 2}
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_decide_does_not_mutate_the_state(name):
+    state = state_with(TWO_NODES, [job(i, "lin" if i % 2 else "flat", 1 + i % 6, 1e4) for i in range(1, 8)])
+    run_job(state, MODEL, job(99, "flat", 3, 1e6), [(0, 3)])
+    before = copy.deepcopy((state.free.free, state.free.total, list(state.queue), list(state.running),
+                            list(state.by_end)))
+    POLICIES.create(name, MODEL).decide(state)
+    after = (state.free.free, state.free.total, list(state.queue), list(state.running), list(state.by_end))
+    assert before == after

@@ -1,0 +1,77 @@
+import pytest
+
+from mlsyskit.tools.sched.cluster import ClusterSpec
+from mlsyskit.tools.sched.experiment import WorkloadSource
+from mlsyskit.tools.sched.throughput import ThroughputModel, compact_shape
+from mlsyskit.tools.sched.workloads import (
+    APP_CLASS,
+    SIZE_CLASSES,
+    SyntheticSpec,
+    WorkloadError,
+    builtin_workload,
+    load_philly,
+    load_pollux,
+    synthetic,
+)
+
+MODEL = ThroughputModel()
+SPEC = ClusterSpec(16, 6)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_pollux_workloads_load_with_work_in_their_size_class(n):
+    jobs = load_pollux(builtin_workload(f"workload-{n}"), MODEL, seed=0, gpus_per_node=6)
+    assert len(jobs) == 160
+    for j in jobs:
+        lo, hi = SIZE_CLASSES[APP_CLASS[j.app]]
+        gpu_hours = j.work / MODEL.rate(j.app, compact_shape(j.gpus, 6), j.batch_size) * j.gpus / 3600
+        assert lo <= gpu_hours <= hi
+    assert load_pollux(builtin_workload(f"workload-{n}"), MODEL, 0, 6) == jobs
+    assert load_pollux(builtin_workload(f"workload-{n}"), MODEL, 1, 6) != jobs
+
+
+def test_philly_mapping_is_seeded_and_follows_the_size_class(tmp_path):
+    path = tmp_path / "philly.csv"
+    path.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n"
+                    "1000,600,1,600,c1\n"          # 0.17 GPU-h: S -> cifar10 or ncf
+                    "1100,3600,4,14400,c1\n"        # 4 GPU-h: M -> bert or deepspeech2
+                    "1200,36000,8,288000,c2\n"      # 80 GPU-h: L -> yolov3
+                    "1300,36000,16,,c2\n"           # gpu_time missing: 160 GPU-h: XL -> imagenet
+                    "1400,0,2,0,c2\n")              # failed at launch: dropped
+    jobs = load_philly(path, MODEL, seed=7, gpus_per_node=6)
+    assert [j.arrival for j in jobs] == [0.0, 100.0, 200.0, 300.0]
+    assert jobs[0].app in ("cifar10", "ncf") and jobs[1].app in ("bert", "deepspeech2")
+    assert (jobs[2].app, jobs[3].app) == ("yolov3", "imagenet")
+    assert jobs[1].work == pytest.approx(3600 * MODEL.rate(jobs[1].app, (4,), jobs[1].batch_size))
+    assert load_philly(path, MODEL, seed=7, gpus_per_node=6) == jobs
+    assert WorkloadSource(str(path)).load(MODEL, 7, SPEC) == jobs
+
+
+def test_synthetic_poisson_hits_the_offered_load():
+    jobs = synthetic(SyntheticSpec(jobs=3000, load=0.8), MODEL, seed=1, total_gpus=96, gpus_per_node=6)
+    assert len(jobs) == 3000 and jobs == synthetic(SyntheticSpec(3000, 0.8), MODEL, 1, 96, 6)
+    gpu_seconds = sum(j.work / MODEL.rate(j.app, compact_shape(j.gpus, 6), j.batch_size) * j.gpus for j in jobs)
+    span = jobs[-1].arrival - jobs[0].arrival
+    assert 0.6 < gpu_seconds / (96 * span) < 1.0
+    mixed = synthetic(SyntheticSpec(jobs=500, load=0.5, size_mix=((1, 1.0), (12, 1.0))), MODEL, 1, 96, 6)
+    assert {j.gpus for j in mixed} == {1, 12}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("missing.csv", "not found"),
+    ("synthetic:abc", "synthetic workloads look like"),
+])
+def test_bad_workloads_are_clear_errors(text, message):
+    with pytest.raises(WorkloadError, match=message):
+        WorkloadSource(text).load(MODEL, 0, SPEC)
+
+
+def test_wrong_columns_and_bad_values(tmp_path):
+    odd = tmp_path / "odd.csv"
+    odd.write_text("a,b\n1,2\n")
+    with pytest.raises(WorkloadError, match="neither Pollux"):
+        WorkloadSource(str(odd)).load(MODEL, 0, SPEC)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,time,application,num_replicas,batch_size\nj,0,gpt,1,32\n")
+    with pytest.raises(WorkloadError, match="unknown application 'gpt'"):
+        load_pollux(bad, MODEL, 0, 6)
