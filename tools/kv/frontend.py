@@ -4,6 +4,9 @@ Everything a connection received in one read is parsed (hiredis) and dispatched 
 single write of all ready replies goes back, which is what makes pipelined clients cheap.
 Replies leave in request order even when some complete later (a replicated write waiting
 for its ack): each request holds a slot in `slots`, and only a ready prefix is flushed.
+Session order: a read waits until the connection's earlier writes are answered (and
+anything after a waiting read waits too), so a pipelined SET k / GET k through a node
+that forwards the two to different replicas (chain head and tail) still reads its write.
 Bad input never raises out of here: malformed frames close the connection after an
 error (as Redis does); unknown commands, wrong arity and oversize keys/values get errors.
 """
@@ -16,9 +19,16 @@ from typing import Any
 
 import hiredis
 
+from mlsyskit.core import __version__
 from mlsyskit.tools.kv import resp
-from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT
+from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT, WRITES
 from mlsyskit.tools.kv.node import PEER_MESSAGE, Node, Request
+
+WRITE_OPS = {b"MSET": PUT, b"DEL": DEL}
+
+
+def _is_write(item: Any) -> bool:
+    return item.op in WRITES if type(item) is Request else item.kind in WRITE_OPS
 
 
 class Ready:
@@ -33,12 +43,13 @@ class Ready:
 class Aggregate:
     """A multi-key command (MGET, MSET, DEL k..., EXISTS k...) split into single-key requests."""
 
-    __slots__ = ("conn", "kind", "parts", "remaining", "payload")
+    __slots__ = ("conn", "kind", "parts", "remaining", "payload", "items")
 
     def __init__(self, conn: ClientConnection, kind: bytes, n: int) -> None:
         self.conn, self.kind, self.remaining = conn, kind, n
         self.parts: list[bytes | None] = [None] * n
         self.payload: bytes | None = None
+        self.items: list[tuple[bytes, bytes | None]] = []
 
     def part_done(self, req: Request) -> None:
         self.parts[req.index] = req.payload
@@ -54,7 +65,7 @@ class Aggregate:
             self.payload = resp.OK
         else:
             self.payload = resp.integer(sum(int(p[1:-2]) for p in self.parts))
-        self.conn.slot_done()
+        self.conn.slot_done(self)
 
 
 class ClientConnection(asyncio.Protocol):
@@ -66,6 +77,8 @@ class ClientConnection(asyncio.Protocol):
         self.out: list[bytes] = []
         self.in_batch = False
         self.transport: asyncio.Transport | None = None
+        self.unacked_writes = 0
+        self.held: deque[tuple[bool, Any]] = deque()  # (is_write, request) waiting for session order
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -143,7 +156,10 @@ class ClientConnection(asyncio.Protocol):
         else:
             self.out.append(payload)
 
-    def slot_done(self) -> None:
+    def slot_done(self, done: Any = None) -> None:
+        if done is not None and _is_write(done):
+            self.unacked_writes -= 1
+            self._release()
         slots = self.slots
         out = self.out
         while slots and slots[0].payload is not None:
@@ -162,13 +178,37 @@ class ClientConnection(asyncio.Protocol):
     def single(self, op: str, key: bytes, value: bytes | None) -> None:
         req = Request(op, key, value, self)
         self.slots.append(req)
-        self.node.submit(req)
+        self._admit(op in WRITES, req)
 
     def multi(self, kind: bytes, op: str, items: list[tuple[bytes, bytes | None]]) -> None:
         agg = Aggregate(self, kind, len(items))
+        agg.items = items
         self.slots.append(agg)
-        for i, (key, value) in enumerate(items):
-            self.node.submit(Request(op, key, value, None, agg, i))
+        self._admit(op in WRITES, agg)
+
+    def _admit(self, is_write: bool, item: Any) -> None:
+        if self.held or (not is_write and self.unacked_writes):
+            self.held.append((is_write, item))
+            return
+        if is_write:
+            self.unacked_writes += 1
+        self._start(item)
+
+    def _release(self) -> None:
+        held = self.held
+        while held and (held[0][0] or not self.unacked_writes):
+            is_write, item = held.popleft()
+            if is_write:
+                self.unacked_writes += 1
+            self._start(item)
+
+    def _start(self, item: Any) -> None:
+        if type(item) is Request:
+            self.node.submit(item)
+            return
+        op = WRITE_OPS.get(item.kind, GET if item.kind == b"MGET" else EXISTS)
+        for i, (key, value) in enumerate(item.items):
+            self.node.submit(Request(op, key, value, None, item, i))
 
     def bad_key(self, key: bytes) -> bool:
         if len(key) > self.limits.max_key_bytes:
@@ -264,6 +304,23 @@ def cmd_peer(conn: ClientConnection, cmd: list) -> None:
     conn.node.on_peer_message(cmd)
 
 
+def cmd_hello(conn: ClientConnection, cmd: list) -> None:
+    """HELLO [2|3]: client libraries (redis-py 8 asks for RESP3) handshake with it.
+
+    Every reply this server sends (simple, bulk, null bulk, integer, array) is also valid
+    RESP3, so only the handshake answer itself differs between the two versions.
+    """
+    version = cmd[1] if len(cmd) > 1 else b"2"
+    if version not in (b"2", b"3"):
+        return conn.reply(b"-NOPROTO unsupported protocol version\r\n")
+    fields = [b"server", b"bespokv", b"version", __version__.encode(), b"proto", int(version),
+              b"mode", b"cluster", b"role", b"master", b"modules", []]
+    parts = [(b"%%%d\r\n" % (len(fields) // 2)) if version == b"3" else (b"*%d\r\n" % len(fields))]
+    for f in fields:
+        parts.append(resp.integer(f) if isinstance(f, int) else resp.EMPTY_ARRAY if f == [] else resp.bulk(f))
+    conn.reply(b"".join(parts))
+
+
 def cmd_select(conn: ClientConnection, cmd: list) -> None:
     ok = len(cmd) == 2 and cmd[1] == b"0"
     conn.reply(resp.OK if ok else resp.error("only database 0 exists in a bespokv cluster"))
@@ -296,6 +353,6 @@ HANDLERS: dict[bytes, Any] = {
     b"DEL": _keys_command(DEL, "del", b"DEL"), b"EXISTS": _keys_command(EXISTS, "exists", b"EXISTS"),
     b"MGET": _keys_command(GET, "mget", b"MGET"),
     b"PING": cmd_ping, b"ECHO": cmd_echo, b"INFO": cmd_info, b"BKV.SHARDMAP": cmd_shardmap,
-    PEER_MESSAGE: cmd_peer, b"SELECT": cmd_select, b"QUIT": cmd_quit, b"CLIENT": cmd_ok,
+    PEER_MESSAGE: cmd_peer, b"HELLO": cmd_hello, b"SELECT": cmd_select, b"QUIT": cmd_quit, b"CLIENT": cmd_ok,
     b"COMMAND": cmd_empty, b"CONFIG": cmd_config,
 }

@@ -43,7 +43,7 @@ class Request:
         if self.parent is not None:
             self.parent.part_done(self)
         elif self.conn is not None:
-            self.conn.slot_done()
+            self.conn.slot_done(self)
 
     def frame(self) -> bytes:
         """The command that performs this operation on another node."""
