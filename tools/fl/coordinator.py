@@ -85,7 +85,7 @@ class Coordinator:
             self.strategy.selector.load_state_dict(state["selector"])
             self.consumer_accuracy = {int(k): v for k, v in state["consumer_accuracy"].items()}
             self.last_reimbursed = state["last_reimbursed"]
-            self.finished = state["finished"]
+            self.finished = state["finished"] and self.round >= self.config.rounds  # more rounds asked: reopen
 
     def _checkpoint(self) -> None:
         self.store.put(NS, "state", {
@@ -213,7 +213,7 @@ class Coordinator:
             return
         self.consumer_accuracy.update(accuracies)
         with self.store.transaction():
-            if self.last_reimbursed < self.round or not self.config.economy.reimburse_every:
+            if self.last_reimbursed < self.round:
                 self._reimburse(self.consumer_accuracy)
             self.finished = True
             self._checkpoint()

@@ -65,7 +65,7 @@ class Ledger:
         """Sum of all balances; zero up to float rounding when the books balance."""
         return math.fsum(self.balances().values())
 
-    def totals_by(self, kind: str, side: str = "payee", since_round: int = 0) -> dict[str, float]:
+    def totals_by(self, kind: str, side: str = "payee", since_round: int = -1) -> dict[str, float]:
         """Amount of `kind` received (side='payee') or paid (side='payer') per account, rounds > since_round."""
         column = "payee" if side == "payee" else "payer"
         rows = self.store.query(f"SELECT {column}, amount FROM fl_ledger WHERE kind=? AND round>? ORDER BY seq",

@@ -1,0 +1,155 @@
+"""FL building blocks: partitions, validation, FedAvg, selectors, ledger and the two economies."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from mlsyskit.core.storage import MetaStore
+from mlsyskit.tools.fl.aggregation import fedavg, outliers_by_norm, validate_update
+from mlsyskit.tools.fl.config import DataSpec, EconomyConfig, JobConfig, SelectionConfig
+from mlsyskit.tools.fl.data import load_federated
+from mlsyskit.tools.fl.incentive.equal_pay import EqualPay
+from mlsyskit.tools.fl.incentive.ledger import ESCROW, MINT, POOL, Ledger, Transfer, client_account
+from mlsyskit.tools.fl.incentive.tiff_tokens import TiffTokens
+from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
+from mlsyskit.tools.fl.selection.quality_greedy import QualityGreedySelector
+from mlsyskit.tools.fl.selection.random_pick import RandomSelector
+from mlsyskit.tools.fl.strategy import STRATEGIES
+from mlsyskit.tools.fl.training import poisoned_labels
+
+
+@pytest.mark.parametrize("partition", ["iid", "dirichlet", "shards"])
+def test_partitions_cover_the_pool_once_and_are_deterministic(partition):
+    spec = DataSpec(dataset="digits", num_clients=20, partition=partition, alpha=0.3, seed=3)
+    data = load_federated(spec)
+    total = sum(len(c.y_train) + len(c.y_test) for c in data.clients) + len(data.y_test)
+    assert total == 1797  # every digit image is in exactly one place
+    assert all(c.num_samples >= 3 for c in data.clients)
+    again = load_federated(DataSpec(dataset="digits", num_clients=20, partition=partition, alpha=0.3, seed=3))
+    assert all(np.array_equal(a.y_train, b.y_train) for a, b in zip(data.clients, again.clients, strict=True))
+
+
+def test_dirichlet_skews_labels_more_than_iid():
+    def mean_classes(partition):
+        data = load_federated(DataSpec(num_clients=20, partition=partition, alpha=0.1, seed=1))
+        return np.mean([len(np.unique(c.y_train)) for c in data.clients])
+
+    assert mean_classes("dirichlet") < 0.7 * mean_classes("iid")
+
+
+def test_mnist1d_and_synthetic_load():
+    m = load_federated(DataSpec(dataset="mnist1d", num_clients=5, seed=0))
+    assert m.num_features == 40 and m.num_classes == 10 and len(m.clients) == 5
+    s = load_federated(DataSpec(dataset="synthetic", num_clients=5, seed=0))
+    assert s.num_features == 60 and all(c.num_samples > 0 for c in s.clients)
+
+
+def test_label_flip_and_noise():
+    y = np.arange(10, dtype=np.int64)
+    assert poisoned_labels(y, "label-flip", 10, np.random.default_rng(0)).tolist() == list(range(9, -1, -1))
+    noisy = poisoned_labels(np.zeros(1000, dtype=np.int64), "noisy-labels", 10, np.random.default_rng(0))
+    assert 0.6 < (noisy != 0).mean() < 0.8  # 80% replaced, 1/10 of those by the same label
+
+
+def test_validation_rejects_bad_updates():
+    ref = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}
+    good = {"num_samples": 5, "loss": 0.1, "quality": 0.9, "train_time_s": 0.1, "cpu_time_s": 0.1}
+    assert validate_update({k: v.copy() for k, v in ref.items()}, good, ref, 1 << 20) is None
+    assert "shape" in validate_update({"w": np.zeros((3, 2), np.float32), "b": ref["b"]}, good, ref, 1 << 20)
+    assert "names" in validate_update({"w": ref["w"]}, good, ref, 1 << 20)
+    nan = {"w": np.full((2, 3), np.nan, np.float32), "b": ref["b"]}
+    assert "NaN" in validate_update(nan, good, ref, 1 << 20)
+    assert "exceeds" in validate_update(ref, good, ref, 10)
+    assert "quality" in validate_update(ref, good | {"quality": 1.5}, ref, 1 << 20)
+    assert "num_samples" in validate_update(ref, good | {"num_samples": "x"}, ref, 1 << 20)
+    assert "weights map" in validate_update(b"junk", good, ref, 1 << 20)
+
+
+def test_fedavg_is_sample_weighted_and_outliers_are_found():
+    a, b = {"w": np.ones(3, np.float32)}, {"w": np.full(3, 4.0, np.float32)}
+    assert fedavg([(a, 1), (b, 2)])["w"].tolist() == [3.0, 3.0, 3.0]
+    ref = {"w": np.zeros(3, np.float32)}
+    updates = {i: {"w": np.full(3, 0.1 * (i + 1), np.float32)} for i in range(4)} | {9: {"w": np.full(3, 50.0,
+                                                                                                     np.float32)}}
+    assert list(outliers_by_norm(updates, ref, 10.0)) == [9]
+
+
+def test_random_selector_is_seeded():
+    s = RandomSelector(SelectionConfig())
+    assert s.select(1, range(20), 5, random.Random(1)) == s.select(1, range(20), 5, random.Random(1))
+    assert len(set(s.select(1, range(20), 5, random.Random(2)))) == 5
+
+
+def test_quality_greedy_tries_unseen_then_exploits_with_exploration():
+    cfg = SelectionConfig(epsilon=0.5, epsilon_decay=0.5, epsilon_min=0.0)
+    sel = QualityGreedySelector(cfg)
+    assert sel.epsilon(1) == 0.5 and sel.epsilon(3) == 0.125
+    outcome = RoundOutcome(1, [0, 1, 2, 3], {i: ClientReport(i, {"quality": 0.1 * i}) for i in range(4)})
+    sel.observe(outcome)
+    # 4 and 5 were never seen: optimistic, so they are picked first; then the best seen (3)
+    greedy = QualityGreedySelector(SelectionConfig(epsilon=0.0, epsilon_min=0.0))
+    greedy.load_state_dict(sel.state_dict())
+    assert greedy.select(2, range(6), 3, random.Random(0)) == [3, 4, 5]
+    # with exploration, low-quality clients are still picked sometimes
+    explorer = QualityGreedySelector(SelectionConfig(epsilon=1.0, epsilon_decay=1.0, epsilon_min=1.0))
+    explorer.load_state_dict(sel.state_dict())
+    picks = [c for seed in range(50) for c in explorer.select(2, range(6), 2, random.Random(seed))]
+    assert 0 in picks and 1 in picks
+
+
+def test_ledger_is_double_entry_and_conserved(tmp_path):
+    with MetaStore(tmp_path / "l.db") as store:
+        ledger = Ledger(store)
+        ledger.apply(0, [Transfer(MINT, client_account(i), 100.0, "endowment") for i in range(3)])
+        ledger.apply(1, [Transfer(client_account(0), ESCROW, 1 / 3, "price"), Transfer(ESCROW, POOL, 1 / 3, "x")])
+        assert abs(ledger.total()) < 1e-12
+        assert ledger.balance(MINT) == -300.0 and ledger.balance(POOL) == pytest.approx(1 / 3)
+        with pytest.raises(ValueError, match="refusing transfer"):
+            ledger.apply(2, [Transfer(MINT, POOL, float("nan"), "bad")])
+        digest = ledger.digest()
+    with MetaStore(tmp_path / "l.db") as store:  # durable and identical after reopening
+        assert Ledger(store).digest() == digest
+
+
+def _outcome():
+    reports = {0: ClientReport(0, {"quality": 0.9, "num_samples": 10}),
+               1: ClientReport(1, {"quality": 0.8, "num_samples": 20}),
+               2: ClientReport(2, {"quality": 0.1, "num_samples": 10}),  # under the floor
+               3: ClientReport(3, {}, "failed", "deadline")}
+    return RoundOutcome(1, [0, 1, 2, 3], reports)
+
+
+def test_tiff_pays_by_quality_and_forfeits_bad_slots():
+    tiff = TiffTokens(EconomyConfig(quality_exponent=2.0, quality_floor=0.5))
+    transfers = tiff.pay_providers(_outcome(), pot=8.0)
+    pay = {t.payee: t.amount for t in transfers if t.kind == "pay"}
+    assert set(pay) == {client_account(0), client_account(1)}
+    # two paid slots of 8/4 = 2 each, shared by n * q^2: 10 * 0.81 vs 20 * 0.64
+    assert pay[client_account(0)] == pytest.approx(4.0 * 8.1 / (8.1 + 12.8))
+    assert sum(pay.values()) == pytest.approx(4.0)
+    assert [t.amount for t in transfers if t.kind == "forfeit"] == [pytest.approx(4.0)]
+
+
+def test_equal_pay_pays_every_valid_provider_the_same():
+    transfers = EqualPay(EconomyConfig()).pay_providers(_outcome(), pot=9.0)
+    assert sorted(t.amount for t in transfers) == [3.0, 3.0, 3.0]
+
+
+def test_reimbursement_favours_consumers_who_gained_less():
+    tiff = TiffTokens(EconomyConfig())
+    refunds = {t.payee: t.amount for t in tiff.reimburse(6.0, {0: 10.0, 1: 10.0}, {0: 0.0, 1: 1.0})}
+    assert refunds[client_account(0)] == pytest.approx(4.0) and refunds[client_account(1)] == pytest.approx(2.0)
+    capped = {t.payee: t.amount for t in tiff.reimburse(100.0, {0: 1.0}, {0: 0.0})}
+    assert capped[client_account(0)] == 1.0  # never more than was paid
+
+
+def test_registry_and_config_errors():
+    assert STRATEGIES.names() == ["fedavg", "tiff"]
+    with pytest.raises(ValueError, match="unknown strategy 'nope'; choose from fedavg, tiff"):
+        STRATEGIES.get("nope")
+    from mlsyskit.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="per_round"):
+        JobConfig(per_round=20, data=DataSpec(num_clients=10))

@@ -1,0 +1,129 @@
+"""`fl-server report`: what a finished run (real or simulated) paid whom, and how good the model got.
+
+Provider tokens are the `pay` transfers a client received; honest versus malicious uses the
+attack each client declared at registration (reporting only: the server never uses it). With a
+baseline run (the default strategy: random selection, equal pay) the per-provider means are also
+given as ratios to the baseline's.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlsyskit.core.storage import MetaStore
+from mlsyskit.tools.fl.incentive.ledger import Ledger, account_client
+
+DB_NAME = "fl.db"
+
+
+@dataclass
+class RunData:
+    path: Path
+    config: dict[str, Any]
+    rounds: list[dict[str, Any]]
+    clients: dict[int, dict[str, Any]]
+    pay: dict[int, float]
+    balances: dict[str, float]
+    ledger_total: float
+    reimbursements: list[dict[str, Any]]
+    pay_rows: list[tuple[int, int, float]]  # (round, client, amount) of every provider payment
+
+    @property
+    def malicious(self) -> list[int]:
+        return sorted(c for c, info in self.clients.items() if info.get("declared_attack", "none") != "none")
+
+    @property
+    def honest(self) -> list[int]:
+        return sorted(c for c in self.clients if c not in self.malicious)
+
+    def accuracy_curve(self) -> list[float]:
+        return [r["global"]["accuracy"] for r in self.rounds]
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    path = Path(run_dir)
+    db = path / DB_NAME if path.is_dir() else path
+    if not db.is_file():
+        raise FileNotFoundError(f"{run_dir} holds no FL run ({DB_NAME} not found)")
+    with MetaStore(db) as store:
+        ledger = Ledger(store)
+        pay = {account_client(a): v for a, v in ledger.totals_by("pay").items() if account_client(a) is not None}
+        return RunData(path, store.get("fl", "config", {}), [r for _, r in store.read_log("fl_rounds")],
+                       {int(k): v for k, v in store.items("fl_clients")}, pay, ledger.balances(), ledger.total(),
+                       [r for _, r in store.read_log("fl_reimbursements")],
+                       [(rnd, account_client(payee), amount) for _, rnd, _, payee, amount, kind in ledger.rows()
+                        if kind == "pay"])
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def summarize(run: RunData, baseline: RunData | None = None) -> dict[str, Any]:
+    honest = _mean([run.pay.get(c, 0.0) for c in run.honest])
+    malicious = _mean([run.pay.get(c, 0.0) for c in run.malicious])
+    curve = run.accuracy_curve()
+    out: dict[str, Any] = {
+        "run": str(run.path), "strategy": run.config.get("strategy"), "rounds": len(run.rounds),
+        "final_accuracy": curve[-1] if curve else None, "best_accuracy": max(curve) if curve else None,
+        "honest_providers": len(run.honest), "malicious_providers": len(run.malicious),
+        "tokens_per_honest_provider": honest, "tokens_per_malicious_provider": malicious,
+        "ledger_total": run.ledger_total, "pool": run.balances.get("pool", 0.0),
+        "infra": run.balances.get("infra", 0.0)}
+    if run.reimbursements:
+        consumers = run.reimbursements[-1]["consumers"]
+        out["consumers"] = {cid: {k: c[k] for k in ("paid", "refund", "trr", "uir")} for cid, c in consumers.items()}
+        out["mean_trr"] = _mean([c["trr"] for c in consumers.values()])
+    if baseline is not None:
+        base = summarize(baseline)
+        out["baseline"] = {k: base[k] for k in ("run", "strategy", "final_accuracy", "tokens_per_honest_provider",
+                                               "tokens_per_malicious_provider")}
+        out["honest_tokens_vs_baseline"] = _ratio(honest, base["tokens_per_honest_provider"])
+        out["malicious_tokens_vs_baseline"] = _ratio(malicious, base["tokens_per_malicious_provider"])
+        if out["final_accuracy"] is not None and base["final_accuracy"] is not None:
+            out["accuracy_gain_points"] = 100.0 * (out["final_accuracy"] - base["final_accuracy"])
+    return out
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else None
+
+
+def plot(run: RunData, out_dir: str | Path, baseline: RunData | None = None) -> list[Path]:
+    """Accuracy per round and cumulative provider tokens (honest vs malicious) as PNGs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [(run.config.get("strategy", "run"), run)] + ([("baseline", baseline)] if baseline else [])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, r in runs:
+        ax.plot(range(1, len(r.rounds) + 1), r.accuracy_curve(), label=label)
+    ax.set(xlabel="round", ylabel="global test accuracy", title="accuracy")
+    ax.legend()
+    accuracy_png = out / "accuracy.png"
+    fig.savefig(accuracy_png, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, r in runs:
+        for group, members, style in (("honest", set(r.honest), "-"), ("malicious", set(r.malicious), "--")):
+            if not members:
+                continue
+            per_round = [0.0] * (len(r.rounds) + 1)
+            for rnd, cid, amount in r.pay_rows:
+                if cid in members and 0 < rnd <= len(r.rounds):
+                    per_round[rnd] += amount / len(members)
+            curve = [sum(per_round[1:i + 1]) for i in range(1, len(per_round))]
+            ax.plot(range(1, len(curve) + 1), curve, style, label=f"{label} {group}")
+    ax.set(xlabel="round", ylabel="tokens earned per provider (cumulative)", title="provider tokens")
+    ax.legend()
+    tokens_png = out / "tokens.png"
+    fig.savefig(tokens_png, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return [accuracy_png, tokens_png]
