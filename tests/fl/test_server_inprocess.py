@@ -1,0 +1,86 @@
+"""The gRPC server in-process: bad updates are rejected and unpaid, silent clients hit the deadline,
+garbage and oversized payloads do not hurt the server, a wrong token is refused."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from mlsyskit.core.rpc import RpcClient, RpcError, StatusCode
+from mlsyskit.core.storage import MetaStore
+from mlsyskit.tools.fl.client import ClientStopped, FlClient
+from mlsyskit.tools.fl.config import DataSpec, JobConfig
+from mlsyskit.tools.fl.incentive.ledger import client_account
+from mlsyskit.tools.fl.server import FlServer
+
+METRICS = {"num_samples": 10, "loss": 0.5, "quality": 0.9, "train_time_s": 0.1, "cpu_time_s": 0.1}
+
+
+async def misbehave(address: str, log: list) -> None:
+    """Client 2: oversized + garbage + NaN in round 1, wrong shapes in round 2, silence in round 3."""
+    import grpc
+
+    async with RpcClient(address, token="t") as rpc:
+        async for task in rpc.stream("join", {"client_id": 2, "num_samples": 10, "local_only_accuracy": 0.5},
+                                     timeout=None):
+            if task["type"] == "train" and task["round"] == 1:
+                huge = {k: np.zeros(400_000, np.float32) for k in task["weights"]}
+                with pytest.raises(RpcError) as info:
+                    await rpc.call("submit", {"client_id": 2, "round": 1, "weights": huge, "metrics": METRICS})
+                log.append(info.value.code)
+                async with grpc.aio.insecure_channel(address) as channel:
+                    with pytest.raises(grpc.aio.AioRpcError) as raw:
+                        await channel.unary_unary("/mlsyskit/submit")(
+                            b"\x93garbage", metadata=(("authorization", "Bearer t"),), timeout=5)
+                    log.append(raw.value.code())
+                nan = {k: np.full_like(v, np.nan) for k, v in task["weights"].items()}
+                log.append(await rpc.call("submit", {"client_id": 2, "round": 1, "weights": nan, "metrics": METRICS}))
+            elif task["type"] == "train" and task["round"] == 2:
+                bad = {k: np.zeros(v.shape[::-1] + (1,), v.dtype) for k, v in task["weights"].items()}
+                log.append(await rpc.call("submit", {"client_id": 2, "round": 2, "weights": bad, "metrics": METRICS}))
+            elif task["type"] == "evaluate":
+                await rpc.call("evaluate", {"client_id": 2, "accuracy": 0.5})
+            elif task["type"] == "done":
+                return
+
+
+def test_bad_updates_deadline_and_auth(tmp_path):
+    config = JobConfig(strategy="tiff", rounds=3, per_round=3, round_timeout_s=3.0, data=DataSpec(num_clients=3))
+
+    async def main():
+        store = MetaStore(tmp_path / "fl.db")
+        server = FlServer(config, store, token="t", max_message_bytes=1 << 20, eval_timeout_s=5.0)
+        port = await server.start()
+        address = f"127.0.0.1:{port}"
+        try:
+            with pytest.raises(ClientStopped, match="bad or missing token"):
+                await FlClient(address, 0, token="wrong", reconnect_s=5).run()
+            async with RpcClient(address, token="t") as rpc:
+                with pytest.raises(RpcError, match="outside 0..2") as info:
+                    _ = [m async for m in rpc.stream("join", {"client_id": 7, "num_samples": 1,
+                                                              "local_only_accuracy": 0.1})]
+                assert info.value.code == StatusCode.INVALID_ARGUMENT
+            serving = asyncio.create_task(server.serve(registration_timeout_s=60))
+            log: list = []
+            honest = [asyncio.create_task(FlClient(address, i, token="t").run()) for i in (0, 1)]
+            await asyncio.gather(misbehave(address, log), *honest, serving)
+        finally:
+            await server.stop()
+        return server, log, store
+
+    server, log, store = asyncio.run(asyncio.wait_for(main(), 120))
+    assert log[0] == StatusCode.RESOURCE_EXHAUSTED and log[1] == StatusCode.INVALID_ARGUMENT
+    assert log[2]["accepted"] is False and "NaN" in log[2]["reason"]
+    assert log[3]["accepted"] is False and "shape" in log[3]["reason"]
+    r1, r2, r3 = server.outcomes
+    assert r1.reports[2].status == "rejected" and "NaN" in r1.reports[2].reason
+    assert r2.reports[2].status == "rejected" and "shape" in r2.reports[2].reason
+    assert r3.reports[2].status == "failed" and "deadline" in r3.reports[2].reason
+    assert r3.duration_s >= 3.0  # round 3 waited for the deadline
+    assert all(r.reports[c].status == "valid" for r in server.outcomes for c in (0, 1))
+    ledger = server.coordinator.ledger
+    pay = ledger.totals_by("pay")
+    assert client_account(2) not in pay and pay[client_account(0)] > 0 and pay[client_account(1)] > 0
+    assert abs(ledger.total()) < 1e-9
+    store.close()
