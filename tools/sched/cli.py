@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import typer
+from rich import box
 
 from mlsyskit.core.cli import fail, make_app, run_app
 from mlsyskit.core.config import ConfigError
@@ -27,14 +28,20 @@ app = make_app(
 )
 
 # (column, JSON key); times shown in hours. "eff" = effective (throughput-weighted) utilisation.
-SUMMARY_COLUMNS = [("policy", "policy"), ("JCT h", "avg_jct_s"), ("p50 h", "median_jct_s"),
-                   ("p99 h", "p99_jct_s"), ("span h", "makespan_s"), ("wait h", "avg_queue_delay_s"),
-                   ("alloc", "alloc_util"), ("eff", "effective_util"), ("preempt", "preemptions"),
-                   ("resize", "resizes")]
+# Short headers (explained in the title) so 10 columns fit 80 characters.
+SUMMARY_COLUMNS = [("policy", "policy"), ("JCT", "avg_jct_s"), ("p50", "median_jct_s"),
+                   ("p99", "p99_jct_s"), ("span", "makespan_s"), ("wait", "avg_queue_delay_s"),
+                   ("util", "alloc_util"), ("eff", "effective_util"), ("pre", "preemptions"),
+                   ("rsz", "resizes")]
 
 
-def _hours(key: str, value):
-    return value / 3600.0 if key.endswith("_s") else value
+def _cell(key: str, value) -> str:
+    """Compact cells so the table fits 80 columns: hours and ratios with 2 decimals, counts whole."""
+    if key.endswith("_s"):
+        return f"{value / 3600.0:.2f}"
+    if key.endswith("_util"):
+        return f"{value:.2f}"
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
 
 
 def _parse_policies(text: str) -> list[str]:
@@ -95,10 +102,14 @@ def sim(
     if as_json:
         emit_json(doc)
         return
-    rows = [[name] + [_hours(k, doc["policies"][name]["mean"][k]) for _, k in SUMMARY_COLUMNS[1:]] for name in names]
-    table = make_table(f"marble sim: {source.label} on {spec} ({seeds} seed(s), mean)",
+    rows = [[name] + [_cell(k, doc["policies"][name]["mean"][k]) for _, k in SUMMARY_COLUMNS[1:]] for name in names]
+    table = make_table(f"marble sim: {source.label} on {spec}, mean of {seeds} seed(s)\n"
+                       "JCT/p50/p99/span/wait in hours; util/eff = allocated/effective GPU utilisation; "
+                       "pre/rsz = preemptions/resizes",
                        [c for c, _ in SUMMARY_COLUMNS], rows)
     table.columns[0].no_wrap = True  # policy names stay whole on narrow terminals
+    table.box = box.SIMPLE_HEAD
+    table.pad_edge = False
     emit_table(table)
 
 
