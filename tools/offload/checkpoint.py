@@ -1,0 +1,106 @@
+"""Checkpoints: fp32 master weights and Adam moments per tensor, written atomically.
+
+A checkpoint is a directory `step-<N>/` with one checksummed file-tier block per tensor
+(master | m | v, fp32) and a `manifest.json` naming the model signature, the step and the run's
+settings. It is written under a temporary name, fsynced and renamed into place, so a crash or a full
+disk leaves either the complete checkpoint or none (the temporary directory is removed on error).
+Free space is checked before writing, so a disk that is already too full fails before any byte.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mlsyskit.core.config import format_size
+from mlsyskit.core.filetier import FileTier
+from mlsyskit.core.storage_errors import DiskFullError, MissingDirectoryError, StorageError
+
+SCHEMA = 1
+_STEP_DIR = re.compile(r"step-(\d+)")
+
+
+class CheckpointError(StorageError):
+    """A checkpoint that is missing, incomplete or for another model."""
+
+
+@dataclass
+class Checkpoint:
+    step: int
+    manifest: dict[str, Any]
+    path: Path
+
+    def states(self) -> Iterator[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """(name, master, m, v) per tensor, read and checksum-verified one at a time."""
+        with FileTier(self.path) as tier:
+            for i, t in enumerate(self.manifest["tensors"]):
+                numel = t["numel"]
+                buf = torch.empty(3 * numel, dtype=torch.float32)
+                tier.read_into(f"t{i}", buf)
+                shape = tuple(t["shape"])
+                yield t["name"], buf[:numel].view(shape), buf[numel:2 * numel].view(shape), buf[2 * numel:].view(shape)
+
+
+def save(directory: Path, step: int, manifest: dict[str, Any], states: dict[str, torch.Tensor],
+         shapes: dict[str, tuple[int, ...]]) -> Path:
+    """Write `states` (name -> fp32 master|m|v) as checkpoint `step`; returns its directory."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise MissingDirectoryError(f"checkpoint directory {directory} does not exist")
+    need = sum(4096 + t.numel() * 4 + 4096 for t in states.values()) + (1 << 20)
+    free = shutil.disk_usage(directory).free
+    if free < need:
+        raise DiskFullError(f"checkpoint of step {step} needs {format_size(need)} but {directory} has "
+                            f"{format_size(free)} free; nothing was written")
+    final = directory / f"step-{step}"
+    tmp = directory / f".step-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        entries = []
+        with FileTier(tmp, fsync=True) as tier:
+            for i, (name, buf) in enumerate(states.items()):
+                tier.write(f"t{i}", buf)
+                entries.append({"name": name, "numel": buf.numel() // 3, "shape": list(shapes[name])})
+        body = {"schema": SCHEMA, "step": step, **manifest, "tensors": entries}
+        with open(tmp / "manifest.json", "w") as f:
+            json.dump(body, f)
+            f.flush()
+            os.fsync(f.fileno())
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def latest(directory: Path) -> Checkpoint | None:
+    """The newest complete checkpoint in `directory` (incomplete temporary ones are ignored)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise MissingDirectoryError(f"checkpoint directory {directory} does not exist")
+    steps = sorted((int(m.group(1)), p) for p in directory.iterdir()
+                   if (m := _STEP_DIR.fullmatch(p.name)) and (p / "manifest.json").is_file())
+    if not steps:
+        return None
+    step, path = steps[-1]
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}/manifest.json is unreadable: {e}") from None
+    if manifest.get("schema") != SCHEMA:
+        raise CheckpointError(f"{path} is not a tencache checkpoint (schema {SCHEMA})")
+    return Checkpoint(step, manifest, path)

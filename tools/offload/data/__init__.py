@@ -1,0 +1,1 @@
+"""Vendored training corpus (see shakespeare/PROVENANCE.md)."""

@@ -1,0 +1,1 @@
+"""Six Shakespeare plays, public domain (see PROVENANCE.md)."""

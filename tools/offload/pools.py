@@ -1,0 +1,93 @@
+"""Size-class pool sizing and initial placement (10Cache sections 4.2-4.3), as pure functions.
+
+For a tier budget B and size classes s with counts c_s:
+    share_s = s*c_s / sum(s*c_s);  slots_s = min(round(share_s * B / s), c_s)
+Classes with one or two tensors get exactly that many slots; every class gets at least one slot
+(else a tensor of that size could never be used), and a budget that cannot hold one tensor of each
+class is rejected with the size it would need.
+
+Placement walks the profiled use order: the first tensors that fit in free device slots of their
+class form the active window, the next go to CPU slots, the rest to NVMe.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from mlsyskit.core.config import format_size
+from mlsyskit.core.memory import round_up
+
+
+class BudgetError(ValueError):
+    """A budget too small for the tensors it must hold."""
+
+
+def class_slots(distribution: Mapping[int, int], budget: int, *, tier: str, min_one: bool = True,
+                stride: int = 4096) -> dict[int, int]:
+    """Slots per size class for `budget` bytes (the formula above; slot memory is rounded to `stride`)."""
+    if not distribution:
+        return {}
+    total = sum(s * c for s, c in distribution.items())
+    slots: dict[int, int] = {}
+    for s, c in sorted(distribution.items()):
+        if c <= 2 and round_up(s, stride) * c <= budget:
+            slots[s] = c
+            continue
+        n = min(round(s * c / total * budget / s), c)
+        slots[s] = max(n, 1) if min_one else n
+    need = sum(round_up(s, stride) for s in distribution) if min_one else 0
+    if need > budget:
+        largest = max(distribution)
+        raise BudgetError(f"{tier} budget {format_size(budget)} is too small: one tensor of each size class "
+                          f"needs {format_size(need)} (the largest tensor is {format_size(largest)})")
+    used = sum(round_up(s, stride) * n for s, n in slots.items())
+    # rounding can overshoot the budget: take slots back from the classes that were rounded up most
+    while used > budget:
+        s = max((s for s, n in slots.items() if n > 1), key=lambda s: round_up(s, stride), default=None)
+        if s is None:
+            break
+        slots[s] -= 1
+        used -= round_up(s, stride)
+    return slots
+
+
+def pool_bytes(slots: Mapping[int, int], stride: int = 4096) -> int:
+    return sum(round_up(s, stride) * n for s, n in slots.items())
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: frozenset[int]
+    cpu: frozenset[int]
+    nvme: frozenset[int]
+
+    def tier_of(self, idx: int) -> str:
+        return "device" if idx in self.device else "cpu" if idx in self.cpu else "nvme"
+
+
+def first_use_order(uses: Iterable[tuple[int, ...]], n_tensors: int) -> list[int]:
+    """Tensor ids in order of first use (unused tensors last, by id)."""
+    seen: dict[int, None] = {}
+    for tensors in uses:
+        for t in tensors:
+            seen.setdefault(t, None)
+    return list(seen) + [t for t in range(n_tensors) if t not in seen]
+
+
+def place(order: Iterable[int], sizes: Mapping[int, int], device_slots: Mapping[int, int],
+          cpu_slots: Mapping[int, int], *, device_fill: bool = True) -> Placement:
+    """Fill device slots (when `device_fill`), then CPU slots, in `order`; the rest go to NVMe."""
+    free_dev = dict(device_slots) if device_fill else {}
+    free_cpu = dict(cpu_slots)
+    dev, cpu, nvme = set(), set(), set()
+    for t in order:
+        s = sizes[t]
+        if free_dev.get(s, 0) > 0:
+            free_dev[s] -= 1
+            dev.add(t)
+        elif free_cpu.get(s, 0) > 0:
+            free_cpu[s] -= 1
+            cpu.add(t)
+        else:
+            nvme.add(t)
+    return Placement(frozenset(dev), frozenset(cpu), frozenset(nvme))

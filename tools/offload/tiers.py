@@ -1,0 +1,271 @@
+"""The three tiers and the moves between them; policies decide, this module only moves bytes.
+
+Every parameter tensor (its bf16 compute copy) is an `Entry` with exactly one authoritative location:
+"device", "cpu" or "nvme". A move starts asynchronously and records a future plus what to release
+when it completes; `settle` waits for it and releases the source slot, `reap` settles finished moves
+without waiting. While a move is in flight both slots stay held, so no slot is reused early.
+
+Device tier: a `BufferPool` on the CUDA GPU, or, on a CPU-only machine, a budgeted arena in host memory
+labelled "emulated device". Copies between CPU and device run on a separate CUDA stream (events mark
+completion), or on a copy thread for the emulated device. CPU tier: a `BufferPool` (pinned with CUDA).
+NVMe tier: `mlsyskit.core.filetier.FileTier` (O_DIRECT, checksums, thread pool), one block per tensor.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from mlsyskit.core.filetier import FileTier
+from mlsyskit.core.memory import BufferPool, Slot, aligned_empty
+
+DEVICE, CPU, NVME = "device", "cpu", "nvme"
+
+
+class _DoneFuture:
+    """A move that already happened (synchronous path)."""
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> None:
+        return None
+
+
+class _CudaCopy:
+    """Future-like view of a copy queued on a CUDA stream."""
+
+    def __init__(self, event: torch.cuda.Event) -> None:
+        self.event = event
+
+    def done(self) -> bool:
+        return self.event.query()
+
+    def result(self) -> None:
+        self.event.synchronize()
+
+
+class Mover:
+    """Asynchronous CPU<->device copies: a CUDA side stream, or one copy thread for the emulated device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._stream = torch.cuda.Stream(device) if self.cuda else None
+        self._thread = None if self.cuda else ThreadPoolExecutor(1, thread_name_prefix="tencache-copy")
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> Any:
+        if self.cuda:
+            self._stream.wait_stream(torch.cuda.current_stream())  # src may still be written by compute
+            with torch.cuda.stream(self._stream):
+                dst.copy_(src, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self._stream)
+            return _CudaCopy(event)
+        return self._thread.submit(dst.copy_, src)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+
+
+@dataclass(eq=False)
+class Entry:
+    idx: int
+    name: str
+    param: nn.Parameter
+    shape: torch.Size
+    dtype: torch.dtype
+    nbytes: int
+    where: str = CPU
+    dev: Slot | None = None
+    cpu: Slot | None = None
+    fresh: torch.Tensor | None = None  # device copy from a fresh allocation (on-demand baseline)
+    pending: Any = None
+    on_done: Callable[[], None] | None = None
+    last_use: int = 0
+    bound: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"p{self.idx}"
+
+
+@dataclass
+class MoveStats:
+    bytes: Counter = field(default_factory=Counter)  # (src, dst) -> bytes
+    allocations: int = 0
+
+    def add(self, src: str, dst: str, n: int) -> None:
+        self.bytes[f"{src}->{dst}"] += n
+
+
+class TierStore:
+    """Pools, movers and entries; the primitive moves every policy is built from."""
+
+    def __init__(self, entries: list[Entry], *, device: torch.device, device_slots: dict[int, int] | None,
+                 cpu_slots: dict[int, int], nvme: FileTier | None) -> None:
+        self.entries = entries
+        self.device = device
+        self.emulated = device.type != "cuda"
+        self.dev_pool = (BufferPool(device_slots, device=device, name="emulated device" if self.emulated else "device")
+                         if device_slots is not None else None)
+        self.cpu_pool = BufferPool(cpu_slots, name="cpu")
+        self.nvme = nvme
+        self.mover = Mover(device)
+        self.stats = MoveStats()
+        self.inflight: set[Entry] = set()
+        self._staging: dict[int, torch.Tensor] = {}
+        self.placeholder = torch.empty(0, dtype=entries[0].dtype if entries else torch.bfloat16, device=device)
+
+    # -- binding the parameter to its device storage -------------------------------------------------
+    def device_view(self, e: Entry) -> torch.Tensor:
+        if e.fresh is not None:
+            return e.fresh
+        if e.dev is None:
+            raise RuntimeError(f"tensor {e.name} is not on the device")
+        return e.dev.view(e.dtype, e.shape)
+
+    def bind(self, e: Entry) -> None:
+        e.param.data = self.device_view(e)
+        e.bound = True
+
+    def unbind(self, e: Entry) -> None:
+        e.param.data = self.placeholder
+        e.bound = False
+
+    def ready_on_device(self, e: Entry) -> bool:
+        return e.where == DEVICE and (e.pending is None or e.pending.done())
+
+    # -- completion -------------------------------------------------------------------------------------
+    def _start(self, e: Entry, where: str, fut: Any, on_done: Callable[[], None] | None) -> None:
+        if e.pending is not None:
+            raise RuntimeError(f"tensor {e.name} already has a move in flight")
+        e.where, e.pending, e.on_done = where, fut, on_done
+        self.inflight.add(e)
+
+    def settle(self, e: Entry) -> None:
+        """Wait for `e`'s move (re-raising its storage error) and release the source slot."""
+        if e.pending is None:
+            return
+        fut, done = e.pending, e.on_done
+        e.pending, e.on_done = None, None
+        self.inflight.discard(e)
+        fut.result()
+        if done is not None:
+            done()
+
+    def reap(self) -> None:
+        for e in [e for e in self.inflight if e.pending.done()]:
+            self.settle(e)
+
+    def drain(self) -> None:
+        for e in list(self.inflight):
+            self.settle(e)
+
+    # -- moves ------------------------------------------------------------------------------------------
+    def nvme_to_cpu(self, e: Entry, slot: Slot) -> None:
+        assert e.where == NVME and e.pending is None and self.nvme is not None
+        e.cpu = slot
+        self.stats.add(NVME, CPU, e.nbytes)
+        self._start(e, CPU, self.nvme.submit_read(e.key, slot.data), None)
+
+    def cpu_to_nvme(self, e: Entry, *, sync: bool = False) -> None:
+        assert e.where == CPU and e.pending is None and self.nvme is not None
+        slot = e.cpu
+
+        def release() -> None:
+            self.cpu_pool.release(slot, e.idx)
+            e.cpu = None
+
+        self.stats.add(CPU, NVME, e.nbytes)
+        if sync:
+            self.nvme.write(e.key, slot.data, e.nbytes)
+            self._start(e, NVME, _DoneFuture(), release)
+            self.settle(e)
+        else:
+            self._start(e, NVME, self.nvme.submit_write(e.key, slot.data, e.nbytes), release)
+
+    def cpu_to_device(self, e: Entry, slot: Slot) -> None:
+        assert e.where == CPU and e.pending is None
+        src, e.dev = e.cpu, slot
+
+        def release() -> None:
+            self.cpu_pool.release(src, e.idx)
+            e.cpu = None
+
+        self.stats.add(CPU, DEVICE, e.nbytes)
+        self._start(e, DEVICE, self.mover.copy(slot.data[:e.nbytes], src.data[:e.nbytes]), release)
+
+    def device_to_cpu(self, e: Entry, slot: Slot) -> None:
+        assert e.where == DEVICE and e.pending is None
+        src, e.cpu = e.dev, slot
+        self.unbind(e)
+
+        def release() -> None:
+            self.dev_pool.release(src, e.idx)
+            e.dev = None
+
+        self.stats.add(DEVICE, CPU, e.nbytes)
+        self._start(e, CPU, self.mover.copy(slot.data[:e.nbytes], src.data[:e.nbytes]), release)
+
+    def device_to_nvme(self, e: Entry) -> None:
+        """Synchronous write of a device resident straight to NVMe (the emulated arena is aligned host
+        memory; a CUDA slot goes through a per-class pinned staging buffer made once)."""
+        assert e.where == DEVICE and e.pending is None and self.nvme is not None
+        self.unbind(e)
+        src = e.dev.data
+        if not self.emulated:
+            staging = self._staging.get(e.nbytes)
+            if staging is None:
+                staging = self._staging[e.nbytes] = aligned_empty(e.nbytes, pin=True)
+                self.stats.allocations += 1
+            staging.copy_(src[:e.nbytes])
+            src = staging
+        self.nvme.write(e.key, src, e.nbytes)
+        self.dev_pool.release(e.dev, e.idx)
+        e.dev, e.where = None, NVME
+        self.stats.add(DEVICE, NVME, e.nbytes)
+
+    # -- fresh-allocation moves for the on-demand baseline (home stays where it is) ---------------------
+    def fetch_fresh(self, e: Entry) -> None:
+        """Synchronously copy e's home (CPU slot or NVMe block) into a newly allocated device tensor."""
+        e.fresh = torch.empty(e.shape, dtype=e.dtype, device=self.device)
+        self.stats.allocations += 1
+        if e.where == CPU:
+            e.fresh.view(-1).view(torch.uint8).copy_(e.cpu.data[:e.nbytes])
+            self.stats.add(CPU, DEVICE, e.nbytes)
+        else:
+            staging = aligned_empty(e.nbytes)
+            self.stats.allocations += 1
+            self.nvme.read_into(e.key, staging)
+            e.fresh.view(-1).view(torch.uint8).copy_(staging)
+            self.stats.add(NVME, DEVICE, e.nbytes)
+        self.bind(e)
+
+    def drop_fresh(self, e: Entry, *, write_back: bool) -> None:
+        """Free the device copy; after an optimizer update, write it back to its home first."""
+        if write_back:
+            data = e.fresh.view(-1).view(torch.uint8)
+            if e.where == CPU:
+                e.cpu.data[:e.nbytes].copy_(data)
+                self.stats.add(DEVICE, CPU, e.nbytes)
+            else:
+                staging = aligned_empty(e.nbytes)
+                self.stats.allocations += 1
+                staging.copy_(data)
+                self.nvme.write(e.key, staging, e.nbytes)
+                self.stats.add(DEVICE, NVME, e.nbytes)
+        self.unbind(e)
+        e.fresh = None
+
+    def occupancy(self) -> dict[str, int]:
+        return {tier: sum(e.nbytes for e in self.entries if e.where == tier) for tier in (DEVICE, CPU, NVME)}
+
+    def close(self) -> None:
+        self.drain()
+        self.mover.close()

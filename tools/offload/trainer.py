@@ -1,0 +1,192 @@
+"""Training loops: the offloaded run (any policy) and the plain in-memory reference it must match.
+
+Both use the same model code, the same batches (a function of seed and step) and the same Adam
+arithmetic (`optimizer.adam_update` on fp32 master state, bf16 compute copies), so their losses are
+bit-identical when the offload engine moves bytes correctly.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mlsyskit.core.clock import RealClock
+from mlsyskit.core.config import require
+from mlsyskit.core.telemetry import Telemetry
+from mlsyskit.tools.offload import checkpoint
+from mlsyskit.tools.offload.corpus import batch
+from mlsyskit.tools.offload.engine import Budgets, OffloadEngine
+from mlsyskit.tools.offload.model import build_model, preset
+from mlsyskit.tools.offload.optimizer import AdamConfig, adam_update
+from mlsyskit.tools.offload.profiler import Profile, model_signature, profile_model
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = "gpt-tiny"
+    batch: int = 4
+    seq: int = 64
+    steps: int = 10
+    seed: int = 0
+    lr: float = 1e-3
+    policy: str = "tencache"
+    device_mem: int = 1 << 30
+    cpu_mem: int = 4 << 30
+    opt_mem: int = 8 << 30
+    nvme_dir: Path | None = None
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    warmup_steps: int = 1
+
+    def __post_init__(self) -> None:
+        preset(self.model)
+        require(self.batch > 0 and self.seq > 1, "batch must be >= 1 and seq >= 2")
+        require(self.seq <= preset(self.model).max_seq,
+                f"seq {self.seq} exceeds the maximum {preset(self.model).max_seq} of {self.model}")
+        require(self.steps > 0, "steps must be positive")
+        require(self.policy in ("tencache", "on-demand", "lru"), f"unknown policy {self.policy!r}")
+        require(not self.resume or self.checkpoint_dir is not None, "--resume needs --checkpoint-dir")
+
+
+@dataclass
+class TrainResult:
+    losses: list[float]
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def run_profile(cfg: TrainConfig) -> Profile:
+    model, _ = build_model(cfg.model, cfg.seed)
+    x, y = batch(0, cfg.batch, cfg.seq, cfg.seed)
+    return profile_model(model, lambda: model(x, y), model_name=cfg.model, batch=cfg.batch, seq=cfg.seq)
+
+
+def train_plain(cfg: TrainConfig) -> list[float]:
+    """The in-memory reference: every tensor resident, same arithmetic as the engine."""
+    model, masters = build_model(cfg.model, cfg.seed)
+    adam = AdamConfig(lr=cfg.lr)
+    named = dict(model.named_parameters())
+    ms = {n: torch.zeros_like(t) for n, t in masters.items()}
+    vs = {n: torch.zeros_like(t) for n, t in masters.items()}
+    losses = []
+    for step in range(cfg.steps):
+        x, y = batch(step, cfg.batch, cfg.seq, cfg.seed)
+        loss = model(x, y)
+        loss.backward()
+        for n, p in named.items():
+            g32 = p.grad.reshape(-1).float()
+            adam_update(masters[n].view(-1), g32, ms[n].view(-1), vs[n].view(-1), step + 1, adam)
+            p.data.copy_(masters[n])
+            p.grad = None
+        losses.append(loss.item())
+    return losses
+
+
+def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Telemetry | None = None,
+          on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+    model, masters = build_model(cfg.model, cfg.seed)
+    if cfg.policy == "tencache" and profile is None:
+        profile = run_profile(cfg)
+    if profile is not None:
+        profile.check_model(model, cfg.model)
+    start, states = 0, None
+    if cfg.resume:
+        start, masters, states = _load_checkpoint(cfg, model)
+    budgets = Budgets(cfg.device_mem, cfg.cpu_mem, cfg.opt_mem, cfg.nvme_dir)
+    engine = OffloadEngine(model, masters, policy=cfg.policy, budgets=budgets,
+                           profile=profile if cfg.policy == "tencache" else None,
+                           adam=AdamConfig(lr=cfg.lr), states=states, adam_step=start)
+    del masters, states
+    tel = telemetry or Telemetry(clock=RealClock())
+    result = TrainResult(losses=[])
+    try:
+        for step in range(start, cfg.steps):
+            record = _one_step(engine, cfg, step)
+            result.losses.append(record["loss"])
+            result.steps.append(record)
+            tel.event("step", **record)
+            if on_step is not None:
+                on_step(record)
+            if cfg.checkpoint_dir is not None and cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+                save_checkpoint(engine, cfg, step + 1)
+        result.summary = summarize(result.steps, cfg, engine)
+        tel.event("summary", **result.summary)
+    finally:
+        engine.close()
+        if telemetry is None:
+            tel.close()
+    return result
+
+
+def _one_step(engine: OffloadEngine, cfg: TrainConfig, step: int) -> dict[str, Any]:
+    before_bytes = dict(engine.store.stats.bytes)
+    before_alloc = engine.allocations()
+    opt = engine.states.stats
+    before_opt = (opt.accesses, opt.misses, opt.wait_s)
+    x, y = batch(step, cfg.batch, cfg.seq, cfg.seed)
+    t0 = time.perf_counter()
+    engine.begin_step()
+    loss = engine.model(x.to(engine.device), y.to(engine.device))
+    engine.backward(loss)
+    step_s = time.perf_counter() - t0
+    s = engine.stats
+    waits = sorted(s.fetch_waits)
+    moved = {k: v - before_bytes.get(k, 0) for k, v in engine.store.stats.bytes.items()}
+    accesses, misses = opt.accesses - before_opt[0], opt.misses - before_opt[1]
+    return {"step": step, "loss": loss.item(), "step_s": step_s, "tokens_per_s": cfg.batch * cfg.seq / step_s,
+            "device_hit_rate": s.device_hits / max(1, s.tensor_uses), "fetch_wait_s": s.fetch_wait_s,
+            "fetch_wait_p99_s": waits[min(len(waits) - 1, math.ceil(0.99 * len(waits)) - 1)] if waits else 0.0,
+            "bytes_moved": {k: v for k, v in sorted(moved.items()) if v}, "allocations": engine.allocations() - before_alloc,
+            "optimizer_miss_rate": misses / max(1, accesses), "optimizer_wait_s": opt.wait_s - before_opt[2],
+            "optimizer_s": s.optimizer_s, "deviations": s.deviations, "occupancy": engine.occupancy()}
+
+
+def summarize(steps: list[dict[str, Any]], cfg: TrainConfig, engine: OffloadEngine) -> dict[str, Any]:
+    measured = steps[cfg.warmup_steps:] if len(steps) > cfg.warmup_steps else steps
+    n = len(measured)
+    mean = lambda key: sum(r[key] for r in measured) / n  # noqa: E731
+    moved: dict[str, float] = {}
+    for r in measured:
+        for k, v in r["bytes_moved"].items():
+            moved[k] = moved.get(k, 0) + v / n
+    occ = engine.occupancy()
+    return {"policy": cfg.policy, "model": cfg.model, "device": "emulated device" if engine.emulated else str(engine.device),
+            "measured_steps": n, "step_s": mean("step_s"), "tokens_per_s": mean("tokens_per_s"),
+            "device_hit_rate": mean("device_hit_rate"), "fetch_wait_s": mean("fetch_wait_s"),
+            "fetch_wait_p99_s": max(r["fetch_wait_p99_s"] for r in measured),
+            "allocations_per_step": mean("allocations"), "optimizer_miss_rate": mean("optimizer_miss_rate"),
+            "deviations_per_step": mean("deviations"), "bytes_moved_per_step": moved,
+            "device_utilisation": occ["device_pool_in_use"] / cfg.device_mem if cfg.device_mem else 0.0,
+            "cpu_utilisation": occ["cpu_pool_in_use"] / cfg.cpu_mem if cfg.cpu_mem else 0.0,
+            "optimizer_utilisation": occ["optimizer_capacity"] / cfg.opt_mem if cfg.opt_mem else 0.0,
+            "occupancy": occ, "final_loss": steps[-1]["loss"] if steps else float("nan")}
+
+
+# -- checkpoints ------------------------------------------------------------------------------------
+def save_checkpoint(engine: OffloadEngine, cfg: TrainConfig, step: int) -> Path:
+    manifest = {"model": cfg.model, "signature": model_signature(engine.model), "adam_step": engine.adam_step,
+                "seed": cfg.seed, "batch": cfg.batch, "seq": cfg.seq, "lr": cfg.lr}
+    shapes = {e.name: tuple(e.shape) for e in engine.store.entries}
+    return checkpoint.save(cfg.checkpoint_dir, step, manifest, engine.export_states(), shapes)
+
+
+def _load_checkpoint(cfg: TrainConfig, model) -> tuple[int, dict[str, torch.Tensor], dict]:
+    ckpt = checkpoint.latest(cfg.checkpoint_dir)
+    if ckpt is None:
+        raise checkpoint.CheckpointError(f"--resume: no complete checkpoint in {cfg.checkpoint_dir}")
+    if ckpt.manifest.get("signature") != model_signature(model):
+        raise checkpoint.CheckpointError(f"{ckpt.path} was written for model {ckpt.manifest.get('model')!r}, "
+                                         f"not {cfg.model!r}")
+    masters, states = {}, {}
+    params = dict(model.named_parameters())
+    for name, master, m, v in ckpt.states():
+        masters[name] = master
+        states[name] = (m, v)
+        params[name].data = master.to(params[name].dtype)
+    return ckpt.manifest["adam_step"], masters, states
