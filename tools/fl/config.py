@@ -80,7 +80,7 @@ class EconomyConfig:
     price: float = 1.0  # paid into escrow by every consumer each round
     infra_fee: float = 0.1  # fraction of escrow kept by the infrastructure
     quality_exponent: float = 2.0  # provider weight = samples * quality ** exponent
-    quality_floor: float = 0.5  # x round median quality: providers below are neither aggregated nor paid
+    quality_floor: float = 0.5  # x round median quality: providers below it are not paid
     reimburse_every: int = 0  # rounds between consumer reimbursements; 0 = once, at the end of the job
 
     def __post_init__(self) -> None:
