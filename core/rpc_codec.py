@@ -10,6 +10,7 @@ beyond the payload it already sent.
 from __future__ import annotations
 
 import struct
+import sys
 from typing import Any
 
 import msgpack
@@ -48,7 +49,7 @@ def _default(obj: Any) -> Any:
         return _array_ext(EXT_NDARRAY, obj, obj.dtype.str)
     if isinstance(obj, np.generic):
         return obj.item()
-    torch = _torch()
+    torch = sys.modules.get("torch")  # if torch was never imported, obj cannot be a tensor
     if torch is not None and isinstance(obj, torch.Tensor):
         tensor = obj.detach().cpu().contiguous()
         dtype_name = str(tensor.dtype).removeprefix("torch.")

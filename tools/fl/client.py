@@ -20,8 +20,7 @@ from mlsyskit.core.rpc import ClientTls, RpcClient, RpcError, StatusCode
 from mlsyskit.core.sim import Seeds
 from mlsyskit.tools.fl.config import DataSpec, TrainSpec
 from mlsyskit.tools.fl.data import load_client
-from mlsyskit.tools.fl.model import accuracy as model_accuracy
-from mlsyskit.tools.fl.model import build_model, set_weights
+from mlsyskit.tools.fl.model import evaluate
 from mlsyskit.tools.fl.training import local_only_accuracy, train_local
 
 log = logging.getLogger("mlsyskit.fl.client")
@@ -118,8 +117,7 @@ class FlClient:
             log.warning("round %d: update rejected: %s", task["round"], reply["reason"])
 
     async def _evaluate(self, task: dict) -> None:
-        model = build_model(self.num_features, self.num_classes, self.train_spec.hidden, seed=0)
-        set_weights(model, {k: np.asarray(v) for k, v in task["weights"].items()})
-        acc = model_accuracy(model, self._data.x_test, self._data.y_test)
+        acc = evaluate({k: np.asarray(v) for k, v in task["weights"].items()}, self._data.x_test,
+                       self._data.y_test)["accuracy"]
         await self.rpc.call("evaluate", {"client_id": self.client_id, "accuracy": acc})
         self.summary.evaluated = True

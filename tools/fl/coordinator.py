@@ -19,7 +19,7 @@ from mlsyskit.tools.fl.aggregation import outliers_by_norm, validate_update
 from mlsyskit.tools.fl.config import JobConfig
 from mlsyskit.tools.fl.data import load_federated
 from mlsyskit.tools.fl.incentive.ledger import MINT, POOL, Ledger, Transfer, client_account
-from mlsyskit.tools.fl.model import Weights, build_model, evaluate, get_weights
+from mlsyskit.tools.fl.model import Weights, evaluate, init_weights
 from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
 from mlsyskit.tools.fl.strategy import STRATEGIES
 
@@ -47,14 +47,13 @@ class Coordinator:
         self.ledger = Ledger(store)
         data = load_federated(config.data)
         self.num_features, self.num_classes = data.num_features, data.num_classes
-        hidden = config.train.hidden
 
         def evaluator(weights: Weights) -> dict[str, float]:
-            return evaluate(weights, data.x_test, data.y_test, self.num_features, self.num_classes, hidden)
+            return evaluate(weights, data.x_test, data.y_test)
 
         self.strategy = STRATEGIES.get(config.strategy)(config, evaluator)
-        self.weights = get_weights(build_model(self.num_features, self.num_classes, hidden,
-                                               sub_seed(config.seed, "model-init") % (2**31)))
+        self.weights = init_weights(self.num_features, self.num_classes, config.train.hidden,
+                                    sub_seed(config.seed, "model-init"))
         self.round = 0  # last committed round
         self.clients: dict[int, dict[str, Any]] = {}
         self.consumer_accuracy: dict[int, float] = {}

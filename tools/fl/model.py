@@ -1,28 +1,44 @@
-"""The clients' model (a small MLP) and its weights as a name -> numpy array dict (the wire format)."""
+"""The federated model, a small MLP (Linear-ReLU-Linear), on the server side: numpy only.
+
+Weights travel as a name -> numpy array dict with torch's state_dict names, so clients load
+them into the torch module (tools/fl/torch_model.py) unchanged. The server never imports
+torch: initialising, averaging and evaluating an MLP is a few lines of numpy, and it keeps
+`fl-server` start-up fast.
+"""
 from __future__ import annotations
 
 import numpy as np
-import torch
-from torch import nn
 
 Weights = dict[str, np.ndarray]
 
 
-def build_model(num_features: int, num_classes: int, hidden: int, seed: int) -> nn.Module:
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)  # the initial global model is a function of the job seed
-    try:
-        return nn.Sequential(nn.Linear(num_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
-    finally:
-        torch.random.set_rng_state(generator_state)
+def init_weights(num_features: int, num_classes: int, hidden: int, seed: int) -> Weights:
+    """torch.nn.Linear's default initialisation: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias."""
+    rng = np.random.default_rng(seed)
+
+    def layer(fan_in: int, fan_out: int) -> tuple[np.ndarray, np.ndarray]:
+        bound = 1.0 / np.sqrt(fan_in)
+        return (rng.uniform(-bound, bound, (fan_out, fan_in)).astype(np.float32),
+                rng.uniform(-bound, bound, fan_out).astype(np.float32))
+
+    w0, b0 = layer(num_features, hidden)
+    w2, b2 = layer(hidden, num_classes)
+    return {"0.weight": w0, "0.bias": b0, "2.weight": w2, "2.bias": b2}
 
 
-def get_weights(model: nn.Module) -> Weights:
-    return {name: t.detach().cpu().numpy().copy() for name, t in model.state_dict().items()}
+def logits(weights: Weights, x: np.ndarray) -> np.ndarray:
+    h = np.maximum(x @ weights["0.weight"].T + weights["0.bias"], 0.0)
+    return h @ weights["2.weight"].T + weights["2.bias"]
 
 
-def set_weights(model: nn.Module, weights: Weights) -> None:
-    model.load_state_dict({name: torch.from_numpy(np.asarray(a)) for name, a in weights.items()})
+def evaluate(weights: Weights, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of the global model on a labelled set."""
+    if len(y) == 0:
+        return {"accuracy": 0.0, "loss": 0.0}
+    z = logits(weights, x).astype(np.float64)
+    z -= z.max(axis=1, keepdims=True)
+    log_probs = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    return {"accuracy": float((z.argmax(axis=1) == y).mean()), "loss": float(-log_probs[np.arange(len(y)), y].mean())}
 
 
 def shapes(weights: Weights) -> dict[str, tuple[int, ...]]:
@@ -31,21 +47,3 @@ def shapes(weights: Weights) -> dict[str, tuple[int, ...]]:
 
 def flatten(weights: Weights) -> np.ndarray:
     return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in weights.values()])
-
-
-@torch.no_grad()
-def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
-    if len(y) == 0:
-        return 0.0
-    predictions = model(torch.from_numpy(x)).argmax(dim=1).numpy()
-    return float((predictions == y).mean())
-
-
-def evaluate(weights: Weights, x: np.ndarray, y: np.ndarray, num_features: int, num_classes: int,
-             hidden: int) -> dict[str, float]:
-    model = build_model(num_features, num_classes, hidden, seed=0)
-    set_weights(model, weights)
-    with torch.no_grad():
-        logits = model(torch.from_numpy(x))
-        loss = float(nn.functional.cross_entropy(logits, torch.from_numpy(y)))
-    return {"accuracy": float((logits.argmax(dim=1).numpy() == y).mean()), "loss": loss}

@@ -18,7 +18,7 @@ from mlsyskit.core.storage import MetaStore
 from mlsyskit.tools.fl.config import JobConfig
 from mlsyskit.tools.fl.coordinator import Coordinator
 from mlsyskit.tools.fl.data import load_federated
-from mlsyskit.tools.fl.model import Weights, accuracy, build_model, set_weights
+from mlsyskit.tools.fl.model import evaluate
 from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.profiles import flash_profiles
 from mlsyskit.tools.fl.training import local_only_accuracy, train_local
@@ -104,12 +104,5 @@ class Simulation:
 
     def _finish_job(self) -> None:
         c = self.coordinator
-        c.finish_job({client.client_id: consumer_accuracy(c.weights, client, c.num_features, c.num_classes,
-                                                          self.config.train.hidden)
+        c.finish_job({client.client_id: evaluate(c.weights, client.x_test, client.y_test)["accuracy"]
                       for client in self.data.clients})
-
-
-def consumer_accuracy(weights: Weights, client, num_features: int, num_classes: int, hidden: int) -> float:
-    model = build_model(num_features, num_classes, hidden, seed=0)
-    set_weights(model, weights)
-    return accuracy(model, client.x_test, client.y_test)

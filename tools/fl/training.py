@@ -18,7 +18,8 @@ from torch import nn
 
 from mlsyskit.tools.fl.config import ATTACKS, TrainSpec
 from mlsyskit.tools.fl.data import ClientData
-from mlsyskit.tools.fl.model import Weights, accuracy, build_model, get_weights, set_weights
+from mlsyskit.tools.fl.model import Weights, init_weights
+from mlsyskit.tools.fl.torch_model import accuracy, build_model, get_weights, set_weights
 
 NOISY_LABEL_RATE = 0.8
 
@@ -80,7 +81,7 @@ def train_local(global_weights: Weights, data: ClientData, spec: TrainSpec, num_
                 seed: int, attack: str = "none") -> LocalResult:
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
-    model = build_model(num_features, num_classes, spec.hidden, seed=0)
+    model = build_model(num_features, num_classes, spec.hidden)
     set_weights(model, global_weights)
     consumer_accuracy = accuracy(model, data.x_test, data.y_test)
     labels = poisoned_labels(data.y_train, attack, num_classes, rng)
@@ -96,7 +97,8 @@ def train_local(global_weights: Weights, data: ClientData, spec: TrainSpec, num_
 
 def local_only_accuracy(data: ClientData, spec: TrainSpec, num_features: int, num_classes: int, seed: int) -> float:
     """Accuracy on the client's own test split of a model trained on its own data alone (the UIR baseline)."""
-    model = build_model(num_features, num_classes, spec.hidden, seed=seed)
+    model = build_model(num_features, num_classes, spec.hidden)
+    set_weights(model, init_weights(num_features, num_classes, spec.hidden, seed))
     generator = torch.Generator().manual_seed(seed)
     _train(model, torch.from_numpy(data.x_train), torch.from_numpy(data.y_train), spec, spec.local_only_epochs,
            generator)
