@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import hiredis
+import psutil
 
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.core.config import ConfigError, require
@@ -77,7 +78,9 @@ def parse_info(text: bytes) -> dict[str, str]:
 
 
 def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on host:port now (SO_REUSEADDR, as the servers bind)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
             return True
@@ -97,13 +100,11 @@ def load_record(data_dir: Path) -> dict[str, Any]:
 
 
 def alive(pid: int) -> bool:
+    """Running (a zombie waiting for a parent that does not reap, e.g. a bare container init, is not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True
-    return True
 
 
 def plan(spec: ClusterSpec) -> dict[str, Any]:
@@ -201,9 +202,9 @@ def down(data_dir: Path, clock: Clock | None = None, grace: float = 5.0) -> list
             continue
     deadline = clock.now() + grace
     for p in procs:
-        while alive(p["pid"]) and _reap(p["pid"]) and clock.now() < deadline:
+        while _running(p["pid"]) and clock.now() < deadline:
             clock.sleep(0.02)
-        if alive(p["pid"]) and not _reaped(p["pid"]):
+        if _running(p["pid"]):
             try:
                 os.killpg(p["pid"], signal.SIGKILL)
             except ProcessLookupError:
@@ -214,17 +215,13 @@ def down(data_dir: Path, clock: Clock | None = None, grace: float = 5.0) -> list
     return stopped
 
 
-def _reap(pid: int) -> bool:
-    """Collect our own exited child (so alive() turns false); True while it still runs."""
+def _running(pid: int) -> bool:
+    """Reap our own exited child if it is one (then alive() turns false), and say if it still runs."""
     try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
+        os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
-        return alive(pid)
-
-
-def _reaped(pid: int) -> bool:
-    return not alive(pid)
+        pass
+    return alive(pid)
 
 
 def status(data_dir: Path) -> list[dict[str, Any]]:

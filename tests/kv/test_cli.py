@@ -1,0 +1,99 @@
+"""`bespokv up/status/put/get/del/bench/down` as separate processes, lmdb across a restart, CLI errors."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from mlsyskit.tools.kv.processes import port_free
+from tests.conftest import VENV_BIN
+from tests.kv.conftest import needs_redis
+
+BESPOKV = [sys.executable, "-m", "mlsyskit.tools.kv.cli"]
+
+
+def free_range(width: int, seed: int) -> int:
+    """A base port with `width` consecutive free ports after it (checked, not assumed)."""
+    rng = random.Random(seed)
+    for _ in range(200):
+        base = rng.randrange(20_000, 60_000)
+        if all(port_free("127.0.0.1", base + i) for i in range(width)):
+            return base
+    raise RuntimeError("no free port range")
+
+
+def cli(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "COLUMNS": "200"}
+    out = subprocess.run([*BESPOKV, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    if check and out.returncode != 0:
+        raise AssertionError(f"bespokv {' '.join(args)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+@pytest.fixture
+def cluster_dir(tmp_path):
+    """A data dir whose cluster is always brought down, whatever the test did."""
+    yield tmp_path / "cluster"
+    if (tmp_path / "cluster" / "cluster.json").exists():
+        cli("down", "--data-dir", str(tmp_path / "cluster"), check=False)
+
+
+def test_up_put_get_down_and_lmdb_survives_a_restart(cluster_dir) -> None:
+    d = str(cluster_dir)
+    base = free_range(1 + 2 * 2 * 2, seed=1)
+    up = ["up", "--shards", "2", "--replicas", "2", "--topology", "ms", "--consistency", "strong",
+          "--datalet", "lmdb", "--base-port", str(base), "--data-dir", d]
+    out = cli(*up)
+    assert "s1r1" in out.stdout and f"127.0.0.1:{base}" in out.stderr
+    assert cli("put", "city", "Lyon", "--data-dir", d).stdout.strip() == "OK"
+    assert cli("put", "gone", "x", "--data-dir", d).stdout.strip() == "OK"
+    assert cli("del", "gone", "--data-dir", d).stdout.strip() == "1"
+    assert cli("get", "city", "--data-dir", d).stdout.strip() == "Lyon"
+    missing = cli("get", "gone", "--data-dir", d, check=False)
+    assert missing.returncode == 1 and "(nil)" in missing.stderr
+    bench = json.loads(cli("bench", "--workload", "ycsb-a", "--keys", "100", "--ops", "400", "--clients", "4",
+                           "--data-dir", d, "--json").stdout)
+    assert bench["errors"] == 0 and bench["ops_per_s"] > 0
+    status = json.loads(cli("status", "--data-dir", d, "--json").stdout)
+    assert len(status) == 5 and all(row["up"] for row in status)
+    assert {row.get("role") for row in status} == {"head", "tail", "proxy"}
+
+    cli("down", "--data-dir", d)
+    assert cli("status", "--data-dir", d, check=False).returncode == 1
+    assert port_free("127.0.0.1", base)
+
+    cli(*up)  # same data dir: the lmdb files are reopened
+    assert cli("get", "city", "--data-dir", d).stdout.strip() == "Lyon"
+    assert cli("get", "gone", "--data-dir", d, check=False).returncode == 1
+
+
+def test_up_with_the_redis_datalet(cluster_dir) -> None:
+    needs_redis()
+    d = str(cluster_dir)
+    base = free_range(1 + 2 * 3, seed=2)
+    cli("up", "--replicas", "3", "--topology", "aa", "--consistency", "eventual", "--datalet", "redis",
+        "--base-port", str(base), "--data-dir", d)
+    record = json.loads((cluster_dir / "cluster.json").read_text())
+    assert sum(p["name"].startswith("redis:") for p in record["processes"]) == 3
+    assert cli("put", "k", "v", "--data-dir", d).stdout.strip() == "OK"
+    assert cli("get", "k", "--data-dir", d).stdout.strip() in ("v", "")  # aa-ec: may read a lagging replica
+    cli("down", "--data-dir", d)
+    assert all(port_free("127.0.0.1", base + i) for i in range(7))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["up", "--topology", "ring"], "topology must be ms|aa"),
+    (["up", "--datalet", "rocksdb"], "unknown datalet"),
+    (["up", "--shards", "0"], "--shards must be"),
+    (["status", "--data-dir", "/nonexistent/bespokv"], "no cluster recorded"),
+    (["get", "k", "--data-dir", "/nonexistent/bespokv"], "no cluster recorded"),
+    (["bench", "--workload", "ycsb-z", "--redis", "127.0.0.1:1"], "unknown workload"),
+    (["bench", "--redis", "nonsense"], "--redis wants host:port"),
+])
+def test_bad_input_is_a_clear_error(args: list[str], message: str, tmp_path) -> None:
+    out = cli(*args, check=False)
+    assert out.returncode == 2, out
+    assert message in out.stderr and "Traceback" not in out.stderr
