@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from rich import box
+
 from mlsyskit.core.console import emit_table, log, make_table, progress
 from mlsyskit.tools.sched.cluster import ClusterSpec
 from mlsyskit.tools.sched.experiment import WorkloadSource, run_one
@@ -152,12 +154,13 @@ def show(doc: dict) -> None:
         mean = {p: sum(s[p]["avg_jct_s"] for s in seeds.values()) / len(seeds) / 3600 for p in POLICY_ORDER}
         t = w["targets"]
         label = name.replace("workload-", "w").replace("synthetic:", "syn ")
-        rows.append([f"{label} {w['cluster']}", *[mean[p] for p in POLICY_ORDER],
+        rows.append([f"{label} {w['cluster']}", *[f"{mean[p]:.2f}" for p in POLICY_ORDER],
                      f"{t['marble_vs_fifo']['seeds_met']}/{len(seeds)}", f"{t['marble_vs_optimus']['seeds_met']}/{len(seeds)}"])
     table = make_table("average JCT, hours (mean of seeds); seeds on which marble meets each target",
                        ["workload", "fifo", "backfill", "optimus", "tiresias", "marble", "m-elastic", "<fifo-30%",
                         "<opt-15%"], rows)
     table.columns[0].no_wrap = True
+    table.box, table.pad_edge = box.SIMPLE_HEAD, False
     emit_table(table)
     if "scale" in doc:
         emit_table(make_table("80k-job scale replay", ["policy", "wall s", "peak RSS MiB", "avg JCT h", "decision p99 ms"],

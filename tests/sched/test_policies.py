@@ -104,6 +104,21 @@ def test_marble_elastic_grows_a_shrunken_job_when_gpus_free_up():
     assert POLICIES.create("marble", MODEL).decide(state).actions == ()
 
 
+def test_marble_elastic_does_not_grow_into_gpus_a_waiting_job_is_promised():
+    state = state_with(ONE_NODE, [job(2, "lin", 2, 60.0 * 1000)], now=0.0)
+    run_job(state, MODEL, job(1, "lin", 6, 60.0 * 10000), [(0, 4)])    # ends at t=15000
+    state.restart_cost = 30.0
+    # the waiting job fits (2 free GPUs) and starts; nothing is left to grow into
+    d = POLICIES.create("marble-elastic", MODEL).decide(state)
+    assert [type(a) for a in d.actions] == [Start]
+    # job 3 (6 GPUs, 1e5 s of work) would take 3e5 s on the 2 free GPUs, so it waits and holds a
+    # reservation at t=15000 when job 1 ends; growing job 1 (it then ends at 10030) is harmless
+    state = state_with(ONE_NODE, [job(3, "lin", 6, 60.0 * 100000)], now=0.0)
+    run_job(state, MODEL, job(1, "lin", 6, 60.0 * 10000), [(0, 4)])
+    state.restart_cost = 30.0
+    assert [type(a) for a in POLICIES.create("marble-elastic", MODEL).decide(state).actions] == [Resize]
+
+
 def test_tiresias_preempts_the_job_with_most_attained_service():
     state = state_with(ONE_NODE, [job(2, "lin", 6, 1000, arrival=5000.0)], now=5000.0)
     old = run_job(state, MODEL, job(1, "lin", 6, 1e9), [(0, 6)])

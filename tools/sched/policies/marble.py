@@ -68,10 +68,13 @@ class Marble(Policy):
         if not state.queue or state.free.total == 0:
             return Decision()
         free = state.free.copy()
-        return Decision(tuple(self.place_queue(state, free)))
+        actions, _, _ = self.place_queue(state, free)
+        return Decision(tuple(actions))
 
-    def place_queue(self, state: ClusterState, free: FreeMap) -> list[Action]:
-        """FIFO with shrink-or-wait and EASY backfilling behind the first blocked job; takes from `free`."""
+    def place_queue(self, state: ClusterState, free: FreeMap) -> tuple[list[Action], float | None, int]:
+        """FIFO with shrink-or-wait and EASY backfilling behind the first blocked job; takes from `free`.
+        Returns the starts, and the reservation left at the end: its shadow time (None when no job
+        waits) and the GPUs it leaves spare."""
         gpn = state.spec.gpus_per_node
         actions: list[Action] = []
         shadow, extra = None, 0
@@ -95,7 +98,7 @@ class Marble(Policy):
                 extra -= sum(shape)
             free.take(placement)
             actions.append(Start(job.spec.job_id, placement, shape))
-        return actions
+        return actions, shadow, extra
 
     def _choose(self, state: ClusterState, free: FreeMap, job: JobRecord, shapes: list[Shape],
                 shadow: float | None, extra: int, waits: dict[tuple[int, int], float]
