@@ -143,10 +143,13 @@ def model(
     if as_json:
         emit_json(rows)
         return
-    emit_table(make_table(f"fitted model, held-out {holdout:.0%} of placements (seed {seed})",
-                          ["app", "rows", "MAPE", "p90", "c0", "c1", "l0", "l1", "n0", "n1"],
-                          [[r["app"], r["test_rows"], r["mape"], r["p90_ape"], r["c0"], r["c1"], r["l0"], r["l1"],
-                            r["n0"], r["n1"]] for r in rows]))
+    table = make_table(f"fitted model, error on {holdout:.0%} held-out placements (coefficients: --json)",
+                       ["app", "held-out rows", "mean abs % error", "p90 abs % error"],
+                       [[r["app"], r["test_rows"], f"{100 * r['mape']:.1f}%", f"{100 * r['p90_ape']:.1f}%"]
+                        for r in rows])
+    table.columns[0].no_wrap = True
+    table.box, table.pad_edge = box.SIMPLE_HEAD, False
+    emit_table(table)
 
 
 @app.command()
