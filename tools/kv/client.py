@@ -65,7 +65,10 @@ class SmartClient:
         if self.history is not None:
             self.history.invoke(self.process, f, key, value)
         try:
-            conn = await self._conn(self.target(key, write))
+            node = self.target(key, write)
+            conn = self.conns.get(node)
+            if conn is None or conn.closed:
+                conn = await self._conn(node)
             result = await conn.call(*parts)
         except hiredis.ReplyError as e:
             self._record("fail", f, key, value)
@@ -73,7 +76,8 @@ class SmartClient:
         except (TimeoutError, OSError, ConnectionError):
             self._record("info" if write else "fail", f, key, value)
             raise
-        self._record("ok", f, key, result if f == "get" else value)
+        if self.history is not None:
+            self._record("ok", f, key, result if f == "get" else value)
         return result
 
     def _record(self, kind: str, f: str, key: bytes, value) -> None:

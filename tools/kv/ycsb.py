@@ -9,6 +9,7 @@ outstanding; latency is measured per operation, throughput over the whole run ph
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -90,11 +91,12 @@ class RedisTarget(Target):
     """Plain Redis: writes to the primary (then WAIT for `wait` replicas if asked), reads spread
     over all given servers (the primary and its replicas), as bespokv's ms-ec reads are."""
 
-    def __init__(self, conns: list[RespConnection], wait: int, rng: np.random.Generator) -> None:
+    def __init__(self, conns: list[RespConnection], wait: int, rng: random.Random) -> None:
         self.conns, self.wait, self.rng = conns, wait, rng
 
     async def get(self, key: bytes) -> Any:
-        conn = self.conns[int(self.rng.integers(len(self.conns)))] if len(self.conns) > 1 else self.conns[0]
+        conns = self.conns  # the same seeded choice the smart client makes among read targets
+        conn = conns[self.rng.randrange(len(conns))] if len(conns) > 1 else conns[0]
         return await conn.call(b"GET", key)
 
     async def put(self, key: bytes, value: bytes) -> Any:
@@ -118,7 +120,7 @@ async def bespokv_target(shard_map: ShardMap, seed: int) -> Target:
 def redis_target_factory(endpoints: list[tuple[str, int]], wait: int) -> Callable[[int], Any]:
     async def make(seed: int) -> Target:
         conns = [await RespConnection.connect(h, p) for h, p in endpoints]
-        return RedisTarget(conns, wait, np.random.default_rng(seed))
+        return RedisTarget(conns, wait, random.Random(seed))
     return make
 
 

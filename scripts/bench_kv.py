@@ -1,0 +1,269 @@
+#!/usr/bin/env python
+"""bespokv benchmark against Redis 7 (Debian's redis-server), same client tool and settings.
+
+Part 1 (redis-benchmark, 50 connections, 32-byte values, 100k-key space, SET+GET, pipeline
+1 and 16): one bespokv node (1 shard x 1 replica, memory datalet) versus one redis-server.
+Part 2 (the YCSB generator of `bespokv bench`, 100k keys, zipf 0.99, 32-byte values, the
+same generator process and settings for both): 3 replicas, ms-sc versus a Redis primary
+with 2 replicas and `WAIT 2 0` after every write; ms-ec versus Redis asynchronous
+replication (reads spread over primary and replicas, as ms-ec's smart client does); and
+aa-sc, aa-ec beside them for the paper's ratios.
+
+Each server's CPU time (psutil, user+system of the server processes) is divided by the
+operations it served, so the CPU cost per operation is reported beside QPS: the load
+generator shares this machine's cores, so QPS alone understates a fast server.
+
+Targets (issue 6), each a measured ratio recorded with `met` in the JSON:
+- part 1, pipeline 16: bespokv QPS >= 0.7x Redis and server CPU per op <= 2x Redis;
+- part 2: ms-sc >= 0.6x Redis+WAIT on YCSB-A and >= 0.9x on YCSB-B; ms-ec >= 0.8x Redis async;
+- reported, not targets: aa-sc/ms-sc and aa-ec/ms-ec beside the paper's 1/3.2 and 1.47.
+
+    .venv/bin/python scripts/bench_kv.py --out runs/bench_kv.json
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import io
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
+
+from mlsyskit.core.clock import RealClock
+from mlsyskit.core.console import emit_table, log, make_table
+from mlsyskit.tools.kv import processes, ycsb
+from mlsyskit.tools.kv.processes import ClusterSpec, sync_call
+from mlsyskit.tools.kv.shardmap import ShardMap
+
+CLOCK = RealClock()
+PAPER = {"aa-sc/ms-sc": 1 / 3.2, "aa-ec/ms-ec": 1.47}
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        t = psutil.Process(pid).cpu_times()
+        total += t.user + t.system
+    return total
+
+
+def free_base(width: int, start: int) -> int:
+    base = start
+    while not all(processes.port_free("127.0.0.1", base + i) for i in range(width)):
+        base += width + 7
+    return base
+
+
+class RedisGroup:
+    """A redis-server primary with `replicas` replicas on loopback (persistence off, as bespokv's memory)."""
+
+    def __init__(self, base: int, replicas: int, workdir: Path) -> None:
+        self.ports = [base + i for i in range(1 + replicas)]
+        self.procs: list[subprocess.Popen] = []
+        self.workdir = workdir
+
+    def __enter__(self) -> RedisGroup:
+        for i, port in enumerate(self.ports):
+            d = self.workdir / f"redis-{port}"
+            d.mkdir(parents=True, exist_ok=True)
+            argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                    "--dir", str(d)]
+            if i:
+                argv += ["--replicaof", "127.0.0.1", str(self.ports[0])]
+            self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                               start_new_session=True))
+        deadline = CLOCK.now() + 30
+        while True:
+            try:
+                info = processes.parse_info(sync_call("127.0.0.1", self.ports[0], "INFO", "replication"))
+                online = sum("state=online" in v for k, v in info.items() if k.startswith("slave"))
+                if online == len(self.ports) - 1:
+                    break
+            except OSError:
+                pass
+            if CLOCK.now() > deadline:
+                raise RuntimeError("redis replicas did not come online within 30 s")
+            CLOCK.sleep(0.05)
+        return self
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.wait(10)
+
+
+class BespokvCluster:
+    def __init__(self, controlet: str, replicas: int, base: int, workdir: Path) -> None:
+        self.spec = ClusterSpec(shards=1, replicas=replicas, controlet=controlet, datalet="memory", base_port=base,
+                                data_dir=workdir / f"bespokv-{controlet}-{replicas}")
+
+    def __enter__(self) -> BespokvCluster:
+        self.record = processes.up(self.spec)
+        self.map = ShardMap.from_dict(self.record["map"])
+        return self
+
+    @property
+    def node_pids(self) -> list[int]:
+        return [p["pid"] for p in self.record["processes"] if p["name"].startswith("node:")]
+
+    @property
+    def node_port(self) -> int:
+        return self.map.nodes[self.map.shards[0][0]].port
+
+    def __exit__(self, *exc) -> None:
+        processes.down(self.spec.data_dir)
+
+
+def redis_benchmark(port: int, pipeline: int, requests: int, pids: list[int]) -> dict:
+    argv = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", "50", "-P", str(pipeline), "-d", "32",
+            "-r", "100000", "-n", str(requests), "-t", "set,get", "--csv"]
+    before = cpu_seconds(pids)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout
+    cpu = cpu_seconds(pids) - before
+    rows = {r["test"]: r for r in csv.DictReader(io.StringIO(out))}
+    qps = {t: float(rows[t]["rps"]) for t in ("SET", "GET")}
+    return {"set_qps": qps["SET"], "get_qps": qps["GET"], "qps": statistics.mean(qps.values()),
+            "p50_ms": statistics.mean(float(rows[t]["p50_latency_ms"]) for t in ("SET", "GET")),
+            "p99_ms": statistics.mean(float(rows[t]["p99_latency_ms"]) for t in ("SET", "GET")),
+            "cpu_us_per_op": cpu * 1e6 / (2 * requests)}
+
+
+def part1(args, workdir: Path) -> dict:
+    results: dict = {}
+    base = free_base(8, args.base_port)
+    with RedisGroup(base, 0, workdir) as redis, BespokvCluster("ms-sc", 1, base + 2, workdir) as ours:
+        for pipeline in (1, 16):
+            n = args.requests * (4 if pipeline == 16 else 1)
+            runs = {"redis": [], "bespokv": []}
+            for _ in range(args.repeats):  # alternate, so both see the same background load
+                runs["redis"].append(redis_benchmark(redis.ports[0], pipeline, n, redis.pids))
+                runs["bespokv"].append(redis_benchmark(ours.node_port, pipeline, n, ours.node_pids))
+            med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
+            med["qps_ratio"] = med["bespokv"]["qps"] / med["redis"]["qps"]
+            med["cpu_ratio"] = med["bespokv"]["cpu_us_per_op"] / med["redis"]["cpu_us_per_op"]
+            med["requests_per_test"] = n
+            results[f"pipeline_{pipeline}"] = med
+            log(f"pipeline {pipeline}: bespokv/redis QPS {med['qps_ratio']:.2f}x, CPU/op {med['cpu_ratio']:.2f}x")
+    p16 = results["pipeline_16"]
+    results["targets"] = {
+        "qps_p16_ratio>=0.7": {"measured": p16["qps_ratio"], "threshold": 0.7, "met": p16["qps_ratio"] >= 0.7},
+        "cpu_per_op_p16_ratio<=2": {"measured": p16["cpu_ratio"], "threshold": 2.0, "met": p16["cpu_ratio"] <= 2.0},
+    }
+    return results
+
+
+def ycsb_pair(workload_names: list[str], make_target, pids: list[int], args) -> dict:
+    out = {}
+    for i, name in enumerate(workload_names):
+        w = ycsb.Workload(name=name, keys=args.keys, ops=args.ops, zipf=0.99, value_size=32, clients=args.clients,
+                          seed=7, load=(i == 0))
+        before = cpu_seconds(pids)
+        r = asyncio.run(ycsb.run_workload(w, make_target))
+        cpu = cpu_seconds(pids) - before
+        r["server_cpu_us_per_op"] = cpu * 1e6 / (w.ops + (w.keys if w.load else 0))
+        out[name] = r
+    return out
+
+
+def part2(args, workdir: Path) -> dict:
+    workloads = ["ycsb-a", "ycsb-b"]
+    results: dict = {}
+    base = free_base(16, args.base_port + 40)
+    with RedisGroup(base, 2, workdir) as redis:
+        for label, wait in (("redis-wait2", 2), ("redis-async", 0)):
+            log(f"part 2: {label}")
+            make = ycsb.redis_target_factory([("127.0.0.1", p) for p in redis.ports], wait)
+            results[label] = ycsb_pair(workloads, make, redis.pids, args)
+            sync_call("127.0.0.1", redis.ports[0], "FLUSHALL")
+    for controlet in ("ms-sc", "ms-ec", "aa-sc", "aa-ec"):
+        log(f"part 2: bespokv {controlet}")
+        with BespokvCluster(controlet, 3, free_base(8, base + 20), workdir) as ours:
+            smap = ours.map
+
+            async def make(seed: int, smap=smap):
+                return await ycsb.bespokv_target(smap, seed)
+            results[controlet] = ycsb_pair(workloads, make, ours.node_pids, args)
+
+    def ratio(a: str, b: str, w: str) -> float:
+        return results[a][w]["ops_per_s"] / results[b][w]["ops_per_s"]
+
+    targets = {
+        "ms-sc/redis-wait2 ycsb-a>=0.6": (ratio("ms-sc", "redis-wait2", "ycsb-a"), 0.6),
+        "ms-sc/redis-wait2 ycsb-b>=0.9": (ratio("ms-sc", "redis-wait2", "ycsb-b"), 0.9),
+        "ms-ec/redis-async ycsb-a>=0.8": (ratio("ms-ec", "redis-async", "ycsb-a"), 0.8),
+        "ms-ec/redis-async ycsb-b>=0.8": (ratio("ms-ec", "redis-async", "ycsb-b"), 0.8),
+    }
+    results["targets"] = {k: {"measured": m, "threshold": t, "met": m >= t} for k, (m, t) in targets.items()}
+    results["paper_ratios"] = {
+        f"{pair} {w}": {"measured": ratio(*pair.split("/"), w), "paper": PAPER[pair]}
+        for pair in PAPER for w in workloads}
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("runs/bench_kv.json"))
+    ap.add_argument("--requests", type=int, default=100_000, help="redis-benchmark requests per test at pipeline 1 "
+                                                                  "(x4 at pipeline 16)")
+    ap.add_argument("--repeats", type=int, default=3, help="alternating repetitions per part-1 setting (median)")
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--ops", type=int, default=30_000, help="YCSB operations per workload run")
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--base-port", type=int, default=23_000)
+    ap.add_argument("--skip-part2", action="store_true")
+    args = ap.parse_args()
+    for tool in ("redis-server", "redis-benchmark"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is missing: apt-get install -y redis-server redis-tools")
+    with tempfile.TemporaryDirectory(prefix="bench-kv-") as tmp:
+        workdir = Path(tmp)
+        report: dict = {"settings": vars(args) | {"out": str(args.out)},
+                        "machine": {"cpus": psutil.cpu_count(), "redis": subprocess.run(
+                            ["redis-server", "--version"], capture_output=True, text=True).stdout.strip()}}
+        report["part1"] = part1(args, workdir)
+        if not args.skip_part2:
+            report["part2"] = part2(args, workdir)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2, sort_keys=True))
+    show(report)
+    log(f"wrote {args.out}")
+
+
+def show(report: dict) -> None:
+    p1 = report["part1"]
+    rows = []
+    for key in ("pipeline_1", "pipeline_16"):
+        for who in ("redis", "bespokv"):
+            r = p1[key][who]
+            rows.append([f"{key.replace('_', ' ')} {who}", r["qps"], r["p50_ms"], r["p99_ms"], r["cpu_us_per_op"]])
+    emit_table(make_table("part 1: 1 shard x 1 replica, memory (redis-benchmark -c 50 -d 32 -r 100000, SET+GET)",
+                          ["setting", "QPS", "p50 ms", "p99 ms", "server CPU us/op"], rows))
+    if "part2" in report:
+        p2 = report["part2"]
+        rows = [[f"{who} {w}", p2[who][w]["ops_per_s"], p2[who][w]["p50_ms"], p2[who][w]["p99_ms"],
+                 p2[who][w]["p999_ms"], p2[who][w]["server_cpu_us_per_op"]]
+                for who in ("redis-wait2", "ms-sc", "redis-async", "ms-ec", "aa-sc", "aa-ec")
+                for w in ("ycsb-a", "ycsb-b")]
+        emit_table(make_table("part 2: 3 replicas, YCSB (100k keys, zipf 0.99, 32 B values)",
+                              ["system workload", "ops/s", "p50 ms", "p99 ms", "p999 ms", "server CPU us/op"], rows))
+        emit_table(make_table("paper ratios (reported)", ["ratio", "measured", "paper"],
+                              [[k, v["measured"], v["paper"]] for k, v in p2["paper_ratios"].items()]))
+    targets = {**p1["targets"], **report.get("part2", {}).get("targets", {})}
+    emit_table(make_table("targets", ["target", "measured", "threshold", "met"],
+                          [[k, v["measured"], v["threshold"], "yes" if v["met"] else "NO"] for k, v in targets.items()]))
+
+
+if __name__ == "__main__":
+    main()
