@@ -110,3 +110,22 @@ def test_ycsb_run_against_a_cluster_and_against_redis(tmp_path, redis_port) -> N
     for r in (ours, theirs):
         assert r["errors"] == 0 and r["ops"] == 1000 and r["ops_per_s"] > 0
         assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"]
+
+
+def test_digest_matches_across_replicas_and_differs_on_divergence(tmp_path) -> None:
+    async def body() -> None:
+        smap = make_map("ms-sc", shards=1, replicas=3)
+        async with LocalCluster(smap, datalet_factory("memory", tmp_path)) as cluster:
+            client = SmartClient(smap)
+            for i in range(100):
+                await client.put(b"d%d" % i, b"%d" % i)
+            conns = {n: await RespConnection.connect(a.host, a.port) for n, a in smap.nodes.items()}
+            digests = {n: await c.call(b"BKV.DIGEST") for n, c in conns.items()}
+            assert len({tuple(d) for d in digests.values()}) == 1 and digests["s0r0"][0] == b"100"
+            cluster.nodes["s0r1"].datalet.put(b"d5", b"diverged")  # behind the protocol's back
+            assert await conns["s0r1"].call(b"BKV.DIGEST") != digests["s0r0"]
+            await client.close()
+            for c in conns.values():
+                await c.close()
+
+    run(body())

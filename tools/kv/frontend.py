@@ -23,6 +23,7 @@ from mlsyskit.core import __version__
 from mlsyskit.tools.kv import resp
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT, WRITES
 from mlsyskit.tools.kv.node import PEER_MESSAGE, Node, Request
+from mlsyskit.tools.kv.shardmap import hash64
 
 WRITE_OPS = {b"MSET": PUT, b"DEL": DEL}
 
@@ -36,7 +37,7 @@ class Ready:
 
     __slots__ = ("payload",)
 
-    def __init__(self, payload: bytes) -> None:
+    def __init__(self, payload: bytes | None) -> None:
         self.payload = payload
 
 
@@ -300,6 +301,29 @@ def cmd_shardmap(conn: ClientConnection, cmd: list) -> None:
     conn.reply(resp.bulk(conn.node.map.to_json().encode()))
 
 
+def cmd_digest(conn: ClientConnection, cmd: list) -> None:
+    """BKV.DIGEST: this node's own datalet as [key count, order-independent hash of all pairs].
+
+    Replicas of a shard that hold the same data give the same digest, whatever their roles,
+    so it is the consistency check for a quiesced cluster.
+    """
+    datalet = conn.node.datalet
+    if datalet is None:
+        return conn.reply(resp.error("a proxy holds no data"))
+    slot = Ready(None)
+    conn.slots.append(slot)
+
+    async def compute() -> None:
+        count, digest = 0, 0
+        async for key, value in datalet.export_pairs():
+            count += 1
+            digest ^= hash64(b"%d:%b%b" % (len(key), key, value))
+        slot.payload = resp.array([b"%d" % count, b"%016x" % digest])
+        conn.slot_done()
+
+    asyncio.get_running_loop().create_task(compute())
+
+
 def cmd_peer(conn: ClientConnection, cmd: list) -> None:
     conn.node.on_peer_message(cmd)
 
@@ -353,6 +377,6 @@ HANDLERS: dict[bytes, Any] = {
     b"DEL": _keys_command(DEL, "del", b"DEL"), b"EXISTS": _keys_command(EXISTS, "exists", b"EXISTS"),
     b"MGET": _keys_command(GET, "mget", b"MGET"),
     b"PING": cmd_ping, b"ECHO": cmd_echo, b"INFO": cmd_info, b"BKV.SHARDMAP": cmd_shardmap,
-    PEER_MESSAGE: cmd_peer, b"HELLO": cmd_hello, b"SELECT": cmd_select, b"QUIT": cmd_quit, b"CLIENT": cmd_ok,
+    PEER_MESSAGE: cmd_peer, b"BKV.DIGEST": cmd_digest, b"HELLO": cmd_hello, b"SELECT": cmd_select, b"QUIT": cmd_quit, b"CLIENT": cmd_ok,
     b"COMMAND": cmd_empty, b"CONFIG": cmd_config,
 }
