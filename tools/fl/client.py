@@ -13,7 +13,6 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.core.rpc import ClientTls, RpcClient, RpcError, StatusCode
@@ -21,6 +20,7 @@ from mlsyskit.core.sim import Seeds
 from mlsyskit.tools.fl.config import DataSpec, TrainSpec
 from mlsyskit.tools.fl.data import load_client
 from mlsyskit.tools.fl.model import evaluate
+from mlsyskit.tools.fl.threads import single_threaded
 from mlsyskit.tools.fl.training import local_only_accuracy, train_local
 
 log = logging.getLogger("mlsyskit.fl.client")
@@ -70,7 +70,7 @@ class FlClient:
                                                        self.num_features, self.num_classes, seed)
 
     async def run(self) -> ClientSummary:
-        torch.set_num_threads(1)
+        single_threaded()
         try:
             while not self.summary.done:
                 try:

@@ -18,6 +18,7 @@ from mlsyskit.tools.fl.config import ATTACKS, JobConfig
 from mlsyskit.tools.fl.coordinator import JobMismatch
 from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.report import DB_NAME, load_run, plot, summarize
+from mlsyskit.tools.fl.threads import single_threaded
 
 app = make_app(
     "fl-server",
@@ -104,6 +105,7 @@ def run(config: Path | None = CONFIG, strategy: str | None = STRATEGY, dataset: 
         raise fail(e.message) from None
     token = _read_token(token_file)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    single_threaded()
     store = _open_store(run_dir)
 
     async def main() -> FlServer:
@@ -151,6 +153,7 @@ def simulate(config: Path | None = CONFIG, strategy: str | None = STRATEGY, data
     if not 0 <= malicious < 1 or not 0 <= dropout < 1:
         raise fail("--malicious and --dropout must be in [0, 1)")
     attacks = malicious_clients(job.data.num_clients, malicious, attack, job.seed)
+    single_threaded()
     store = _open_store(run_dir)
     try:
         Simulation(job, store, attacks, dropout).run(on_round=_round_line)

@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
 from mlsyskit.core.sim import EventHandle, EventLoop, Seeds
 from mlsyskit.core.storage import MetaStore
 from mlsyskit.tools.fl.config import JobConfig
@@ -21,6 +19,7 @@ from mlsyskit.tools.fl.data import load_federated
 from mlsyskit.tools.fl.model import evaluate
 from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.profiles import flash_profiles
+from mlsyskit.tools.fl.threads import single_threaded
 from mlsyskit.tools.fl.training import local_only_accuracy, train_local
 
 
@@ -33,7 +32,7 @@ class SimulationResult:
 class Simulation:
     def __init__(self, config: JobConfig, store: MetaStore, attacks: dict[int, str] | None = None,
                  dropout: float = 0.0) -> None:
-        torch.set_num_threads(1)  # many tiny models: threads cost more than they give
+        single_threaded()  # many tiny models: threads cost more than they give
         self.config = config
         self.attacks = attacks or {}
         self.dropout = dropout

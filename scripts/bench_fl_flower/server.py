@@ -1,0 +1,54 @@
+"""Flower peer for scripts/bench_fl_transport.py: the same FedAvg job (digits MLP, all clients every
+round, central evaluation on the same global test set) on flwr's legacy gRPC server.
+
+Runs inside the bench venv (.bench-venvs/flwr), which also sees mlsyskit's venv for the data and
+model code. Writes the monotonic time of each round's start (configure_fit) and end (after
+aggregate_fit and evaluation) to the JSON file given as the last argument.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import flwr as fl
+from flwr.common import ndarrays_to_parameters
+from flwr.server.strategy import FedAvg
+
+from mlsyskit.core.sim import sub_seed
+from mlsyskit.tools.fl.config import DataSpec, TrainSpec
+from mlsyskit.tools.fl.data import load_federated
+from mlsyskit.tools.fl.model import evaluate, init_weights
+from mlsyskit.tools.fl.threads import single_threaded
+
+address, clients, rounds, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+single_threaded()  # the same thread policy as fl-server
+data = load_federated(DataSpec(dataset="digits", num_clients=clients, seed=0))
+hidden = TrainSpec().hidden
+initial = init_weights(data.num_features, data.num_classes, hidden, sub_seed(0, "model-init"))
+names = list(initial)
+marks: dict[str, dict[int, float]] = {"start": {}, "end": {}}
+
+
+def central_evaluation(server_round, parameters, config):
+    metrics = evaluate(dict(zip(names, parameters, strict=True)), data.x_test, data.y_test)
+    if server_round > 0:
+        marks["end"][server_round] = time.monotonic()
+    return metrics["loss"], {"accuracy": metrics["accuracy"]}
+
+
+class TimedFedAvg(FedAvg):
+    def configure_fit(self, server_round, parameters, client_manager):
+        marks["start"][server_round] = time.monotonic()
+        return super().configure_fit(server_round, parameters, client_manager)
+
+
+strategy = TimedFedAvg(fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=clients,
+                       min_available_clients=clients, min_evaluate_clients=0, evaluate_fn=central_evaluation,
+                       initial_parameters=ndarrays_to_parameters(list(initial.values())),
+                       on_fit_config_fn=lambda rnd: {"round": rnd})
+history = fl.server.start_server(server_address=address, config=fl.server.ServerConfig(num_rounds=rounds),
+                                 strategy=strategy)
+accuracy = history.metrics_centralized.get("accuracy", [])
+with open(out, "w") as f:
+    json.dump({"start": marks["start"], "end": marks["end"], "accuracy": accuracy[-1][1] if accuracy else None}, f)
