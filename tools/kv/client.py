@@ -7,7 +7,6 @@ can share a client. Optionally every operation is recorded in a History.
 """
 from __future__ import annotations
 
-import asyncio
 import random
 
 import hiredis
@@ -31,7 +30,9 @@ class SmartClient:
         self.history = history
         self.process = process
         self.conns: dict[str, RespConnection] = {}
-        self._connecting: dict[str, asyncio.Future] = {}
+        # Per-shard target lists, computed once: the request path only indexes them.
+        self._writes = [tuple(self.cls.write_targets(r)) for r in shard_map.shards]
+        self._reads = [tuple(self.cls.read_targets(r)) for r in shard_map.shards]
 
     @classmethod
     async def connect(cls, host: str, port: int, **kwargs) -> SmartClient:
@@ -56,8 +57,7 @@ class SmartClient:
         return conn
 
     def target(self, key: bytes, write: bool) -> str:
-        replicas = self.map.shards[self.map.shard_for(key)]
-        targets = self.cls.write_targets(replicas) if write else self.cls.read_targets(replicas)
+        targets = (self._writes if write else self._reads)[self.map.shard_for(key)]
         return targets[0] if len(targets) == 1 else targets[self.rng.randrange(len(targets))]
 
     async def _call(self, f: str, key: bytes, value: bytes | None, *parts: bytes):
@@ -85,9 +85,28 @@ class SmartClient:
             self.history.complete(self.process, kind, f, key, value)
 
     async def get(self, key: bytes) -> bytes | None:
+        if self.history is None:  # the load generator's path: no recording, one coroutine
+            node = self.target(key, False)
+            conn = self.conns.get(node)
+            if conn is None or conn.closed:
+                conn = await self._conn(node)
+            try:
+                return await conn.call(b"GET", key)
+            except hiredis.ReplyError as e:
+                raise KVError(str(e)) from None
         return await self._call("get", key, None, b"GET", key)
 
     async def put(self, key: bytes, value: bytes) -> None:
+        if self.history is None:
+            node = self.target(key, True)
+            conn = self.conns.get(node)
+            if conn is None or conn.closed:
+                conn = await self._conn(node)
+            try:
+                await conn.call(b"SET", key, value)
+                return
+            except hiredis.ReplyError as e:
+                raise KVError(str(e)) from None
         await self._call("put", key, value, b"SET", key, value)
 
     async def delete(self, key: bytes) -> bool:
