@@ -47,8 +47,9 @@ def mean_pay(sim, members):
 
 def test_tiff_pays_honest_more_and_attackers_less_than_the_default():
     honest = [c for c in range(30) if c not in ATTACKERS]
-    tiff, _ = run_sim(job("tiff"))
-    default, _ = run_sim(job("fedavg"))
+    tiff, _ = run_sim(job("tiff", rounds=16))
+    default, _ = run_sim(job("fedavg", rounds=16))
+    # the first rounds try everyone (unseen clients are optimistic), so attackers earn something
     assert mean_pay(tiff, ATTACKERS) < 0.5 * mean_pay(default, ATTACKERS)
     assert mean_pay(tiff, honest) > 1.05 * mean_pay(default, honest)
     # consumers got refunds from the forfeited provider slots

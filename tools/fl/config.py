@@ -40,7 +40,7 @@ class DataSpec:
 class TrainSpec:
     """What a selected client does with the global model (sent with every round)."""
 
-    epochs: int = 2
+    epochs: int = 5
     batch_size: int = 16
     lr: float = 0.05
     momentum: float = 0.9

@@ -1,11 +1,14 @@
 """Local training on a client, with TIFF's overhead-free quality signal and the malicious behaviours.
 
-Quality (TIFF): the fraction of the provider's own training samples that the model predicts
-correctly in the forward passes of its first local epoch, each batch scored before its own
-optimiser step. The first batch is scored by exactly the received global model; later batches
-add only this client's earlier steps of the same epoch. Training computes these logits anyway,
-so the signal costs one argmax per batch. A label-flipper scores low because the global model
-predicts the true labels, which its data contradicts.
+Quality (TIFF): the accuracy of the received global model on the provider's own training
+samples, read from the forward passes of its first local epoch before any update. To make
+"before any update" exact, the first epoch accumulates the gradients of all its minibatches
+and takes one optimiser step at its end (a full-batch step computed batch by batch), so every
+one of its forward passes runs on the unchanged global model; later epochs are plain minibatch
+SGD. The signal therefore costs one argmax per batch and no extra pass. (Scoring each batch
+before its own step under minibatch SGD instead lets the model drift toward the client's labels
+within the epoch: a label-flipper with 150+ samples then scores 0.3-0.6 instead of ~0.01.)
+A label-flipper scores low because the global model predicts the true labels.
 """
 from __future__ import annotations
 
@@ -56,25 +59,33 @@ def poisoned_labels(y: np.ndarray, attack: str, num_classes: int, rng: np.random
 
 
 def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec, epochs: int,
-           generator: torch.Generator) -> tuple[float, float]:
-    """SGD for `epochs`; returns (first-epoch pre-step accuracy, last-epoch mean loss)."""
+           generator: torch.Generator, exact_first_epoch: bool = True) -> tuple[float, float]:
+    """Train for `epochs`; returns (accuracy of the starting model from epoch 1's forward passes,
+    mean loss of the last epoch). With `exact_first_epoch`, epoch 1 is one accumulated step."""
     optimiser = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
-    correct, last_loss = 0, 0.0
+    correct, last_loss, n = 0, 0.0, max(len(y), 1)
     for epoch in range(epochs):
+        accumulate = exact_first_epoch and epoch == 0
         order = torch.randperm(len(y), generator=generator)
         total = 0.0
+        optimiser.zero_grad()
         for start in range(0, len(y), spec.batch_size):
             batch = order[start:start + spec.batch_size]
             logits = model(x[batch])
             if epoch == 0:
                 correct += int((logits.argmax(dim=1) == y[batch]).sum())
             loss = nn.functional.cross_entropy(logits, y[batch])
-            optimiser.zero_grad()
-            loss.backward()
-            optimiser.step()
+            if accumulate:  # weight by batch size: the epoch's gradient is the full-batch mean
+                (loss * (len(batch) / n)).backward()
+            else:
+                optimiser.zero_grad()
+                loss.backward()
+                optimiser.step()
             total += loss.item() * len(batch)
-        last_loss = total / max(len(y), 1)
-    return correct / max(len(y), 1), last_loss
+        if accumulate:
+            optimiser.step()
+        last_loss = total / n
+    return correct / n, last_loss
 
 
 def train_local(global_weights: Weights, data: ClientData, spec: TrainSpec, num_features: int, num_classes: int,
@@ -101,5 +112,5 @@ def local_only_accuracy(data: ClientData, spec: TrainSpec, num_features: int, nu
     set_weights(model, init_weights(num_features, num_classes, spec.hidden, seed))
     generator = torch.Generator().manual_seed(seed)
     _train(model, torch.from_numpy(data.x_train), torch.from_numpy(data.y_train), spec, spec.local_only_epochs,
-           generator)
+           generator, exact_first_epoch=False)
     return accuracy(model, data.x_test, data.y_test)
