@@ -43,7 +43,10 @@ def _job(config: Path | None, strategy, dataset, clients, per_round, rounds, par
     overrides = {"strategy": strategy, "rounds": rounds, "per_round": per_round, "seed": seed,
                  "data.dataset": dataset, "data.num_clients": clients, "data.partition": partition,
                  "data.alpha": alpha, "data.seed": seed, **extra}
-    return load_config(JobConfig, config, overrides)
+    try:
+        return load_config(JobConfig, config, overrides)
+    except ConfigError as e:
+        raise fail(str(e)) from None
 
 
 def _open_store(run_dir: Path) -> MetaStore:
@@ -205,7 +208,4 @@ def _print_summary(summary: dict, json_out: bool, consumers: bool = False) -> No
 
 
 def main() -> None:
-    try:
-        run_app(app)
-    except ConfigError as e:  # pragma: no cover - run_app already turns these into messages
-        raise SystemExit(fail(str(e)).exit_code) from None
+    run_app(app)

@@ -1,0 +1,59 @@
+"""fl-server simulate/report through the CLI, and clear one-line errors for bad input."""
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from mlsyskit.tools.fl.client_cli import app as client_app
+from mlsyskit.tools.fl.server_cli import app as server_app
+
+runner = CliRunner()
+
+
+def simulate(run_dir, strategy):
+    return runner.invoke(server_app, ["simulate", "--strategy", strategy, "--clients", "20", "--per-round", "5",
+                                      "--rounds", "8", "--malicious", "0.3", "--seed", "2", "--run-dir", str(run_dir),
+                                      "--json"])
+
+
+def test_simulate_then_report_against_the_default(tmp_path):
+    tiff, default = simulate(tmp_path / "tiff", "tiff"), simulate(tmp_path / "default", "fedavg")
+    assert tiff.exit_code == 0 and default.exit_code == 0, tiff.output + default.output
+    summary = json.loads(tiff.stdout)
+    assert summary["rounds"] == 8 and summary["malicious_providers"] == 6 and abs(summary["ledger_total"]) < 1e-9
+    result = runner.invoke(server_app, ["report", str(tmp_path / "tiff"), "--baseline", str(tmp_path / "default"),
+                                        "--plots", str(tmp_path / "plots"), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["malicious_tokens_vs_baseline"] < 1.0 < report["honest_tokens_vs_baseline"]
+    assert set(report["consumers"]) == {str(i) for i in range(20)}
+    assert all(0 <= c["trr"] <= 1 for c in report["consumers"].values())
+    assert (tmp_path / "plots" / "accuracy.png").stat().st_size > 1000
+    assert (tmp_path / "plots" / "tokens.png").stat().st_size > 1000
+    # a second simulate into the same directory with another seed is refused, not mixed in
+    other = runner.invoke(server_app, ["simulate", "--strategy", "tiff", "--clients", "20", "--per-round", "5",
+                                       "--rounds", "8", "--seed", "3", "--run-dir", str(tmp_path / "tiff")])
+    assert other.exit_code == 2 and "different" in other.output
+
+
+def test_bad_input_gives_one_line_errors(tmp_path):
+    cases = [
+        (server_app, ["simulate", "--clients", "10", "--per-round", "20", "--run-dir", str(tmp_path / "a")],
+         "per_round must be in [1, clients=10]"),
+        (server_app, ["simulate", "--dataset", "cifar", "--run-dir", str(tmp_path / "b")], "dataset must be one of"),
+        (server_app, ["simulate", "--clients", "500", "--per-round", "5", "--run-dir", str(tmp_path / "c")],
+         "cannot give 500 clients"),
+        (server_app, ["report", str(tmp_path / "nothing")], "holds no FL run"),
+        (server_app, ["run", "--tls-cert", str(tmp_path / "x.pem"), "--run-dir", str(tmp_path / "d")],
+         "--tls-cert and --tls-key go together"),
+        (server_app, ["run", "--token-file", str(tmp_path / "missing"), "--run-dir", str(tmp_path / "e")],
+         "cannot read token file"),
+        (client_app, ["run", "--client-id", "0", "--malicious", "evil"], "--malicious must be one of"),
+        (client_app, ["run", "--client-id", "0", "--tls-ca", str(tmp_path / "no-ca.pem")], "cannot read TLS CA"),
+    ]
+    for app, args, message in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
+        assert "Traceback" not in result.output
