@@ -35,9 +35,31 @@ def tier(request, tmp_path):
         yield t
 
 
-def test_odirect_detected_on_this_filesystem(tmp_path):
+def _odirect_works(directory) -> bool:
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    buf = aligned_buffer(ALIGN)
+    try:
+        fd = os.open(directory / "manual-probe", os.O_WRONLY | os.O_CREAT | flag, 0o644)
+    except OSError:
+        return False
+    try:
+        os.pwrite(fd, buf, 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        os.unlink(directory / "manual-probe")
+
+
+def test_odirect_detected_at_open(tmp_path):
+    expected = _odirect_works(tmp_path)  # ext4/xfs (and tmpfs since Linux 6.6) support it
     with FileTier(tmp_path) as t:
-        assert t.direct == bool(getattr(os, "O_DIRECT", 0))  # ext4/xfs/tmpfs>=6.6 support it; say so if not
+        assert t.direct == expected
+    with FileTier(tmp_path, direct=False) as t:
+        assert not t.direct
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 4095, 4096, 4097, 3 * 4096 + 5, 1 << 20])

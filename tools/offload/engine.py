@@ -24,7 +24,7 @@ from mlsyskit.tools.offload.optimizer import AdamConfig, OptimizerStateCache, ad
 from mlsyskit.tools.offload.policies import Policy, make_policy
 from mlsyskit.tools.offload.policies.base import PlanContext
 from mlsyskit.tools.offload.pools import BudgetError
-from mlsyskit.tools.offload.profiler import Profile, param_modules
+from mlsyskit.tools.offload.profiler import Profile, model_signature, param_modules
 from mlsyskit.tools.offload.tiers import CPU, DEVICE, Entry, TierStore
 
 
@@ -65,6 +65,7 @@ class OffloadEngine:
         if profile is not None:
             profile.check_model(model)
         self.profile = profile
+        self.signature = model_signature(model)  # before the parameters' storage moves into the tiers
         self.device = device or pick_device()
         self.emulated = self.device.type != "cuda"
         self.adam = adam
@@ -96,6 +97,9 @@ class OffloadEngine:
         self._pos: int | None = None
         self.stats = StepStats()
         self._hooks: list[Any] = []
+        self._saved_guard: Any = None
+        dev_pool = self.store.dev_pool
+        self._arena_ptr = dev_pool.arena.untyped_storage().data_ptr() if dev_pool is not None else -1
         self._install_hooks()
 
     # -- setup --------------------------------------------------------------------------------------
@@ -180,9 +184,25 @@ class OffloadEngine:
         self._cursor = 0
         self.stats = StepStats()
         self.states.begin_step()
+        if self.store.dev_pool is not None and self._saved_guard is None:
+            self._saved_guard = torch.autograd.graph.saved_tensors_hooks(self._check_saved, lambda t: t)
+            self._saved_guard.__enter__()
+
+    def _check_saved(self, t: torch.Tensor) -> torch.Tensor:
+        """Autograd may keep a Parameter for backward (its storage is swapped back in before use) but not
+        a view of a parameter's device slot: that slot holds another tensor by the time backward runs."""
+        if not isinstance(t, nn.Parameter) and t.device == self.device and \
+                t.untyped_storage().data_ptr() == self._arena_ptr:
+            raise RuntimeError("a module saved a view of an offloaded parameter for backward (e.g. torch.nn.Linear "
+                               "saves weight.t()); use mlsyskit.tools.offload.model.Linear, nn.LayerNorm and "
+                               "nn.Embedding, or policy='on-demand'")
+        return t
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward pass with the CPU optimizer step applied per parameter as its gradient is ready."""
+        if self._saved_guard is not None:
+            self._saved_guard.__exit__(None, None, None)
+            self._saved_guard = None
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
             loss.backward()
@@ -190,6 +210,9 @@ class OffloadEngine:
         self.policy.end_step()
 
     def remove_hooks(self) -> None:
+        if self._saved_guard is not None:
+            self._saved_guard.__exit__(None, None, None)
+            self._saved_guard = None
         for h in self._hooks:
             h.remove()
         self._hooks.clear()

@@ -74,6 +74,7 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(d_out, d_in))
         self.bias = nn.Parameter(torch.zeros(d_out)) if bias else None
+        nn.init.normal_(self.weight, std=0.02)  # a no-op on the meta device (build_model initialises)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return LinearFn.apply(x, self.weight, self.bias)
@@ -93,6 +94,7 @@ class Embedding(nn.Module):
     def __init__(self, n: int, d: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(n, d))
+        nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return F.embedding(idx, self.weight)

@@ -75,7 +75,7 @@ class OptimizerStateCache:
     """fp32 state for every parameter: permanent CPU slots first, NVMe overflow through rotation slots."""
 
     def __init__(self, numels: dict[int, int], order: list[int], budget: int, nvme: FileTier | None, *,
-                 read_ahead: bool, rotation: int = 3, workers: int = 2) -> None:
+                 read_ahead: bool, rotation: int = 3, workers: int = 4) -> None:
         self.numels = numels
         self.order = order
         self.nvme = nvme
@@ -92,7 +92,9 @@ class OptimizerStateCache:
         reserve: dict[int, int] = {}
         for s, c in dist.items():
             n = slots.get(s, 0)
-            reserve[s] = 0 if n >= c else min(rotation, n)
+            # small states are read in quick succession: give their classes a deeper rotation (cheap)
+            depth = max(rotation, min(16, c // 8))
+            reserve[s] = 0 if n >= c else min(depth, n)
             self.classes[s] = _Class(numel=s // 16)
         placed: dict[int, int] = {}
         for idx in order:

@@ -213,12 +213,23 @@ class TierStore:
         self.stats.add(DEVICE, CPU, e.nbytes)
         self._start(e, CPU, self.mover.copy(slot.data[:e.nbytes], src.data[:e.nbytes]), release)
 
-    def device_to_nvme(self, e: Entry) -> None:
-        """Synchronous write of a device resident straight to NVMe (the emulated arena is aligned host
-        memory; a CUDA slot goes through a per-class pinned staging buffer made once)."""
+    def device_to_nvme(self, e: Entry, *, sync: bool = True) -> None:
+        """Write a device resident straight to NVMe. The emulated arena is aligned host memory, so the
+        file tier reads the slot itself (asynchronously unless `sync`); a CUDA slot goes synchronously
+        through a per-class pinned staging buffer made once."""
         assert e.where == DEVICE and e.pending is None and self.nvme is not None
         self.unbind(e)
-        src = e.dev.data
+        slot = e.dev
+
+        def release() -> None:
+            self.dev_pool.release(slot, e.idx)
+            e.dev = None
+
+        self.stats.add(DEVICE, NVME, e.nbytes)
+        if self.emulated and not sync:
+            self._start(e, NVME, self.nvme.submit_write(e.key, slot.data, e.nbytes), release)
+            return
+        src = slot.data
         if not self.emulated:
             staging = self._staging.get(e.nbytes)
             if staging is None:
@@ -227,9 +238,8 @@ class TierStore:
             staging.copy_(src[:e.nbytes])
             src = staging
         self.nvme.write(e.key, src, e.nbytes)
-        self.dev_pool.release(e.dev, e.idx)
-        e.dev, e.where = None, NVME
-        self.stats.add(DEVICE, NVME, e.nbytes)
+        self._start(e, NVME, _DoneFuture(), release)
+        self.settle(e)
 
     # -- fresh-allocation moves for the on-demand baseline (home stays where it is) ---------------------
     def fetch_fresh(self, e: Entry) -> None:

@@ -7,6 +7,8 @@ bit-identical when the offload engine moves bytes correctly.
 from __future__ import annotations
 
 import math
+import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,12 +18,12 @@ from typing import Any
 import torch
 
 from mlsyskit.core.clock import RealClock
-from mlsyskit.core.config import require
+from mlsyskit.core.config import parse_size, require
 from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.offload import checkpoint
 from mlsyskit.tools.offload.corpus import batch
-from mlsyskit.tools.offload.engine import Budgets, OffloadEngine
-from mlsyskit.tools.offload.model import build_model, preset
+from mlsyskit.tools.offload.engine import Budgets, OffloadEngine, pick_device
+from mlsyskit.tools.offload.model import PRESETS, build_model, preset
 from mlsyskit.tools.offload.optimizer import AdamConfig, adam_update
 from mlsyskit.tools.offload.profiler import Profile, model_signature, profile_model
 
@@ -35,17 +37,20 @@ class TrainConfig:
     seed: int = 0
     lr: float = 1e-3
     policy: str = "tencache"
-    device_mem: int = 1 << 30
-    cpu_mem: int = 4 << 30
-    opt_mem: int = 8 << 30
+    device_mem: int | str = 1 << 30  # sizes accept "2GiB"-style strings (TOML, CLI)
+    cpu_mem: int | str = 4 << 30
+    opt_mem: int | str = 8 << 30
     nvme_dir: Path | None = None
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0
     resume: bool = False
     warmup_steps: int = 1
+    device: str | None = None  # "cuda", "cpu" (emulated device); default: cuda when available
 
     def __post_init__(self) -> None:
-        preset(self.model)
+        for name in ("device_mem", "cpu_mem", "opt_mem"):
+            object.__setattr__(self, name, parse_size(getattr(self, name)))
+        require(self.model in PRESETS, f"unknown model {self.model!r}; presets: {', '.join(PRESETS)}")
         require(self.batch > 0 and self.seq > 1, "batch must be >= 1 and seq >= 2")
         require(self.seq <= preset(self.model).max_seq,
                 f"seq {self.seq} exceeds the maximum {preset(self.model).max_seq} of {self.model}")
@@ -70,6 +75,8 @@ def run_profile(cfg: TrainConfig) -> Profile:
 def train_plain(cfg: TrainConfig) -> list[float]:
     """The in-memory reference: every tensor resident, same arithmetic as the engine."""
     model, masters = build_model(cfg.model, cfg.seed)
+    device = pick_device(cfg.device)
+    model.to(device)
     adam = AdamConfig(lr=cfg.lr)
     named = dict(model.named_parameters())
     ms = {n: torch.zeros_like(t) for n, t in masters.items()}
@@ -77,12 +84,12 @@ def train_plain(cfg: TrainConfig) -> list[float]:
     losses = []
     for step in range(cfg.steps):
         x, y = batch(step, cfg.batch, cfg.seq, cfg.seed)
-        loss = model(x, y)
+        loss = model(x.to(device), y.to(device))
         loss.backward()
         for n, p in named.items():
-            g32 = p.grad.reshape(-1).float()
+            g32 = p.grad.reshape(-1).to("cpu", torch.float32)
             adam_update(masters[n].view(-1), g32, ms[n].view(-1), vs[n].view(-1), step + 1, adam)
-            p.data.copy_(masters[n])
+            p.data.copy_(masters[n].to(p.dtype))
             p.grad = None
         losses.append(loss.item())
     return losses
@@ -101,7 +108,8 @@ def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Teleme
     budgets = Budgets(cfg.device_mem, cfg.cpu_mem, cfg.opt_mem, cfg.nvme_dir)
     engine = OffloadEngine(model, masters, policy=cfg.policy, budgets=budgets,
                            profile=profile if cfg.policy == "tencache" else None,
-                           adam=AdamConfig(lr=cfg.lr), states=states, adam_step=start)
+                           adam=AdamConfig(lr=cfg.lr), states=states, adam_step=start,
+                           device=pick_device(cfg.device))
     del masters, states
     tel = telemetry or Telemetry(clock=RealClock())
     result = TrainResult(losses=[])
@@ -130,16 +138,17 @@ def _one_step(engine: OffloadEngine, cfg: TrainConfig, step: int) -> dict[str, A
     opt = engine.states.stats
     before_opt = (opt.accesses, opt.misses, opt.wait_s)
     x, y = batch(step, cfg.batch, cfg.seq, cfg.seed)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     engine.begin_step()
     loss = engine.model(x.to(engine.device), y.to(engine.device))
     engine.backward(loss)
     step_s = time.perf_counter() - t0
+    cpu_s = time.process_time() - c0  # all threads of this process: comparable across a loaded machine
     s = engine.stats
     waits = sorted(s.fetch_waits)
     moved = {k: v - before_bytes.get(k, 0) for k, v in engine.store.stats.bytes.items()}
     accesses, misses = opt.accesses - before_opt[0], opt.misses - before_opt[1]
-    return {"step": step, "loss": loss.item(), "step_s": step_s, "tokens_per_s": cfg.batch * cfg.seq / step_s,
+    return {"step": step, "loss": loss.item(), "step_s": step_s, "cpu_s": cpu_s, "load_avg_1m": os.getloadavg()[0], "tokens_per_s": cfg.batch * cfg.seq / step_s,
             "device_hit_rate": s.device_hits / max(1, s.tensor_uses), "fetch_wait_s": s.fetch_wait_s,
             "fetch_wait_p99_s": waits[min(len(waits) - 1, math.ceil(0.99 * len(waits)) - 1)] if waits else 0.0,
             "bytes_moved": {k: v for k, v in sorted(moved.items()) if v}, "allocations": engine.allocations() - before_alloc,
@@ -158,6 +167,9 @@ def summarize(steps: list[dict[str, Any]], cfg: TrainConfig, engine: OffloadEngi
     occ = engine.occupancy()
     return {"policy": cfg.policy, "model": cfg.model, "device": "emulated device" if engine.emulated else str(engine.device),
             "measured_steps": n, "step_s": mean("step_s"), "tokens_per_s": mean("tokens_per_s"),
+            "step_s_median": statistics.median(r["step_s"] for r in measured),
+            "cpu_s_median": statistics.median(r["cpu_s"] for r in measured),
+            "load_avg_1m": mean("load_avg_1m"),
             "device_hit_rate": mean("device_hit_rate"), "fetch_wait_s": mean("fetch_wait_s"),
             "fetch_wait_p99_s": max(r["fetch_wait_p99_s"] for r in measured),
             "allocations_per_step": mean("allocations"), "optimizer_miss_rate": mean("optimizer_miss_rate"),
@@ -170,7 +182,7 @@ def summarize(steps: list[dict[str, Any]], cfg: TrainConfig, engine: OffloadEngi
 
 # -- checkpoints ------------------------------------------------------------------------------------
 def save_checkpoint(engine: OffloadEngine, cfg: TrainConfig, step: int) -> Path:
-    manifest = {"model": cfg.model, "signature": model_signature(engine.model), "adam_step": engine.adam_step,
+    manifest = {"model": cfg.model, "signature": engine.signature, "adam_step": engine.adam_step,
                 "seed": cfg.seed, "batch": cfg.batch, "seq": cfg.seq, "lr": cfg.lr}
     shapes = {e.name: tuple(e.shape) for e in engine.store.entries}
     return checkpoint.save(cfg.checkpoint_dir, step, manifest, engine.export_states(), shapes)

@@ -1,14 +1,18 @@
 """The 10Cache policy: profile-guided placement, prefetch along the profiled order, Belady eviction.
 
 Placement: walk the profile's first-use order; tensors fill the device slots (the active window),
-then the CPU slots, the rest start on NVMe. After each use (`release`) a tensor leaves the window to a
-CPU slot of its class unless it is used again within `keep_uses` uses (the forward->backward turn);
-with no free CPU slot it waits on the device while the CPU resident of that class whose next use is
-farthest in the profiled order is spilled to NVMe. After each `acquire`, `maintain` looks ahead in the
-profiled (cyclic) order: CPU-resident tensors of the next uses are copied to free device slots on the
-copy stream/thread, and NVMe-resident tensors further ahead are read asynchronously into CPU slots,
-spilling a CPU resident only when its next use is later than the incoming tensor's (Belady's rule).
-A use that does not match the profile falls back to the synchronous fetch and is counted by the engine.
+then the CPU slots, the rest start on NVMe. After each use (`release`) a tensor leaves the active
+window: it becomes evictable but keeps its device slot until a slot of its class is needed, so a
+tensor used again soon (the forward->backward turn) is not moved at all. After each `acquire`,
+`maintain` looks ahead in the profiled (cyclic) order:
+  * device prefetch: the next uses' tensors are copied CPU->device on the copy stream/thread into free
+    slots; when a class has none, the evictable resident whose next use is farthest is moved out, but
+    only if that use is later than the incoming tensor's (Belady's rule);
+  * NVMe read-ahead: tensors further ahead that live on NVMe are read asynchronously into CPU slots,
+    spilling the CPU resident with the farthest next use when it is later than the incoming one's.
+An evicted device tensor goes to a CPU slot, or, when every CPU resident of its class is needed
+sooner than it is, straight to NVMe. A use that does not match the profile falls back to the
+synchronous fetch (counted by the engine as a deviation).
 """
 from __future__ import annotations
 
@@ -25,13 +29,12 @@ class TenCachePolicy(SyncFetch):
     needs_profile = True
     prefetches = True
 
-    def __init__(self, *, device_ahead: int = 24, nvme_ahead: int = 96, keep_uses: int = 4,
-                 max_spills: int = 4) -> None:
+    def __init__(self, *, device_ahead: int = 24, nvme_ahead: int = 96, max_spills: int = 4,
+                 max_evictions: int = 8) -> None:
+        self.max_evictions = max_evictions
         self.device_ahead = device_ahead
         self.nvme_ahead = nvme_ahead
-        self.keep_uses = keep_uses
         self.max_spills = max_spills
-        self.waiting: list[Entry] = []
 
     def plan(self, ctx: PlanContext) -> Plan:
         assert ctx.profile is not None
@@ -48,7 +51,7 @@ class TenCachePolicy(SyncFetch):
 
     # -- profile distances ---------------------------------------------------------------------------
     def distance(self, e: Entry, pos: int | None) -> int:
-        """Uses from `pos` until e's next use in the cyclic profiled order (n_uses+ if never used)."""
+        """Uses from `pos` until e's next use in the cyclic profiled order (2*n_uses if never used)."""
         plist = self.positions.get(e.idx)
         if not plist:
             return 2 * self.n_uses
@@ -68,8 +71,6 @@ class TenCachePolicy(SyncFetch):
         for e in entries:
             if e.pending is not None and e.where == DEVICE:
                 self.store.settle(e)  # the prefetch copy is in flight: wait for it
-            if e in self.waiting:
-                self.waiting.remove(e)
             if e.where == DEVICE and e.pending is None:
                 self.store.bind(e)
             else:
@@ -78,31 +79,23 @@ class TenCachePolicy(SyncFetch):
             self.maintain(pos)
 
     def release(self, pos: int | None, entries: list[Entry], *, updated: bool) -> None:
-        st = self.store
         for e in entries:
-            st.unbind(e)
-            if pos is not None and self.distance(e, pos) <= self.keep_uses:
-                continue  # used again in a moment: stays in the window
-            slot = st.cpu_pool.try_acquire(e.nbytes, e.idx, exact=True)
-            if slot is not None:
-                st.device_to_cpu(e, slot)
-            elif e not in self.waiting:
-                self.waiting.append(e)
-        st.reap()
-
-    def end_step(self) -> None:
-        self.store.reap()
+            self.store.unbind(e)  # leaves the active window; the slot is reclaimed when needed
 
     # -- lookahead ------------------------------------------------------------------------------------
     def maintain(self, pos: int) -> None:
         st = self.store
         st.reap()
-        self._flush_waiting(pos)
         free = {s: st.dev_pool.free_count(s) for s in self.by_class}
+        seen: set[int] = set()
         for q in range(pos + 1, pos + 1 + self.device_ahead):
             for t in self.uses[q % self.n_uses]:
                 e = st.entries[t]
-                if e.where == DEVICE or free[e.nbytes] <= 0:
+                if t in seen or e.where == DEVICE:
+                    continue
+                seen.add(t)
+                if free[e.nbytes] <= 0:
+                    self._evict_for(e, pos)  # the freed slot is claimed on a later call
                     continue
                 free[e.nbytes] -= 1  # nearer tensors still on their way from NVMe keep their claim
                 if e.where == CPU and e.pending is None:
@@ -110,34 +103,35 @@ class TenCachePolicy(SyncFetch):
         if st.nvme is not None:
             self._read_ahead(pos)
 
-    def _flush_waiting(self, pos: int) -> None:
+    def _evict_for(self, incoming: Entry, pos: int) -> None:
+        """Free a device slot of incoming's class if a resident is needed later than incoming is."""
         st = self.store
-        for e in list(self.waiting):
-            if e.where != DEVICE or e.pending is not None or e.bound:
-                self.waiting.remove(e)
-                continue
-            slot = st.cpu_pool.try_acquire(e.nbytes, e.idx, exact=True)
-            if slot is not None:
-                self.waiting.remove(e)
-                st.device_to_cpu(e, slot)
-            else:
-                self._spill_for(e, pos)
+        leaving = sum(1 for x in self.by_class[incoming.nbytes] if x.where != DEVICE and x.dev is not None)
+        if leaving >= self.max_evictions:
+            return
+        candidates = [x for x in self.by_class[incoming.nbytes]
+                      if x.where == DEVICE and x.pending is None and not x.bound]
+        victim = self.device_victim(candidates, pos)
+        if victim is None or self.distance(victim, pos) <= self.distance(incoming, pos):
+            return
+        slot = st.cpu_pool.try_acquire(victim.nbytes, victim.idx, exact=True)
+        if slot is not None:
+            st.device_to_cpu(victim, slot)
+            return
+        cpu_candidates = [x for x in self.by_class[victim.nbytes] if x.where == CPU and x.pending is None]
+        cpu_victim = self.cpu_victim(cpu_candidates, pos)
+        if cpu_victim is not None and self.distance(cpu_victim, pos) > self.distance(victim, pos):
+            self._spill(cpu_victim)  # its slot frees when the write completes
+        elif st.nvme is not None:
+            st.device_to_nvme(victim, sync=False)
 
-    def _spills_in_flight(self) -> int:
-        return sum(1 for e in self.store.inflight if e.where == NVME)
-
-    def _spill_for(self, e: Entry, pos: int, only_if_later: bool = False) -> bool:
-        """Start spilling the CPU resident of e's class with the farthest next use; True if started."""
+    def _spill(self, e: Entry) -> bool:
         st = self.store
-        if st.nvme is None or self._spills_in_flight() >= self.max_spills:
+        if sum(1 for x in st.inflight if x.where == NVME) >= self.max_spills:
             return False
         if any(x.where == NVME and x.cpu is not None for x in self.by_class[e.nbytes]):
             return False  # a slot of this class is already being freed
-        candidates = [x for x in self.by_class[e.nbytes] if x.where == CPU and x.pending is None]
-        victim = self.cpu_victim(candidates, pos)
-        if victim is None or (only_if_later and self.distance(victim, pos) <= self.distance(e, pos)):
-            return False
-        st.cpu_to_nvme(victim)
+        st.cpu_to_nvme(e)
         return True
 
     def _read_ahead(self, pos: int) -> None:
@@ -151,6 +145,9 @@ class TenCachePolicy(SyncFetch):
                 slot = st.cpu_pool.try_acquire(e.nbytes, e.idx, exact=True)
                 if slot is not None:
                     st.nvme_to_cpu(e, slot)
-                else:
-                    blocked.add(e.nbytes)
-                    self._spill_for(e, pos, only_if_later=True)
+                    continue
+                blocked.add(e.nbytes)
+                candidates = [x for x in self.by_class[e.nbytes] if x.where == CPU and x.pending is None]
+                victim = self.cpu_victim(candidates, pos)
+                if victim is not None and self.distance(victim, pos) > self.distance(e, pos):
+                    self._spill(victim)

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""tencache benchmark: one >= 300M-parameter model, all policies in one run (same seed, same budgets),
+plus the NVMe tier's bandwidth against fio (or dd with O_DIRECT) on the same filesystem.
+
+    .venv/bin/python scripts/bench_offload.py                      # defaults below, ~5-8 min on 2 cores
+    .venv/bin/python scripts/bench_offload.py --model gpt-10m --steps 3 --device-mem 8MiB ...   # quick look
+
+Writes JSON to --out (default runs/bench_offload.json) and prints a table. Every target is a measured
+ratio or rate from this run; without a GPU the device tier is the emulated device (host memory with a
+budget) and the JSON says so.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from mlsyskit.core.config import format_size, parse_size
+from mlsyskit.core.console import emit_table, err, make_table
+from mlsyskit.core.filetier import FileTier
+from mlsyskit.core.memory import aligned_empty
+from mlsyskit.tools.offload.model import preset
+from mlsyskit.tools.offload.trainer import TrainConfig, run_profile, train
+
+POLICIES = ("tencache", "on-demand", "lru")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="gpt-350m")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--steps", type=int, default=4, help="steps per policy; the first is warm-up")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--device-mem", default="160MiB")
+    p.add_argument("--cpu-mem", default="256MiB")
+    p.add_argument("--opt-mem", default="3GiB")
+    p.add_argument("--nvme-dir", type=Path, default=Path("runs/bench-nvme"))
+    p.add_argument("--disk-bytes", default="1GiB", help="bytes per direction for the bandwidth comparison")
+    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--device", default=None, help="cuda or cpu (emulated device); default: cuda if present")
+    p.add_argument("--out", type=Path, default=Path("runs/bench_offload.json"))
+    return p.parse_args()
+
+
+# -- disk bandwidth: our file tier against fio / dd on the same directory --------------------------------
+def tier_bandwidth(directory: Path, total: int, block: int = 8 << 20, workers: int = 4) -> dict[str, float]:
+    directory.mkdir(parents=True, exist_ok=True)
+    n = max(1, total // block)
+    bufs = [aligned_empty(block) for _ in range(workers * 2)]
+    for b in bufs:
+        b.random_(0, 255)
+    with FileTier(directory, workers=workers) as tier:
+        t0 = time.perf_counter()
+        for fut in [tier.submit_write(f"bw{i}", bufs[i % len(bufs)]) for i in range(n)]:
+            fut.result()
+        write_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        futs = [tier.submit_read(f"bw{i}", bufs[i % len(bufs)]) for i in range(n)]
+        for fut in futs:
+            fut.result()
+        read_s = time.perf_counter() - t0
+        direct = tier.direct
+        for i in range(n):
+            tier.delete(f"bw{i}")
+    return {"write_Bps": n * block / write_s, "read_Bps": n * block / read_s, "o_direct": direct,
+            "block_bytes": block, "workers": workers}
+
+
+def fio_bandwidth(directory: Path, total: int, block: int = 8 << 20, jobs: int = 4) -> dict[str, float] | None:
+    if shutil.which("fio") is None:
+        return None
+    out = {}
+    size = max(block, total // jobs)
+    for rw in ("write", "read"):
+        cmd = ["fio", f"--name=tencache-{rw}", f"--directory={directory}", f"--rw={rw}", f"--bs={block}",
+               f"--size={size}", "--direct=1", "--ioengine=psync", f"--numjobs={jobs}", "--group_reporting",
+               "--output-format=json"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            raise RuntimeError(f"fio failed: {r.stderr[-500:]}")
+        job = json.loads(r.stdout)["jobs"][0]
+        out[f"{rw}_Bps"] = float(job[rw]["bw_bytes"])
+    for f in directory.glob("tencache-*"):
+        f.unlink()
+    out.update({"tool": "fio", "block_bytes": block, "jobs": jobs, "ioengine": "psync", "direct": True})
+    return out
+
+
+def dd_bandwidth(directory: Path, total: int) -> dict[str, float]:
+    path = directory / "dd.dat"
+    count = max(1, total // (8 << 20))
+    res = {}
+    for rw, args in (("write", ["if=/dev/zero", f"of={path}", "oflag=direct"]),
+                     ("read", [f"if={path}", "of=/dev/null", "iflag=direct"])):
+        t0 = time.perf_counter()
+        subprocess.run(["dd", *args, "bs=8M", f"count={count}"], check=True, capture_output=True)
+        res[f"{rw}_Bps"] = count * (8 << 20) / (time.perf_counter() - t0)
+    path.unlink()
+    res.update({"tool": "dd", "block_bytes": 8 << 20, "direct": True})
+    return res
+
+
+# -- training runs ------------------------------------------------------------------------------------------
+def run_policy(policy: str, args: argparse.Namespace, profile) -> dict:
+    nvme = args.nvme_dir / policy
+    shutil.rmtree(nvme, ignore_errors=True)
+    nvme.mkdir(parents=True)
+    cfg = TrainConfig(model=args.model, batch=args.batch, seq=args.seq, steps=args.steps, lr=args.lr, policy=policy,
+                      device_mem=args.device_mem, cpu_mem=args.cpu_mem, opt_mem=args.opt_mem, nvme_dir=nvme,
+                      warmup_steps=1, device=args.device)
+    t0 = time.perf_counter()
+    result = train(cfg, profile if policy == "tencache" else None,
+                   on_step=lambda r: err.print(f"  {policy} step {r['step']}: {r['step_s']:.2f} s, loss {r['loss']:.4f}, "
+                                               f"hit {r['device_hit_rate']:.3f}, wait {r['fetch_wait_s']:.3f} s"))
+    wall = time.perf_counter() - t0
+    shutil.rmtree(nvme, ignore_errors=True)
+    gc.collect()
+    return {"summary": result.summary, "losses": result.losses, "steps": result.steps, "wall_s": wall}
+
+
+def targets(runs: dict, disk: dict) -> list[dict]:
+    t = []
+
+    def add(name, value, goal, met, note=""):
+        t.append({"target": name, "value": value, "goal": goal, "met": bool(met), "note": note})
+
+    tc = runs.get("tencache", {}).get("summary")
+    od = runs.get("on-demand", {}).get("summary")
+    lru = runs.get("lru", {}).get("summary")
+    if tc:
+        add("tencache device hit rate", tc["device_hit_rate"], ">= 0.95", tc["device_hit_rate"] >= 0.95)
+        add("tencache allocations per step (steady state)", tc["allocations_per_step"], "== 0",
+            tc["allocations_per_step"] == 0)
+        add("tencache optimizer-state miss rate", tc["optimizer_miss_rate"], "<= 0.01", tc["optimizer_miss_rate"] <= 0.01)
+    if tc and od:
+        ratio = od["fetch_wait_s"] / max(tc["fetch_wait_s"], 1e-9)
+        add("fetch wait: on-demand / tencache", ratio, ">= 10", ratio >= 10)
+        ratio = od["step_s_median"] / tc["step_s_median"]
+        add("step time (median): on-demand / tencache", ratio, ">= 1.3", ratio >= 1.3)
+    if tc and lru:
+        ratio = lru["step_s_median"] / tc["step_s_median"]
+        add("step time (median): lru / tencache", ratio, "> 1.0", ratio > 1.0)
+    peer = disk.get("peer")
+    if peer:
+        for rw in ("read", "write"):
+            ratio = disk["tier"][f"{rw}_Bps"] / peer[f"{rw}_Bps"]
+            add(f"NVMe tier {rw} bandwidth / {peer['tool']}", ratio, ">= 0.8", ratio >= 0.8)
+    losses = [r["losses"] for r in runs.values()]
+    add("same per-step losses for every policy", all(x == losses[0] for x in losses), "identical",
+        all(x == losses[0] for x in losses))
+    return t
+
+
+def main() -> int:
+    args = parse_args()
+    for name in ("device_mem", "cpu_mem", "opt_mem", "disk_bytes"):
+        setattr(args, name, parse_size(getattr(args, name)))
+    policies = [p for p in args.policies.split(",") if p]
+    args.nvme_dir.mkdir(parents=True, exist_ok=True)
+    cfg = preset(args.model)
+    t_start = time.perf_counter()
+    err.print(f"[bold]tencache bench[/]: {args.model} ({cfg.n_params / 1e6:.0f}M parameters), batch {args.batch} x "
+              f"seq {args.seq}, budgets device {format_size(args.device_mem)} / CPU {format_size(args.cpu_mem)} / "
+              f"optimizer {format_size(args.opt_mem)}, NVMe {args.nvme_dir}")
+    disk_dir = args.nvme_dir / "bandwidth"
+    disk_dir.mkdir(parents=True, exist_ok=True)
+    disk = {"tier": tier_bandwidth(disk_dir, args.disk_bytes)}
+    disk["peer"] = fio_bandwidth(disk_dir, args.disk_bytes) or dd_bandwidth(disk_dir, args.disk_bytes)
+    err.print(f"disk: tier write {format_size(disk['tier']['write_Bps'])}/s read {format_size(disk['tier']['read_Bps'])}/s; "
+              f"{disk['peer']['tool']} write {format_size(disk['peer']['write_Bps'])}/s read "
+              f"{format_size(disk['peer']['read_Bps'])}/s")
+    t0 = time.perf_counter()
+    profile = run_profile(TrainConfig(model=args.model, batch=args.batch, seq=args.seq, lr=args.lr)) \
+        if "tencache" in policies else None
+    profile_s = time.perf_counter() - t0
+    runs = {p: run_policy(p, args, profile) for p in policies}
+    result = {
+        "bench": "offload", "model": args.model, "parameters": cfg.n_params, "batch": args.batch, "seq": args.seq,
+        "steps_per_policy": args.steps, "measured_steps": args.steps - 1, "lr": args.lr,
+        "budgets": {"device": args.device_mem, "cpu": args.cpu_mem, "optimizer": args.opt_mem},
+        "device": next(iter(runs.values()))["summary"]["device"] if runs else None,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+                    "python": sys.version.split()[0]},
+        "profile_s": profile_s, "disk": disk,
+        "policies": {p: {"summary": r["summary"], "losses": r["losses"], "wall_s": r["wall_s"],
+                         "steps": [{k: v for k, v in s.items() if k != "occupancy"} for s in r["steps"]]}
+                     for p, r in runs.items()},
+    }
+    result["targets"] = targets(runs, disk)
+    if "tencache" in runs:  # process CPU seconds per step: less sensitive to other load on a shared machine
+        base = runs["tencache"]["summary"]["cpu_s_median"]
+        result["cpu_time_ratios_vs_tencache"] = {p: r["summary"]["cpu_s_median"] / base for p, r in runs.items()}
+    result["all_targets_met"] = all(t["met"] for t in result["targets"])
+    result["total_s"] = time.perf_counter() - t_start
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str))
+    rows = [(p, r["summary"]["step_s_median"], r["summary"]["cpu_s_median"], r["summary"]["load_avg_1m"],
+             r["summary"]["tokens_per_s"], r["summary"]["device_hit_rate"],
+             r["summary"]["fetch_wait_s"], r["summary"]["fetch_wait_p99_s"], r["summary"]["allocations_per_step"],
+             r["summary"]["optimizer_miss_rate"]) for p, r in runs.items()]
+    emit_table(make_table(f"tencache bench: {args.model}, {result['device']}, {args.steps - 1} measured steps",
+                          ["policy", "median step s", "CPU s", "load", "tokens/s", "hit rate", "fetch wait s", "wait p99 s", "allocs/step",
+                           "opt miss"], rows))
+    emit_table(make_table("targets (measured in this run)", ["target", "value", "goal", "met"],
+                          [(t["target"], t["value"], t["goal"], "yes" if t["met"] else "NO") for t in result["targets"]]))
+    err.print(f"wrote {args.out} ({result['total_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

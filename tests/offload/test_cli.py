@@ -1,0 +1,72 @@
+"""The tencache CLI: profile and train from the command line, clear one-line errors for bad input."""
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from mlsyskit.tools.offload.cli import app
+
+SMALL_ARGS = ["--model", "gpt-small", "--batch", "2", "--seq", "32", "--device-mem", "96KiB", "--cpu-mem", "128KiB",
+              "--opt-mem", "2MiB"]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_profile_then_train_with_all_tiers(tmp_path):
+    prof, png = tmp_path / "p.json", tmp_path / "p.png"
+    r = invoke("profile", "--model", "gpt-small", "--batch", "2", "--seq", "32", "--out", str(prof), "--plot", str(png),
+               "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout[r.stdout.index("{"):])
+    assert summary["tensors"] == 69 and summary["order_length"] == 72
+    assert png.stat().st_size > 10_000
+    nvme, log = tmp_path / "nvme", tmp_path / "run.jsonl"
+    nvme.mkdir()
+    r = invoke("train", *SMALL_ARGS, "--profile", str(prof), "--steps", "3", "--nvme-dir", str(nvme),
+               "--log", str(log), "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout[r.stdout.index("{"):])
+    assert len(out["losses"]) == 3 and out["summary"]["device"] == "emulated device"
+    assert out["summary"]["occupancy"]["bytes"]["nvme"] > 0
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["kind"] for e in events] == ["step", "step", "step", "summary"]
+    r = invoke("train", *SMALL_ARGS, "--profile", str(prof), "--steps", "2", "--nvme-dir", str(nvme),
+               "--policy", "lru")
+    assert r.exit_code == 0, r.output
+    assert "emulated device" in r.stdout and "device hit rate" in r.stdout
+
+
+def test_train_checkpoint_and_resume(tmp_path):
+    nvme, ckpt = tmp_path / "nvme", tmp_path / "ckpt"
+    nvme.mkdir()
+    ckpt.mkdir()
+    full = invoke("train", *SMALL_ARGS, "--steps", "4", "--nvme-dir", str(nvme), "--json")
+    first = invoke("train", *SMALL_ARGS, "--steps", "2", "--nvme-dir", str(nvme), "--checkpoint-dir", str(ckpt),
+                   "--json")
+    resumed = invoke("train", *SMALL_ARGS, "--steps", "4", "--nvme-dir", str(nvme), "--checkpoint-dir", str(ckpt),
+                     "--resume", "--json")
+    losses = [json.loads(r.stdout[r.stdout.index("{"):])["losses"] for r in (full, first, resumed)]
+    assert losses[1] + losses[2] == losses[0]  # resuming continues exactly where the checkpoint left off
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-2", "step-4"]
+
+
+def test_clear_errors(tmp_path):
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    cases = [
+        (["train", *SMALL_ARGS, "--nvme-dir", str(tmp_path / "absent")], "does not exist"),
+        (["train", *SMALL_ARGS, "--device-mem", "8KiB", "--nvme-dir", str(nvme)], "device budget 8.00 KiB is too small"),
+        (["train", *SMALL_ARGS, "--profile", str(tmp_path / "none.json")], "profile"),
+        (["train", "--model", "gpt-huge"], "unknown model 'gpt-huge'"),
+        (["train", *SMALL_ARGS, "--policy", "fifo"], "unknown policy 'fifo'"),
+        (["train", *SMALL_ARGS, "--device-mem", "lots"], "cannot parse size 'lots'"),
+        (["train", *SMALL_ARGS, "--resume"], "--resume needs --checkpoint-dir"),
+    ]
+    for args, message in cases:
+        r = invoke(*args)
+        assert r.exit_code == 2, (args, r.output)
+        assert message in r.output, (args, r.output)
+        assert "Traceback" not in r.output
