@@ -76,6 +76,13 @@ class FreeMap:
         for node, gpus in placement:
             self._move(node, self.free[node] + gpus)
 
+    def max_free(self) -> int:
+        """The most free GPUs on any one node."""
+        for f in range(self.spec.gpus_per_node, 0, -1):
+            if self.buckets[f]:
+                return f
+        return 0
+
     def whole_free_nodes(self) -> int:
         return len(self.buckets[self.spec.gpus_per_node])
 

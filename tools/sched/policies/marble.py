@@ -108,16 +108,17 @@ class Marble(Policy):
         now, cost = state.now, state.restart_cost
         target = shapes[-1]
         finish_wait = None
-        for shape in reversed(shapes):
-            gpus = sum(shape)
-            if gpus > free.total:
+        widest = free.max_free()
+        for gpus in range(min(len(shapes), free.total), 0, -1):  # shapes[p - 1] has p GPUs
+            shape = shapes[gpus - 1]
+            if shape[0] > widest:
+                continue  # no node has that many GPUs free
+            placement = free.fit(shape)
+            if placement is None:
                 continue
             run = runtime(self.model, job, shape, now, cost)
             in_time = shadow is None or now + run <= shadow
             if not in_time and gpus > extra:
-                continue
-            placement = free.fit(shape)
-            if placement is None:
                 continue
             if shape is not target:
                 if finish_wait is None:
