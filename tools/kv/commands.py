@@ -1,0 +1,179 @@
+"""The commands the front end understands, one handler each (HANDLERS maps names to them).
+
+Handlers validate arity and limits, answer what they can at once (PING, INFO, HELLO ...)
+and turn data commands into single-key requests on the connection. GET and SET also have
+an inlined fast path in ClientConnection.data_received; these handlers are the general path.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from mlsyskit.core import __version__
+from mlsyskit.tools.kv import resp
+from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT
+from mlsyskit.tools.kv.node import PEER_MESSAGE
+from mlsyskit.tools.kv.shardmap import hash64
+
+if TYPE_CHECKING:
+    from mlsyskit.tools.kv.frontend import ClientConnection
+
+
+def _arity(conn: ClientConnection, cmd: list, name: str) -> None:
+    conn.reply(resp.error(f"wrong number of arguments for '{name}' command"))
+
+
+def cmd_get(conn: ClientConnection, cmd: list) -> None:
+    if len(cmd) != 2:
+        return _arity(conn, cmd, "get")
+    key = cmd[1]
+    if conn.bad_key(key):
+        return None
+    node = conn.node
+    if node.fast_get is not None and not conn.slots and node.owns(key):
+        conn.out.append(resp.bulk(node.fast_get(key)))
+    else:
+        conn.single(GET, key, None)
+
+
+def cmd_set(conn: ClientConnection, cmd: list) -> None:
+    if len(cmd) != 3:
+        if len(cmd) > 3:
+            return conn.reply(resp.error("SET options (EX, PX, NX, XX, GET, ...) are not supported"))
+        return _arity(conn, cmd, "set")
+    key, value = cmd[1], cmd[2]
+    if conn.bad_key(key) or conn.bad_value(value):
+        return None
+    node = conn.node
+    if node.fast_put is not None and not conn.slots and node.owns(key):
+        node.fast_put(key, value)
+        conn.out.append(resp.OK)
+    else:
+        conn.single(PUT, key, value)
+
+
+def _keys_command(op: str, name: str, kind: bytes):
+    def handler(conn: ClientConnection, cmd: list) -> None:
+        if len(cmd) < 2:
+            return _arity(conn, cmd, name)
+        if len(cmd) > conn.limits.max_args:
+            return conn.reply(resp.error(f"too many arguments ({len(cmd)} > {conn.limits.max_args})"))
+        if any(conn.bad_key(k) for k in cmd[1:]):
+            return None
+        if len(cmd) == 2 and kind != b"MGET":
+            return conn.single(op, cmd[1], None)
+        return conn.multi(kind, op, [(k, None) for k in cmd[1:]])
+    return handler
+
+
+def cmd_mset(conn: ClientConnection, cmd: list) -> None:
+    if len(cmd) < 3 or len(cmd) % 2 == 0:
+        return _arity(conn, cmd, "mset")
+    if len(cmd) > conn.limits.max_args:
+        return conn.reply(resp.error(f"too many arguments ({len(cmd)} > {conn.limits.max_args})"))
+    pairs = list(zip(cmd[1::2], cmd[2::2], strict=True))
+    if any(conn.bad_key(k) or conn.bad_value(v) for k, v in pairs):
+        return None
+    conn.multi(b"MSET", PUT, pairs)
+
+
+def cmd_ping(conn: ClientConnection, cmd: list) -> None:
+    conn.reply(resp.PONG if len(cmd) == 1 else resp.bulk(cmd[1]))
+
+
+def cmd_echo(conn: ClientConnection, cmd: list) -> None:
+    if len(cmd) != 2:
+        return _arity(conn, cmd, "echo")
+    conn.reply(resp.bulk(cmd[1]))
+
+
+def cmd_info(conn: ClientConnection, cmd: list) -> None:
+    lines = ["# bespokv"] + [f"{k}:{v}" for k, v in conn.node.info().items()]
+    conn.reply(resp.bulk(("\r\n".join(lines) + "\r\n").encode()))
+
+
+def cmd_shardmap(conn: ClientConnection, cmd: list) -> None:
+    conn.reply(resp.bulk(conn.node.map.to_json().encode()))
+
+
+def cmd_digest(conn: ClientConnection, cmd: list) -> None:
+    """BKV.DIGEST: this node's own datalet as [key count, order-independent hash of all pairs].
+
+    Replicas of a shard that hold the same data give the same digest, whatever their roles,
+    so it is the consistency check for a quiesced cluster.
+    """
+    datalet = conn.node.datalet
+    if datalet is None:
+        return conn.reply(resp.error("a proxy holds no data"))
+    from mlsyskit.tools.kv.frontend import Ready
+
+    slot = Ready(None)
+    conn.slots.append(slot)
+
+    async def compute() -> None:
+        count, digest = 0, 0
+        async for key, value in datalet.export_pairs():
+            count += 1
+            digest ^= hash64(b"%d:%b%b" % (len(key), key, value))
+        slot.payload = resp.array([b"%d" % count, b"%016x" % digest])
+        conn.slot_done()
+
+    asyncio.get_running_loop().create_task(compute())
+
+
+def cmd_peer(conn: ClientConnection, cmd: list) -> None:
+    conn.node.on_peer_message(cmd)
+
+
+def cmd_hello(conn: ClientConnection, cmd: list) -> None:
+    """HELLO [2|3]: client libraries (redis-py 8 asks for RESP3) handshake with it.
+
+    Every reply this server sends (simple, bulk, null bulk, integer, array) is also valid
+    RESP3, so only the handshake answer itself differs between the two versions.
+    """
+    version = cmd[1] if len(cmd) > 1 else b"2"
+    if version not in (b"2", b"3"):
+        return conn.reply(b"-NOPROTO unsupported protocol version\r\n")
+    fields = [b"server", b"bespokv", b"version", __version__.encode(), b"proto", int(version),
+              b"mode", b"cluster", b"role", b"master", b"modules", []]
+    parts = [(b"%%%d\r\n" % (len(fields) // 2)) if version == b"3" else (b"*%d\r\n" % len(fields))]
+    for f in fields:
+        parts.append(resp.integer(f) if isinstance(f, int) else resp.EMPTY_ARRAY if f == [] else resp.bulk(f))
+    conn.reply(b"".join(parts))
+
+
+def cmd_select(conn: ClientConnection, cmd: list) -> None:
+    ok = len(cmd) == 2 and cmd[1] == b"0"
+    conn.reply(resp.OK if ok else resp.error("only database 0 exists in a bespokv cluster"))
+
+
+def cmd_quit(conn: ClientConnection, cmd: list) -> None:
+    conn.reply(resp.OK)
+    conn.flush()
+    if conn.transport is not None:
+        conn.transport.close()
+
+
+def cmd_ok(conn: ClientConnection, cmd: list) -> None:
+    conn.reply(resp.OK)  # CLIENT SETNAME / SETINFO that client libraries send on connect
+
+
+def cmd_empty(conn: ClientConnection, cmd: list) -> None:
+    conn.reply(resp.EMPTY_ARRAY)  # COMMAND DOCS probes from redis-cli
+
+
+def cmd_config(conn: ClientConnection, cmd: list) -> None:
+    """CONFIG GET <param>: an empty value (redis-benchmark asks for `save` and `appendonly`)."""
+    if len(cmd) == 3 and cmd[1].upper() == b"GET":
+        return conn.reply(resp.array([cmd[2], b""]))
+    conn.reply(resp.error("CONFIG supports only GET, and a bespokv node has no Redis settings"))
+
+
+HANDLERS: dict[bytes, Any] = {
+    b"GET": cmd_get, b"SET": cmd_set, b"MSET": cmd_mset,
+    b"DEL": _keys_command(DEL, "del", b"DEL"), b"EXISTS": _keys_command(EXISTS, "exists", b"EXISTS"),
+    b"MGET": _keys_command(GET, "mget", b"MGET"),
+    b"PING": cmd_ping, b"ECHO": cmd_echo, b"INFO": cmd_info, b"BKV.SHARDMAP": cmd_shardmap,
+    PEER_MESSAGE: cmd_peer, b"BKV.DIGEST": cmd_digest, b"HELLO": cmd_hello, b"SELECT": cmd_select, b"QUIT": cmd_quit, b"CLIENT": cmd_ok,
+    b"COMMAND": cmd_empty, b"CONFIG": cmd_config,
+}
