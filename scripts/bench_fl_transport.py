@@ -7,7 +7,9 @@ and the same local-training function on both sides. Flower (flwr, legacy gRPC se
 runs in its own venv, created here under .bench-venvs/flwr with `pip install flwr`; that venv
 also sees mlsyskit's venv (a .pth line) for the shared data/model/training code.
 
-Targets (issue 4), checked on measured medians over --repeats and recorded with `met`:
+Each workload runs with 5 local epochs (fl-client's default) and with 2 (less compute per round,
+so orchestration overhead weighs more). Targets (issue 4), checked per workload on measured
+medians over --repeats and recorded with `met`:
 - rounds per second over rounds 2..20 (19 / (end of round 20 - end of round 1)) >= 2x Flower's;
 - server start-up (spawn to accepting connections) under 2 s.
 
@@ -115,9 +117,11 @@ def measure(server_args: list[str], client_args, clients: int, work: Path, marks
         stop(procs)
 
 
-def ours(args, work: Path) -> dict:
+def ours(args, epochs: int, work: Path) -> dict:
     run_dir = work / "run"
-    server = ["fl-server", "run", "--strategy", "fedavg", "--dataset", "digits", "--clients", str(args.clients),
+    (work / "job.toml").write_text(f"[train]\nepochs = {epochs}\n")
+    server = ["fl-server", "run", "--config", str(work / "job.toml"), "--strategy", "fedavg", "--dataset", "digits",
+              "--clients", str(args.clients),
               "--per-round", str(args.clients), "--rounds", str(args.rounds), "--address", "127.0.0.1:{port}",
               "--run-dir", str(run_dir), "--round-timeout", "60", "--registration-timeout", "120"]
     client = ["fl-client", "run", "--server", "127.0.0.1:{port}", "--client-id", "{cid}", "--dataset", "digits"]
@@ -127,16 +131,23 @@ def ours(args, work: Path) -> dict:
         start = {e["round"]: e["t"] for e in events if e["kind"] == "round_start"}
         end = {e["round"]: e["t"] for e in events if e["kind"] == "round_end"}
         acc = [e["global"]["accuracy"] for e in events if e["kind"] == "round_end"][-1]
+        # what local training alone costs per round: client CPU seconds spread over the cores
+        floors = [sum(r["metrics"]["cpu_time_s"] for r in e["reports"].values()) / os.cpu_count()
+                  for e in events if e["kind"] == "round_end" and e["round"] > 1]
+        compute_floor.append(statistics.median(floors))
         return start, end, acc
 
-    return measure(server, client, args.clients, work, marks)
+    compute_floor: list[float] = []
+    result = measure(server, client, args.clients, work, marks)
+    return result | {"training_cpu_per_core_s": compute_floor[0]}
 
 
-def flower(args, python: Path, work: Path) -> dict:
+def flower(args, python: Path, epochs: int, work: Path) -> dict:
     out = work / "flower.json"
     server = [str(python), str(FLOWER_DIR / "server.py"), "127.0.0.1:{port}", str(args.clients), str(args.rounds),
               str(out)]
-    client = [str(python), str(FLOWER_DIR / "client.py"), "127.0.0.1:{port}", str(args.clients), "{cid}"]
+    client = [str(python), str(FLOWER_DIR / "client.py"), "127.0.0.1:{port}", str(args.clients), "{cid}",
+              str(epochs)]
 
     def marks(_work):
         data = json.loads(out.read_text())
@@ -151,6 +162,7 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--epochs", type=int, nargs="+", default=[5, 2], help="local epochs (5 = fl-client's default)")
     p.add_argument("--venv", type=Path, default=REPO / ".bench-venvs" / "flwr")
     p.add_argument("--out", type=Path, default=Path("runs/bench_fl_transport.json"))
     args = p.parse_args()
@@ -160,29 +172,34 @@ def main() -> int:
     except (subprocess.CalledProcessError, RuntimeError) as e:
         log(f"[red]cannot set up Flower: {e}[/]")
         return 2
-    results: dict[str, list[dict]] = {"ours": [], "flower": []}
+    results: dict[str, dict[str, list[dict]]] = {str(e): {"ours": [], "flower": []} for e in args.epochs}
     with tempfile.TemporaryDirectory(prefix="bench-fl-") as tmp:
-        for repeat in range(args.repeats):  # alternate, so load on the shared machine hits both alike
-            for name in ("ours", "flower"):
-                work = Path(tmp) / f"{name}-{repeat}"
-                work.mkdir()
-                r = ours(args, work) if name == "ours" else flower(args, python, work)
-                results[name].append(r)
-                log(f"{name} #{repeat}: {r['rounds_per_s']:.2f} rounds/s, start-up {r['startup_s']:.2f}s, "
-                    f"accuracy {r['final_accuracy']:.3f}")
-
-    def med(name: str, key: str) -> float:
-        return statistics.median(r[key] for r in results[name])
+        for epochs in args.epochs:
+            for repeat in range(args.repeats):  # alternate, so load on the shared machine hits both alike
+                for name in ("ours", "flower"):
+                    work = Path(tmp) / f"{name}-{epochs}-{repeat}"
+                    work.mkdir()
+                    r = ours(args, epochs, work) if name == "ours" else flower(args, python, epochs, work)
+                    results[str(epochs)][name].append(r)
+                    log(f"{epochs} epochs, {name} #{repeat}: {r['rounds_per_s']:.2f} rounds/s, "
+                        f"start-up {r['startup_s']:.2f}s, accuracy {r['final_accuracy']:.3f}")
 
     keys = ("rounds_per_s", "median_round_s", "startup_s", "round1_done_after_spawn_s", "final_accuracy")
-    summary = {name: {k: med(name, k) for k in keys} for name in results}
-    speedup = summary["ours"]["rounds_per_s"] / summary["flower"]["rounds_per_s"]
-    targets = {"rounds_per_s_vs_flower": {"measured": speedup, "target": ">= 2.0", "met": speedup >= 2.0},
-               "server_startup_s": {"measured": summary["ours"]["startup_s"], "target": "< 2.0",
-                                    "met": summary["ours"]["startup_s"] < 2.0}}
+    summary: dict[str, dict] = {}
+    targets: dict[str, dict] = {}
+    rows = []
+    for epochs, by_stack in results.items():
+        summary[epochs] = {name: {k: statistics.median(r[k] for r in runs) for k in keys}
+                           for name, runs in by_stack.items()}
+        summary[epochs]["ours"]["training_cpu_per_core_s"] = statistics.median(
+            r["training_cpu_per_core_s"] for r in by_stack["ours"])
+        speedup = summary[epochs]["ours"]["rounds_per_s"] / summary[epochs]["flower"]["rounds_per_s"]
+        startup = summary[epochs]["ours"]["startup_s"]
+        targets[f"rounds_per_s_vs_flower@{epochs}ep"] = {"measured": speedup, "target": ">= 2.0", "met": speedup >= 2.0}
+        targets[f"server_startup_s@{epochs}ep"] = {"measured": startup, "target": "< 2.0", "met": startup < 2.0}
+        rows += [(f"{name} ({epochs} ep)", *(s[k] for k in keys)) for name, s in summary[epochs].items()]
     emit_table(make_table(f"FL transport: {args.clients} clients, {args.rounds} rounds, median of {args.repeats}",
-                          ["stack", "rounds/s", "round s", "start-up s", "round 1 done s", "accuracy"],
-                          [(n, *(s[k] for k in keys)) for n, s in summary.items()]))
+                          ["stack", "rounds/s", "round s", "start-up s", "round 1 done s", "accuracy"], rows))
     emit_table(make_table("targets", ["target", "measured", "want", "met"],
                           [(k, v["measured"], v["target"], v["met"]) for k, v in targets.items()]))
     flwr_version = subprocess.run([str(python), "-c", "import flwr; print(flwr.__version__)"], capture_output=True,

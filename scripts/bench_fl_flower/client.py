@@ -12,10 +12,10 @@ from mlsyskit.tools.fl.data import load_client
 from mlsyskit.tools.fl.threads import single_threaded
 from mlsyskit.tools.fl.training import train_local
 
-address, clients, cid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+address, clients, cid, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 single_threaded()  # the same thread policy as fl-client
 data, num_features, num_classes = load_client(DataSpec(dataset="digits", num_clients=clients, seed=0), cid)
-spec = TrainSpec()
+spec = TrainSpec(epochs=epochs)
 NAMES = ["0.weight", "0.bias", "2.weight", "2.bias"]
 
 
