@@ -51,8 +51,10 @@ def up(shards: int = typer.Option(1, "--shards", help="Number of shards S."),
         _status_table(data_dir)
     if foreground:
         err.print("running in the foreground; Ctrl-C stops the cluster")
+        stop_signals = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # sigwait takes them, not the default action
         try:
-            signal.sigwait({signal.SIGINT, signal.SIGTERM})
+            signal.sigwait(stop_signals)
         finally:
             processes.down(data_dir)
 
