@@ -14,7 +14,7 @@ from mlsyskit.tools.kv.pipeline import ConnectionLost, RespConnection
 
 
 class Link:
-    def __init__(self, host: str, port: int, clock: Clock | None = None, attempts: int = 50,
+    def __init__(self, host: str, port: int, clock: Clock | None = None, attempts: int = 200,
                  retry_delay: float = 0.05) -> None:
         self.host, self.port = host, port
         self.clock = clock or RealClock()
