@@ -1,10 +1,22 @@
-"""Fixtures: a small configuration on all three tiers, and its profile (recorded once per session)."""
+"""Fixtures: a small configuration with tensors on all three tiers, and its profile (recorded once).
+
+gpt-small: 69 tensors, 487 KiB of bf16 parameters, 3.9 MiB of fp32 optimizer state; these budgets put
+parameters on the (emulated) device, the CPU and NVMe, and spill optimizer states to NVMe. (Fixtures,
+not an importable helper module, so the tests work under any pytest import mode.)
+"""
 from __future__ import annotations
 
 import pytest
-from offload_helpers import SMALL
 
 from mlsyskit.tools.offload.trainer import TrainConfig, run_profile
+
+SMALL = dict(model="gpt-small", batch=2, seq=32, seed=0, device_mem=96 * 1024, cpu_mem=128 * 1024,
+             opt_mem=2 << 20, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def small() -> dict:
+    return dict(SMALL)
 
 
 @pytest.fixture

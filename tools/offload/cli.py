@@ -106,7 +106,8 @@ def train(model: str = typer.Option(None, help="Model preset (gpt-tiny, gpt-smal
 
 def summary_table(s: dict) -> object:
     occ = s["occupancy"]["bytes"]
-    rows = [("device", s["device"]), ("step time (s)", s["step_s"]), ("tokens/s", s["tokens_per_s"]),
+    rows = [("device", s["device"]), ("step time, mean (s)", s["step_s"]), ("step time, median (s)", s["step_s_median"]),
+            ("process CPU time per step (s)", s["cpu_s_median"]), ("tokens/s", s["tokens_per_s"]),
             ("device hit rate", s["device_hit_rate"]), ("fetch wait per step (s)", s["fetch_wait_s"]),
             ("fetch wait p99 (s)", s["fetch_wait_p99_s"]), ("allocations per step", s["allocations_per_step"]),
             ("optimizer-state miss rate", s["optimizer_miss_rate"]),

@@ -2,9 +2,10 @@
 run on a GPU machine with scripts/gpu_check."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
-from offload_helpers import with_
 
 from mlsyskit.tools.offload.trainer import train, train_plain
 
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("policy", ["tencache", "on-demand", "lru"])
 def test_cuda_losses_match_plain_cuda_run(policy, small_cfg, small_profile):
-    cfg = with_(small_cfg, steps=10, policy=policy, device="cuda")
+    cfg = replace(small_cfg, steps=10, policy=policy, device="cuda")
     reference = train_plain(cfg)
     result = train(cfg, small_profile if policy == "tencache" else None)
     torch.testing.assert_close(torch.tensor(result.losses), torch.tensor(reference), rtol=1e-6, atol=0)

@@ -2,26 +2,23 @@
 with parameters on all three tiers and optimizer states spilling to NVMe."""
 from __future__ import annotations
 
-import pytest
-from offload_helpers import with_
+from dataclasses import replace
 
-from mlsyskit.tools.offload.trainer import train, train_plain
+import pytest
+
+from mlsyskit.tools.offload.trainer import TrainConfig, train, train_plain
 
 STEPS = 50
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    from offload_helpers import SMALL
-
-    from mlsyskit.tools.offload.trainer import TrainConfig
-
-    return train_plain(TrainConfig(**SMALL, steps=STEPS))
+def reference(small):
+    return train_plain(TrainConfig(**small, steps=STEPS))
 
 
 @pytest.mark.parametrize("policy", ["tencache", "on-demand", "lru"])
 def test_losses_match_plain_run_with_all_tiers_in_use(policy, small_cfg, small_profile, reference):
-    cfg = with_(small_cfg, steps=STEPS, policy=policy)
+    cfg = replace(small_cfg, steps=STEPS, policy=policy)
     result = train(cfg, small_profile if policy == "tencache" else None)
     assert result.losses == reference  # bit-identical, not merely within 1e-6
     assert reference[-1] < reference[0] - 0.5  # and the model does learn

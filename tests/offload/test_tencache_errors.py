@@ -6,9 +6,9 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import pytest
-from offload_helpers import SMALL, with_
 
 from mlsyskit.core.storage import CorruptBlockError, DiskFullError, MissingDirectoryError
 from mlsyskit.tools.offload import checkpoint
@@ -22,19 +22,19 @@ from mlsyskit.tools.offload.trainer import TrainConfig, run_profile, train
 
 def test_budget_smaller_than_largest_tensor(small_cfg, small_profile):
     with pytest.raises(BudgetError, match=r"device budget 16.00 KiB is too small.*largest tensor is 32.00 KiB"):
-        train(with_(small_cfg, device_mem=16 * 1024), small_profile)
+        train(replace(small_cfg, device_mem=16 * 1024), small_profile)
     with pytest.raises(BudgetError, match="optimizer-state .* budget"):
-        train(with_(small_cfg, opt_mem=64 * 1024), small_profile)
+        train(replace(small_cfg, opt_mem=64 * 1024), small_profile)
 
 
 def test_spill_without_nvme_dir(small_cfg, small_profile):
     with pytest.raises(BudgetError, match="do not fit the device and CPU budgets and no --nvme-dir"):
-        train(with_(small_cfg, nvme_dir=None), small_profile)
+        train(replace(small_cfg, nvme_dir=None), small_profile)
 
 
 def test_missing_nvme_dir(small_cfg, small_profile, tmp_path):
     with pytest.raises(MissingDirectoryError, match="does not exist"):
-        train(with_(small_cfg, nvme_dir=tmp_path / "absent"), small_profile)
+        train(replace(small_cfg, nvme_dir=tmp_path / "absent"), small_profile)
 
 
 def test_profile_from_another_model(small_cfg):
@@ -76,13 +76,13 @@ def test_disk_full_during_training_is_a_clear_error(small_cfg, small_profile, mo
 
     monkeypatch.setattr(os, "pwritev", fill_up)
     with pytest.raises(DiskFullError, match="disk full .* while writing block"):
-        train(with_(small_cfg, steps=3), small_profile)
+        train(replace(small_cfg, steps=3), small_profile)
 
 
 def test_failed_checkpoint_leaves_no_partial_directory(small_cfg, small_profile, tmp_path, monkeypatch):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    train(with_(small_cfg, steps=2, checkpoint_dir=ckpt, checkpoint_every=2), small_profile)
+    train(replace(small_cfg, steps=2, checkpoint_dir=ckpt, checkpoint_every=2), small_profile)
     assert [p.name for p in ckpt.iterdir()] == ["step-2"]
     from mlsyskit.core import filetier
 
@@ -95,7 +95,7 @@ def test_failed_checkpoint_leaves_no_partial_directory(small_cfg, small_profile,
 
     monkeypatch.setattr(filetier.FileTier, "write", full_after_some)
     with pytest.raises(DiskFullError):
-        train(with_(small_cfg, steps=4, checkpoint_dir=ckpt, checkpoint_every=2, resume=True), small_profile)
+        train(replace(small_cfg, steps=4, checkpoint_dir=ckpt, checkpoint_every=2, resume=True), small_profile)
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-2"]  # no step-4, no temporary directory
     assert checkpoint.latest(ckpt).step == 2
 
@@ -109,7 +109,7 @@ def test_checkpoint_refuses_up_front_when_disk_is_too_full(tmp_path, monkeypatch
     assert list(tmp_path.iterdir()) == []
 
 
-def test_read_only_nvme_dir(tmp_path):
+def test_read_only_nvme_dir(tmp_path, small):
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o555)
@@ -117,7 +117,7 @@ def test_read_only_nvme_dir(tmp_path):
         from mlsyskit.core.storage import StoragePermissionError
         from mlsyskit.tools.offload.trainer import TrainConfig, train
         try:
-            train(TrainConfig(**{SMALL!r}, steps=1, policy="lru", nvme_dir={str(ro)!r}))
+            train(TrainConfig(**{small!r}, steps=1, policy="lru", nvme_dir={str(ro)!r}))
         except StoragePermissionError as e:
             print("OK", e)
     """)
