@@ -44,6 +44,13 @@ def _cell(key: str, value) -> str:
     return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
 
 
+def _model() -> ThroughputModel:
+    try:
+        return ThroughputModel()
+    except FileNotFoundError as e:
+        raise fail(str(e)) from None
+
+
 def _parse_policies(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
@@ -75,7 +82,7 @@ def sim(
     if events and out is None:
         raise fail("--events needs --out")
     source = WorkloadSource(workload)
-    model = ThroughputModel()
+    model = _model()
     runs: list[Run] = []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -135,7 +142,7 @@ def model(
     as_json: bool = typer.Option(False, "--json", help="JSON instead of a table"),
 ) -> None:
     """The fitted scalability model per application and its error on held-out placements."""
-    tm = ThroughputModel()
+    tm = _model()
     rows = []
     for name, profile in tm.profiles.items():
         err = held_out_error(profile, holdout, seed)
@@ -162,7 +169,7 @@ def curve(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Efficiency curve E(p) = T(p) / (p T(1)) of one application and marble's size for it."""
-    tm = ThroughputModel()
+    tm = _model()
     try:
         tm.check_app(app_name)
     except KeyError as e:

@@ -115,6 +115,9 @@ def load_profile(app_dir: Path) -> AppProfile:
 
 
 def load_profiles(root: Path = APPS_DIR) -> dict[str, AppProfile]:
+    if not root.is_dir():
+        raise FileNotFoundError(f"marble's measurement folder {root} is missing; install from a source "
+                                "checkout (scripts/setup) so tools/sched/data/ is present")
     apps = {d.name: load_profile(d) for d in sorted(root.iterdir()) if (d / "placements.csv").exists()}
     if not apps:
         raise FileNotFoundError(f"no application profiles under {root}")
