@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -39,7 +40,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--model", default="gpt-350m")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--steps", type=int, default=4, help="steps per policy; the first is warm-up")
+    p.add_argument("--steps", type=int, default=5, help="steps per policy; the first is warm-up")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--device-mem", default="160MiB")
     p.add_argument("--cpu-mem", default="256MiB")
@@ -54,19 +55,22 @@ def parse_args() -> argparse.Namespace:
 
 # -- disk bandwidth: our file tier against fio / dd on the same directory --------------------------------
 def tier_bandwidth(directory: Path, total: int, block: int = 8 << 20, workers: int = 4) -> dict[str, float]:
+    """Write then read `total` bytes as 8 MiB blocks through FileTier's thread pool (as tencache does).
+    The blocks exist beforehand (tencache overwrites its blocks in place; fio preallocates its files)."""
     directory.mkdir(parents=True, exist_ok=True)
     n = max(1, total // block)
     bufs = [aligned_empty(block) for _ in range(workers * 2)]
     for b in bufs:
         b.random_(0, 255)
     with FileTier(directory, workers=workers) as tier:
+        for fut in [tier.submit_write(f"bw{i}", bufs[i % len(bufs)]) for i in range(n)]:
+            fut.result()
         t0 = time.perf_counter()
         for fut in [tier.submit_write(f"bw{i}", bufs[i % len(bufs)]) for i in range(n)]:
             fut.result()
         write_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        futs = [tier.submit_read(f"bw{i}", bufs[i % len(bufs)]) for i in range(n)]
-        for fut in futs:
+        for fut in [tier.submit_read(f"bw{i}", bufs[i % len(bufs)]) for i in range(n)]:
             fut.result()
         read_s = time.perf_counter() - t0
         direct = tier.direct
@@ -74,6 +78,19 @@ def tier_bandwidth(directory: Path, total: int, block: int = 8 << 20, workers: i
             tier.delete(f"bw{i}")
     return {"write_Bps": n * block / write_s, "read_Bps": n * block / read_s, "o_direct": direct,
             "block_bytes": block, "workers": workers}
+
+
+def disk_comparison(directory: Path, total: int, rounds: int = 3) -> dict:
+    """Our tier and the peer (fio, else dd) alternately, `rounds` times; the median of each is compared,
+    so a burst of other I/O on a shared machine does not decide the ratio."""
+    tier_runs, peer_runs = [], []
+    for _ in range(rounds):
+        tier_runs.append(tier_bandwidth(directory, total))
+        peer_runs.append(fio_bandwidth(directory, total) or dd_bandwidth(directory, total))
+    med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
+    tier = {**tier_runs[0], "write_Bps": med(tier_runs, "write_Bps"), "read_Bps": med(tier_runs, "read_Bps")}
+    peer = {**peer_runs[0], "write_Bps": med(peer_runs, "write_Bps"), "read_Bps": med(peer_runs, "read_Bps")}
+    return {"tier": tier, "peer": peer, "rounds": rounds, "tier_runs": tier_runs, "peer_runs": peer_runs}
 
 
 def fio_bandwidth(directory: Path, total: int, block: int = 8 << 20, jobs: int = 4) -> dict[str, float] | None:
@@ -174,8 +191,7 @@ def main() -> int:
               f"optimizer {format_size(args.opt_mem)}, NVMe {args.nvme_dir}")
     disk_dir = args.nvme_dir / "bandwidth"
     disk_dir.mkdir(parents=True, exist_ok=True)
-    disk = {"tier": tier_bandwidth(disk_dir, args.disk_bytes)}
-    disk["peer"] = fio_bandwidth(disk_dir, args.disk_bytes) or dd_bandwidth(disk_dir, args.disk_bytes)
+    disk = disk_comparison(disk_dir, args.disk_bytes)
     err.print(f"disk: tier write {format_size(disk['tier']['write_Bps'])}/s read {format_size(disk['tier']['read_Bps'])}/s; "
               f"{disk['peer']['tool']} write {format_size(disk['peer']['write_Bps'])}/s read "
               f"{format_size(disk['peer']['read_Bps'])}/s")
