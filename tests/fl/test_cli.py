@@ -35,6 +35,10 @@ def test_simulate_then_report_against_the_default(tmp_path):
     other = runner.invoke(server_app, ["simulate", "--strategy", "tiff", "--clients", "20", "--per-round", "5",
                                        "--rounds", "8", "--seed", "3", "--run-dir", str(tmp_path / "tiff")])
     assert other.exit_code == 2 and "different" in other.output
+    fresh = runner.invoke(server_app, ["simulate", "--strategy", "tiff", "--clients", "20", "--per-round", "5",
+                                       "--rounds", "3", "--seed", "3", "--run-dir", str(tmp_path / "tiff"), "--fresh",
+                                       "--json"])
+    assert fresh.exit_code == 0 and json.loads(fresh.stdout)["rounds"] == 3
 
 
 def test_bad_input_gives_one_line_errors(tmp_path):

@@ -49,9 +49,16 @@ def _job(config: Path | None, strategy, dataset, clients, per_round, rounds, par
         raise fail(str(e)) from None
 
 
-def _open_store(run_dir: Path) -> MetaStore:
+FRESH = typer.Option(False, "--fresh", help="Discard an existing run in --run-dir instead of resuming it.")
+
+
+def _open_store(run_dir: Path, fresh: bool = False) -> MetaStore:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            for path in run_dir.glob(f"{DB_NAME}*"):
+                path.unlink()
+            (run_dir / "events.jsonl").unlink(missing_ok=True)
         return MetaStore(run_dir / DB_NAME)
     except (OSError, StorageError) as e:
         raise fail(f"cannot use run directory {run_dir}: {e}") from None
@@ -94,7 +101,7 @@ def run(config: Path | None = CONFIG, strategy: str | None = STRATEGY, dataset: 
                                                help="Connected clients each round waits for (default: all)."),
         crash_after_round: int | None = typer.Option(None, "--crash-after-round", hidden=True,
                                                      help="Fault injection: die after committing round N."),
-        json_out: bool = JSON) -> None:
+        fresh: bool = FRESH, json_out: bool = JSON) -> None:
     """Serve a federated job over gRPC until all rounds are done (resumes from --run-dir)."""
     from mlsyskit.tools.fl.server import FlServer
 
@@ -109,7 +116,7 @@ def run(config: Path | None = CONFIG, strategy: str | None = STRATEGY, dataset: 
     token = _read_token(token_file)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     single_threaded()
-    store = _open_store(run_dir)
+    store = _open_store(run_dir, fresh)
 
     async def main() -> FlServer:
         telemetry = Telemetry(log_path=run_dir / "events.jsonl")
@@ -146,7 +153,7 @@ def simulate(config: Path | None = CONFIG, strategy: str | None = STRATEGY, data
              attack: str = typer.Option("label-flip", "--attack", help="label-flip | noisy-labels | random-update"),
              dropout: float = typer.Option(0.0, "--dropout", help="Chance a selected client vanishes mid-round."),
              run_dir: Path = typer.Option(Path("runs/fl-sim"), "--run-dir", help="Where the run's store goes."),
-             json_out: bool = JSON) -> None:
+             fresh: bool = FRESH, json_out: bool = JSON) -> None:
     """The same server logic with in-process clients on a virtual clock (deterministic for a seed)."""
     from mlsyskit.tools.fl.simulator import Simulation
 
@@ -157,7 +164,7 @@ def simulate(config: Path | None = CONFIG, strategy: str | None = STRATEGY, data
         raise fail("--malicious and --dropout must be in [0, 1)")
     attacks = malicious_clients(job.data.num_clients, malicious, attack, job.seed)
     single_threaded()
-    store = _open_store(run_dir)
+    store = _open_store(run_dir, fresh)
     try:
         Simulation(job, store, attacks, dropout).run(on_round=_round_line)
     except (JobMismatch, ValueError) as e:
