@@ -40,6 +40,12 @@ def test_wheel_contains_only_mlsyskit(tmp_path):
     payload = [n for n in names if ".dist-info/" not in n]
     assert payload and all(n.startswith("mlsyskit/") for n in payload), [n for n in payload if not n.startswith("mlsyskit/")]
     assert "mlsyskit/core/config.py" in payload
+    # shipped data (licences included) travels with the wheel, not only with editable installs
+    for data in ("mlsyskit/tools/sched/data/pollux-workloads/workload-1.csv",
+                 "mlsyskit/tools/sched/data/LICENSE-adaptdl-Apache-2.0",
+                 "mlsyskit/tools/fl/data/flash-device-benchmarks.json"):
+        assert data in payload, data
+    assert any(n.startswith("mlsyskit/tools/offload/data/shakespeare/") for n in payload)
 
 
 def test_fail_prints_clear_error_and_exit_code(capsys):
