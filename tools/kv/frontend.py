@@ -83,12 +83,18 @@ class ClientConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.node.stats["connections"] += 1
+        self.node.client_connections.add(self)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self.node.client_connections.discard(self)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
     # -- input ---------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
@@ -101,23 +107,22 @@ class ClientConnection(asyncio.Protocol):
         # Hot path, inlined: single-key GET/SET that this replica serves from its own datalet.
         fast_get, fast_put = node.fast_get, node.fast_put
         owns, max_key, max_value = node.owns, self.limits.max_key_bytes, self.limits.max_value_bytes
-        out, slots, bulk, ok = self.out, self.slots, resp.bulk, resp.OK
+        all_mine = node.only_shard
+        out, slots, ok, gets = self.out, self.slots, resp.OK, reader.gets
         try:
-            while True:
-                cmd = reader.gets()
-                if cmd is False:
-                    break
+            while (cmd := gets()) is not False:
                 count += 1
-                if type(cmd) is list and not slots:
+                if not slots and type(cmd) is list:
                     n = len(cmd)
                     if n == 2 and fast_get is not None and cmd[0] == b"GET":
                         key = cmd[1]
-                        if len(key) <= max_key and owns(key):
-                            out.append(bulk(fast_get(key)))
+                        if len(key) <= max_key and (all_mine or owns(key)):
+                            v = fast_get(key)
+                            out.append(b"$-1\r\n" if v is None else b"$%d\r\n%b\r\n" % (len(v), v))
                             continue
                     elif n == 3 and fast_put is not None and cmd[0] == b"SET":
                         key = cmd[1]
-                        if len(key) <= max_key and len(cmd[2]) <= max_value and owns(key):
+                        if len(key) <= max_key and len(cmd[2]) <= max_value and (all_mine or owns(key)):
                             fast_put(key, cmd[2])
                             out.append(ok)
                             continue

@@ -80,6 +80,7 @@ class Node:
         self.only_shard = self.shard is not None and len(shard_map.shards) == 1
         self.queue: deque[list] = deque()  # batches waiting on remote-datalet results
         self.links: dict[str, Link] = {}
+        self.client_connections: set[Any] = set()
         self.server: asyncio.base_events.Server | None = None
         self.stats = {"commands": 0, "forwarded": 0, "peer_messages": 0, "fenced": 0, "errors": 0,
                       "connections": 0}
@@ -100,7 +101,8 @@ class Node:
     async def stop(self) -> None:
         if self.server is not None:
             self.server.close()
-            self.server.close_clients() if hasattr(self.server, "close_clients") else None
+        for conn in list(self.client_connections):  # so nothing touches a closed datalet
+            conn.close()
         for link in self.links.values():
             await link.close()
         if self.datalet is not None:

@@ -14,6 +14,7 @@ class MemoryDatalet(Datalet):
         self.data: dict[bytes, bytes] = {}
         # Bound methods as attributes: the node calls these per request, so skip a lookup level.
         self.get = self.data.get  # type: ignore[method-assign]
+        self.put = self.data.__setitem__  # type: ignore[method-assign]
 
     def get(self, key: bytes) -> bytes | None:  # replaced per instance in __init__
         return self.data.get(key)
