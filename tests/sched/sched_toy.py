@@ -29,6 +29,8 @@ def toy_model(curves: dict[str, list[float]], gpus_per_node: int = 6) -> Through
 
 LINEAR = [10.0 * k for k in range(1, 7)]            # perfect scaling
 FLAT = [10.0, 18.0, 20.0, 21.0, 21.5, 22.0]          # saturates after 2 GPUs
+DIP = [10.0, 19.0, 18.0, 36.0, 37.0, 38.0]           # a noisy dip at 3 GPUs, then 4 scale well
+SUB = [10.0, 19.0, 26.0, 32.0, 35.0, 37.0]           # gains 0.9, 0.7, 0.6, 0.3, 0.2 of one GPU
 
 
 def job(job_id: int, app: str, gpus: int, work: float, arrival: float = 0.0) -> JobSpec:

@@ -2,7 +2,7 @@
 import copy
 
 import pytest
-from sched_toy import FLAT, LINEAR, job, run_job, state_with, toy_model
+from sched_toy import DIP, FLAT, LINEAR, SUB, job, run_job, state_with, toy_model
 
 from mlsyskit.tools.sched.cluster import ClusterSpec
 from mlsyskit.tools.sched.policies import POLICIES, Policy, PolicyOptions, register
@@ -10,7 +10,7 @@ from mlsyskit.tools.sched.policies.marble import sized_shapes
 from mlsyskit.tools.sched.simulator import Simulator
 from mlsyskit.tools.sched.state import Preempt, Resize, Start
 
-MODEL = toy_model({"lin": LINEAR, "flat": FLAT})
+MODEL = toy_model({"lin": LINEAR, "flat": FLAT, "dip": DIP, "sub": SUB})
 ONE_NODE = ClusterSpec(1, 6)
 TWO_NODES = ClusterSpec(2, 6)
 
@@ -36,12 +36,25 @@ def test_registry_has_the_six_policies_and_rejects_bad_names():
 
 
 def test_marble_size_comes_from_the_efficiency_curve():
-    # flat: 1->2 GPUs adds 8 samples/s = 0.8 single GPUs (>= 0.5); 2->3 adds 0.2; 2->4 adds 0.15 per GPU...
+    # Marginal gains in single-GPU throughputs (T(1) = 10/s) along the concave envelope.
+    # flat: 1->2 GPUs adds 8/s = 0.8 (>= 0.5, kept); from 2 the steepest step is 2->3, 0.2: stops at 2
     assert sum(sized_shapes(MODEL, "flat", 60, 6, 6, 0.5)[-1]) == 2
     assert sum(sized_shapes(MODEL, "lin", 60, 6, 6, 0.5)[-1]) == 6
-    # at 0.15: 2->3 adds 0.2 (kept); 3->4 adds 0.1, 3->5 0.075 per GPU, 3->6 0.067: stops at 3
+    # at 0.15: 2->3 adds 0.2 (kept); from 3 the steepest is 3->4, 0.1: stops at 3
     assert sum(sized_shapes(MODEL, "flat", 60, 6, 6, 0.15)[-1]) == 3
     assert sum(sized_shapes(MODEL, "lin", 60, 4, 6, 0.5)[-1]) == 4    # never more than asked
+    # sub: gains 1, 0.9, 0.7, 0.6, 0.3, 0.2 (already concave): 4 at 0.5, 2 at 0.8
+    assert sum(sized_shapes(MODEL, "sub", 60, 6, 6, 0.5)[-1]) == 4
+    assert sum(sized_shapes(MODEL, "sub", 60, 6, 6, 0.8)[-1]) == 2
+
+
+def test_marble_size_bridges_a_dip_in_the_measured_curve():
+    # dip: T = 10, 19, 18, 36, 37, 38. One more GPU from 2 loses 0.1 of a GPU, but the envelope
+    # from 2 goes straight to 4: (36 - 19) / 2 = 8.5/s per GPU = 0.85 (kept); from 4 the steepest
+    # step adds 0.1: stops at 4. A walk that stopped at the first small gain would give 2.
+    assert sum(sized_shapes(MODEL, "dip", 60, 6, 6, 0.5)[-1]) == 4
+    # at 0.9: 1->2 adds 0.9 (kept), the envelope step 2->4 only 0.85: stops at 2
+    assert sum(sized_shapes(MODEL, "dip", 60, 6, 6, 0.9)[-1]) == 2
 
 
 def test_fifo_gives_whole_nodes_and_is_strict():
@@ -92,6 +105,21 @@ def test_marble_starts_small_when_that_beats_waiting():
     state = state_with(ONE_NODE, [job(1, "lin", 6, 60.0 * 1000)])
     run_job(state, MODEL, job(9, "lin", 2, 20.0 * 10), [(0, 2)])
     assert starts(POLICIES.create("marble", MODEL).decide(state)) == {}
+
+
+def test_marble_sizes_for_the_cluster_under_queue_pressure():
+    # Alone, a sub job asking 6 gets p* = 4 (threshold 0.5).
+    assert starts(POLICIES.create("marble", MODEL).decide(state_with(ONE_NODE, [job(1, "sub", 6, 1e4)])))[1].shape == (4,)
+    # Two of them want 4 + 4 = 8 > 6 free GPUs: the first is sized at the pressure threshold (0.8):
+    # 2 GPUs (its third would add 0.7). Then the second alone wants 4 <= 4 free: it gets 4.
+    d = POLICIES.create("marble", MODEL).decide(state_with(ONE_NODE, [job(1, "sub", 6, 1e4), job(2, "sub", 6, 1e4)]))
+    assert {k: v.shape for k, v in starts(d).items()} == {1: (2,), 2: (4,)}
+    # pressure_threshold at or below the efficiency threshold turns the rule off: the first gets 4;
+    # the second's 4 do not fit, and with nothing running that would free them (the first started
+    # in this same decision) waiting has no end, so it starts on the 2 GPUs left.
+    opts = PolicyOptions(pressure_threshold=0.5)
+    d = POLICIES.create("marble", MODEL, opts).decide(state_with(ONE_NODE, [job(1, "sub", 6, 1e4), job(2, "sub", 6, 1e4)]))
+    assert {k: v.shape for k, v in starts(d).items()} == {1: (4,), 2: (2,)}
 
 
 def test_marble_elastic_grows_a_shrunken_job_when_gpus_free_up():

@@ -18,6 +18,7 @@ from mlsyskit.tools.sched.throughput import ThroughputModel
 @dataclass(frozen=True)
 class PolicyOptions:
     efficiency_threshold: float = 0.5     # marble: least marginal gain of one more GPU, in single-GPU units
+    pressure_threshold: float = 0.8       # marble: the same while waiting jobs' sizes exceed the free GPUs
     backfill_depth: int = 500             # jobs examined per decision behind a blocked head (Slurm's bf_max_job_test)
     tiresias_thresholds: tuple[float, ...] = (3600.0, 36000.0)  # GPU-seconds between LAS queues
     optimus_interval: float = 600.0       # seconds between Optimus' full re-allocations
@@ -25,6 +26,7 @@ class PolicyOptions:
 
     def __post_init__(self) -> None:
         require(0.0 <= self.efficiency_threshold <= 1.5, "efficiency_threshold must be in [0, 1.5]")
+        require(0.0 <= self.pressure_threshold <= 1.5, "pressure_threshold must be in [0, 1.5]")
         require(self.backfill_depth >= 1, "backfill_depth must be >= 1")
         require(list(self.tiresias_thresholds) == sorted(self.tiresias_thresholds)
                 and all(t > 0 for t in self.tiresias_thresholds), "tiresias_thresholds must be positive and rising")

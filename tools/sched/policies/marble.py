@@ -1,9 +1,11 @@
 """marble: MARBLE's multi-GPU-aware FIFO scheduling (Han et al., CCGrid'20).
 
-1. Size: a job asking for R GPUs gets p* <= R GPUs, the largest count at which the added GPUs
-   still add at least `efficiency_threshold` of a single GPU's throughput each (the efficiency
-   curve of its application at its global batch; see `sized_shapes`). Each count p is laid out on its best shape: full
-   nodes plus a remainder, or the same nodes split evenly, whichever the model says is faster.
+1. Size: a job asking for R GPUs gets p* <= R GPUs, where the marginal gain of one more GPU
+   (on the concave envelope of its application's throughput curve at its global batch) drops
+   below `efficiency_threshold` single-GPU throughputs (`sized_shapes`). Each count p is laid
+   out on its best shape: full nodes plus a remainder, or the same nodes split evenly, whichever
+   the model says is faster. Under queue pressure (the waiting jobs' p* add up to more than the
+   free GPUs) the bar is `pressure_threshold`: sizing for the cluster's throughput, not one job's.
 2. Pack: the shape goes best-fit onto nodes (fewest free GPUs that still fit), so several jobs
    share a node and nodes stay busy; nodes are never held exclusively.
 3. Order: FIFO. A job whose p* GPUs do not fit may start now on fewer GPUs when that finishes it
@@ -34,17 +36,29 @@ def best_shape(model: ThroughputModel, app: str, batch: int, gpus: int, gpus_per
 
 def sized_shapes(model: ThroughputModel, app: str, batch: int, request: int, gpus_per_node: int,
                  threshold: float) -> list[Shape]:
-    """Best shapes for 1..p* GPUs (index p-1). Walking p upward from the last accepted size a, p is
-    accepted when the GPUs added since a bring on average at least `threshold` single-GPU
-    throughputs each: (T(p) - T(a)) / ((p - a) T(1)) >= threshold. A dip in the measured curve
-    therefore does not end the walk if a larger size recovers."""
+    """Best shapes for 1..p* GPUs (index p-1), p* <= request: where the marginal gain of one more
+    GPU drops below `threshold` single-GPU throughputs.
+
+    Marginal gains are read off the upper concave envelope of the measured curve T(0)=0, T(1),
+    ..., T(request): from the last accepted size a, the next envelope vertex q is the size with
+    the steepest slope (T(q) - T(a)) / (q - a), the farthest on ties. That slope is the marginal
+    gain of each GPU from a to q; q is accepted while it is >= threshold. On the envelope the
+    gains only fall, so "where the gain drops below the threshold" is one well-defined point, and
+    a dip in the measurements (yolov3 runs slower on 3 GPUs than on 2, then faster on 4) is
+    bridged instead of ending the walk. p* is always a measured point of the curve."""
     shapes = [best_shape(model, app, batch, p, gpus_per_node) for p in range(1, request + 1)]
-    rates = [model.rate(app, s, batch) for s in shapes]
+    rates = [0.0] + [model.rate(app, s, batch) for s in shapes]   # rates[p] = T(p)
     accepted = 0
-    for p in range(1, request):
-        if (rates[p] - rates[accepted]) / ((p - accepted) * rates[0]) >= threshold:
-            accepted = p
-    return shapes[: accepted + 1]
+    while accepted < request:
+        gain, vertex = -float("inf"), accepted
+        for q in range(accepted + 1, request + 1):
+            slope = (rates[q] - rates[accepted]) / (q - accepted)
+            if slope >= gain - 1e-12:
+                gain, vertex = slope, q
+        if gain < threshold * rates[1]:
+            break
+        accepted = vertex
+    return shapes[: max(accepted, 1)]
 
 
 @register
@@ -54,13 +68,14 @@ class Marble(Policy):
 
     def __init__(self, model, options=None) -> None:
         super().__init__(model, options)
-        self._sizes: dict[tuple[str, int, int, int], list[Shape]] = {}
+        self._sizes: dict[tuple[str, int, int, int, float], list[Shape]] = {}
 
-    def shapes_for(self, job: JobRecord, gpus_per_node: int) -> list[Shape]:
-        key = (job.spec.app, job.spec.batch_size, job.spec.gpus, gpus_per_node)
+    def shapes_for(self, job: JobRecord, gpus_per_node: int, threshold: float | None = None) -> list[Shape]:
+        thr = self.options.efficiency_threshold if threshold is None else threshold
+        key = (job.spec.app, job.spec.batch_size, job.spec.gpus, gpus_per_node, thr)
         shapes = self._sizes.get(key)
         if shapes is None:
-            shapes = sized_shapes(self.model, *key, self.options.efficiency_threshold)
+            shapes = sized_shapes(self.model, *key)
             self._sizes[key] = shapes
         return shapes
 
@@ -79,6 +94,13 @@ class Marble(Policy):
         actions: list[Action] = []
         shadow, extra = None, 0
         scanned = 0
+        # Queue pressure: the jobs from this one on want (at their p*) more GPUs than are free. A
+        # GPU's alternative use is then a waiting job's first GPU, worth a whole single GPU, so the
+        # bar for the GPUs a job adds rises to `pressure_threshold`. `window` sums p* from the
+        # current job up to a look-ahead pointer that stops once the sum exceeds the free GPUs,
+        # so a long queue is not summed in full.
+        pressure = max(self.options.efficiency_threshold, self.options.pressure_threshold)
+        ahead, window = iter(state.queue.values()), 0
         waits: dict[tuple[int, int], float] = {}
         for job in state.queue.values():
             if free.total == 0:
@@ -87,7 +109,11 @@ class Marble(Policy):
                 scanned += 1
                 if scanned > self.options.backfill_depth:
                     break
-            shapes = self.shapes_for(job, gpn)
+            while window <= free.total and (nxt := next(ahead, None)) is not None:
+                window += sum(self.shapes_for(nxt, gpn)[-1])
+            pressured = window > free.total
+            window -= sum(self.shapes_for(job, gpn)[-1])
+            shapes = self.shapes_for(job, gpn, pressure if pressured else None)
             choice = self._choose(state, free, job, shapes, shadow, extra, waits)
             if choice is None:
                 if shadow is None:
