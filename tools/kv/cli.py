@@ -144,6 +144,8 @@ def bench(workload: str = typer.Option("ycsb-a", "--workload", help="ycsb-a, ycs
           redis: str = typer.Option(None, "--redis", help="Bench Redis instead: host:port[,host:port...] "
                                                           "(primary first, then its replicas)."),
           wait: int = typer.Option(0, "--wait", help="With --redis: WAIT for this many replicas after writes."),
+          primary_reads: bool = typer.Option(False, "--primary-reads",
+                                             help="With --redis: read at the primary only (default: spread)."),
           data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT,
           as_json: bool = typer.Option(False, "--json")) -> None:
     """YCSB-style load: throughput and p50/p99/p999 latency (load phase, then the measured run)."""
@@ -156,7 +158,7 @@ def bench(workload: str = typer.Option("ycsb-a", "--workload", help="ycsb-a, ycs
             endpoints = [(h, int(p)) for h, p in (e.rsplit(":", 1) for e in redis.split(","))]
         except ValueError:
             raise fail(f"--redis wants host:port[,host:port...], got {redis!r}") from None
-        make, target = ycsb.redis_target_factory(endpoints, wait), f"redis {redis}"
+        make, target = ycsb.redis_target_factory(endpoints, wait, not primary_reads), f"redis {redis}"
     else:
         h, p = _seed(data_dir, host, port)
         try:

@@ -88,15 +88,17 @@ class BespokvTarget(Target):
 
 
 class RedisTarget(Target):
-    """Plain Redis: writes to the primary (then WAIT for `wait` replicas if asked), reads spread
-    over all given servers (the primary and its replicas), as bespokv's ms-ec reads are."""
+    """Plain Redis: writes to the primary (then WAIT for `wait` replicas if asked). Reads go to the
+    primary alone (`spread_reads=False`: the strong setting, as ms-sc reads at its tail) or spread
+    over primary and replicas (as ms-ec's smart client spreads them)."""
 
-    def __init__(self, conns: list[RespConnection], wait: int, rng: random.Random) -> None:
+    def __init__(self, conns: list[RespConnection], wait: int, rng: random.Random, spread_reads: bool) -> None:
         self.conns, self.wait, self.rng = conns, wait, rng
+        self.readers = conns if spread_reads else conns[:1]
 
     async def get(self, key: bytes) -> Any:
-        conns = self.conns  # the same seeded choice the smart client makes among read targets
-        conn = conns[self.rng.randrange(len(conns))] if len(conns) > 1 else conns[0]
+        readers = self.readers  # the same seeded choice the smart client makes among read targets
+        conn = readers[self.rng.randrange(len(readers))] if len(readers) > 1 else readers[0]
         return await conn.call(b"GET", key)
 
     async def put(self, key: bytes, value: bytes) -> Any:
@@ -117,10 +119,11 @@ async def bespokv_target(shard_map: ShardMap, seed: int) -> Target:
     return BespokvTarget(SmartClient(shard_map, seed=seed))
 
 
-def redis_target_factory(endpoints: list[tuple[str, int]], wait: int) -> Callable[[int], Any]:
+def redis_target_factory(endpoints: list[tuple[str, int]], wait: int,
+                         spread_reads: bool = True) -> Callable[[int], Any]:
     async def make(seed: int) -> Target:
         conns = [await RespConnection.connect(h, p) for h, p in endpoints]
-        return RedisTarget(conns, wait, random.Random(seed))
+        return RedisTarget(conns, wait, random.Random(seed), spread_reads)
     return make
 
 
