@@ -37,6 +37,7 @@ def test_user_mistakes_are_one_line_errors():
         (["sim", "-w", "nope.csv"], "workload not found"),
         (["sim", "-w", "workload-1", "--cluster", "1x6"], "more GPUs than the cluster has"),
         (["sim", "-w", "workload-1", "--threshold", "7"], "efficiency_threshold"),
+        (["sim", "-w", "workload-1", "--pressure-threshold", "-1"], "pressure_threshold"),
         (["curve", "--app", "gpt", "--batch", "8"], "unknown application"),
     ]:
         res = runner.invoke(app, args)
@@ -51,3 +52,8 @@ def test_model_and_curve_commands():
     assert {r["app"] for r in rows} == {"bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3"}
     res = runner.invoke(app, ["curve", "--app", "ncf", "--batch", "32768", "--json"])
     assert json.loads(res.stdout)["marble_gpus"] == 1
+    # yolov3 at batch 64 (measured): gains 1, 0.89, -0.04, 1.15 single GPUs. The envelope from 2
+    # GPUs goes to 4 at 0.555 per GPU: kept at threshold 0.5, not at the pressure threshold 0.8.
+    res = runner.invoke(app, ["curve", "--app", "yolov3", "--batch", "64", "--max-gpus", "4", "--json"])
+    doc = json.loads(res.stdout)
+    assert (doc["marble_gpus"], doc["marble_gpus_under_pressure"]) == (4, 2)

@@ -68,6 +68,7 @@ def sim(
     seed: int = typer.Option(0, help="first seed"),
     restart_cost: float = typer.Option(30.0, min=0.0, help="checkpoint-restart cost in seconds"),
     threshold: float = typer.Option(0.5, help="marble: least gain per added GPU, in single-GPU throughputs"),
+    pressure_threshold: float = typer.Option(0.8, help="marble: the same while waiting jobs want more GPUs than are free"),
     out: Path | None = typer.Option(None, help="directory for results.json, timing.json and PNG plots"),
     events: bool = typer.Option(False, help="also write a JSONL event log per run under --out"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON document instead of tables"),
@@ -75,7 +76,7 @@ def sim(
     """Replay a workload under several policies and seeds; tables (or --json) on stdout."""
     try:
         spec = ClusterSpec.parse(cluster)
-        options = PolicyOptions(efficiency_threshold=threshold)
+        options = PolicyOptions(efficiency_threshold=threshold, pressure_threshold=pressure_threshold)
     except (ValueError, ConfigError) as e:
         raise fail(str(e)) from None
     names = _parse_policies(policies)
@@ -166,9 +167,11 @@ def curve(
     max_gpus: int = typer.Option(12, min=1, max=512, help="largest GPU count to show"),
     gpus_per_node: int = typer.Option(6, min=1, max=64),
     threshold: float = typer.Option(0.5, help="marble's least gain per added GPU"),
+    pressure_threshold: float = typer.Option(0.8, help="the same under queue pressure"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Efficiency curve E(p) = T(p) / (p T(1)) of one application and marble's size for it."""
+    """Efficiency curve E(p) = T(p) / (p T(1)) of one application and marble's size for it
+    (with max-gpus as the request), in a quiet cluster and under queue pressure."""
     tm = _model()
     try:
         tm.check_app(app_name)
@@ -176,12 +179,14 @@ def curve(
         raise fail(str(e.args[0])) from None
     rows = tm.efficiency_curve(app_name, batch, max_gpus, gpus_per_node)
     size = sized_shapes(tm, app_name, batch, max_gpus, gpus_per_node, threshold)[-1]
-    doc = {"app": app_name, "batch": batch, "curve": rows, "marble_shape": list(size), "marble_gpus": sum(size)}
+    busy = sized_shapes(tm, app_name, batch, max_gpus, gpus_per_node, max(threshold, pressure_threshold))[-1]
+    doc = {"app": app_name, "batch": batch, "curve": rows, "marble_shape": list(size), "marble_gpus": sum(size),
+           "marble_shape_under_pressure": list(busy), "marble_gpus_under_pressure": sum(busy)}
     if as_json:
         emit_json(doc)
         return
     emit_table(make_table(f"{app_name}, global batch {batch}: marble picks {sum(size)} GPUs as "
-                          f"{''.join(map(str, size))}", ["GPUs", "shape", "samples/s", "efficiency"],
+                          f"{''.join(map(str, size))} ({sum(busy)} as {''.join(map(str, busy))} under queue pressure)", ["GPUs", "shape", "samples/s", "efficiency"],
                           [[r["gpus"], r["shape"], r["throughput"], r["efficiency"]] for r in rows]))
 
 

@@ -91,6 +91,7 @@ def report(runs: list[Run], source: WorkloadSource, spec: ClusterSpec, options: 
         entry["mean"] = aggregate(list(entry["seeds"].values()))
     return {"workload": source.label, "cluster": str(spec), "restart_cost_s": restart_cost,
             "options": {"efficiency_threshold": options.efficiency_threshold,
+                        "pressure_threshold": options.pressure_threshold,
                         "backfill_depth": options.backfill_depth,
                         "tiresias_thresholds": list(options.tiresias_thresholds),
                         "optimus_interval": options.optimus_interval},

@@ -1,5 +1,5 @@
-"""Job throughput (samples/s) for a placement, the efficiency curve, and MARBLE's "appropriate"
-GPUs per node.
+"""Job throughput (samples/s) for a placement and the efficiency curve (marble's size rule,
+which reads them, is `policies.marble.sized_shapes`).
 
 Lookup order for a placement shape at local batch m:
 1. a measured shape: interpolate between measured local batch sizes (clamped to their range);
@@ -33,7 +33,6 @@ class ThroughputModel:
         self.profiles = profiles if profiles is not None else load_profiles()
         self.fits: dict[str, FittedModel] = {name: fit(p.rows) for name, p in self.profiles.items()}
         self.rate = lru_cache(maxsize=None)(self._rate)
-        self.appropriate_gpus_per_node = lru_cache(maxsize=None)(self._appropriate_gpus_per_node)
 
     @property
     def apps(self) -> list[str]:
@@ -80,17 +79,3 @@ class ThroughputModel:
                          "throughput": self.rate(app, shape, global_batch),
                          "efficiency": self.efficiency(app, shape, global_batch)})
         return rows
-
-    def _appropriate_gpus_per_node(self, app: str, global_batch: int, nodes: int, max_per_node: int,
-                                   threshold: float) -> int:
-        """MARBLE's GPUs per node for a job spread over `nodes` nodes: keep adding one GPU per node
-        while each added GPU still brings at least `threshold` of a single GPU's throughput."""
-        base = self.rate(app, (1,), global_batch)
-        best = 1
-        prev = self.rate(app, (1,) * nodes, global_batch)
-        for g in range(2, max_per_node + 1):
-            cur = self.rate(app, (g,) * nodes, global_batch)
-            if (cur - prev) / (nodes * base) < threshold:
-                break
-            best, prev = g, cur
-        return best
