@@ -2,7 +2,9 @@
 
 For a tier budget B and size classes s with counts c_s:
     share_s = s*c_s / sum(s*c_s);  slots_s = min(round(share_s * B / s), c_s)
-Classes with one or two tensors get exactly that many slots; every class gets at least one slot
+Classes with one or two tensors get exactly that many slots (the paper's rule), and so do classes of
+tensors of at most 64 KiB that all fit in 5% of the budget when `small_first` (ours; used for the
+CPU parameter tier so tiny tensors never go to NVMe); every class gets at least one slot
 (else a tensor of that size could never be used), and a budget that cannot hold one tensor of each
 class is rejected with the size it would need.
 
@@ -17,23 +19,38 @@ from dataclasses import dataclass
 from mlsyskit.core.config import format_size
 from mlsyskit.core.memory import round_up
 
+SMALL_TENSOR = 64 * 1024  # bytes
+SMALL_CLASS_SHARE = 0.05
+
 
 class BudgetError(ValueError):
     """A budget too small for the tensors it must hold."""
 
 
 def class_slots(distribution: Mapping[int, int], budget: int, *, tier: str, min_one: bool = True,
-                stride: int = 4096) -> dict[int, int]:
+                stride: int = 4096, small_first: bool = False) -> dict[int, int]:
     """Slots per size class for `budget` bytes (the formula above; slot memory is rounded to `stride`)."""
     if not distribution:
         return {}
-    total = sum(s * c for s, c in distribution.items())
     slots: dict[int, int] = {}
-    for s, c in sorted(distribution.items()):
-        if c <= 2 and round_up(s, stride) * c <= budget:
+    # ours (`small_first`, used for the CPU parameter tier): classes of tensors <= 64 KiB that all fit in 5% of
+    # the budget get all their slots first; tiny tensors (biases, norms) cost an NVMe I/O each but almost no
+    # memory, so they should never be sent to NVMe
+    small_total = 0
+    for s, c in sorted(distribution.items()) if small_first else ():
+        need = round_up(s, stride) * c
+        if s > SMALL_TENSOR or small_total + need > SMALL_CLASS_SHARE * budget:
+            break
+        slots[s] = c
+        small_total += need
+    rest = {s: c for s, c in distribution.items() if s not in slots}
+    total = sum(s * c for s, c in rest.items())
+    budget_rest = budget - small_total
+    for s, c in sorted(rest.items()):
+        if c <= 2 and round_up(s, stride) * c <= budget_rest:
             slots[s] = c
             continue
-        n = min(round(s * c / total * budget / s), c)
+        n = min(round(s * c / total * budget_rest / s), c)
         slots[s] = max(n, 1) if min_one else n
     need = sum(round_up(s, stride) for s in distribution) if min_one else 0
     if need > budget:

@@ -168,14 +168,22 @@ class TierStore:
             self.settle(e)
 
     # -- moves ------------------------------------------------------------------------------------------
+    def _expect(self, e: Entry, where: str, *, nvme: bool = False) -> None:
+        """A move starts only from a settled tensor in the expected tier (a policy bug otherwise)."""
+        if e.where != where or e.pending is not None:
+            raise RuntimeError(f"cannot move {e.name}: it is {'moving to ' if e.pending else 'on '}{e.where}, "
+                               f"not settled on {where}")
+        if nvme and self.nvme is None:
+            raise RuntimeError(f"cannot move {e.name} to or from NVMe: no NVMe directory")
+
     def nvme_to_cpu(self, e: Entry, slot: Slot) -> None:
-        assert e.where == NVME and e.pending is None and self.nvme is not None
+        self._expect(e, NVME, nvme=True)
         e.cpu = slot
         self.stats.add(NVME, CPU, e.nbytes)
         self._start(e, CPU, self.nvme.submit_read(e.key, slot.data), None)
 
     def cpu_to_nvme(self, e: Entry, *, sync: bool = False) -> None:
-        assert e.where == CPU and e.pending is None and self.nvme is not None
+        self._expect(e, CPU, nvme=True)
         slot = e.cpu
 
         def release() -> None:
@@ -191,7 +199,7 @@ class TierStore:
             self._start(e, NVME, self.nvme.submit_write(e.key, slot.data, e.nbytes), release)
 
     def cpu_to_device(self, e: Entry, slot: Slot) -> None:
-        assert e.where == CPU and e.pending is None
+        self._expect(e, CPU)
         src, e.dev = e.cpu, slot
 
         def release() -> None:
@@ -202,7 +210,7 @@ class TierStore:
         self._start(e, DEVICE, self.mover.copy(slot.data[:e.nbytes], src.data[:e.nbytes]), release)
 
     def device_to_cpu(self, e: Entry, slot: Slot) -> None:
-        assert e.where == DEVICE and e.pending is None
+        self._expect(e, DEVICE)
         src, e.cpu = e.dev, slot
         self.unbind(e)
 
@@ -217,7 +225,7 @@ class TierStore:
         """Write a device resident straight to NVMe. The emulated arena is aligned host memory, so the
         file tier reads the slot itself (asynchronously unless `sync`); a CUDA slot goes synchronously
         through a per-class pinned staging buffer made once."""
-        assert e.where == DEVICE and e.pending is None and self.nvme is not None
+        self._expect(e, DEVICE, nvme=True)
         self.unbind(e)
         slot = e.dev
 

@@ -19,7 +19,7 @@ class LRUPolicy(SyncFetch):
 
     def plan(self, ctx: PlanContext) -> Plan:
         dev = class_slots(ctx.distribution, ctx.device_budget, tier="device")
-        cpu = class_slots(ctx.distribution, ctx.cpu_budget, tier="CPU")
+        cpu = class_slots(ctx.distribution, ctx.cpu_budget, tier="CPU", small_first=True)
         return Plan(dev, cpu, place(ctx.model_order, ctx.sizes, dev, cpu))
 
     def acquire(self, pos: int | None, entries: list[Entry]) -> None:

@@ -13,7 +13,7 @@ class OnDemandPolicy(Policy):
     name = "on-demand"
 
     def plan(self, ctx: PlanContext) -> Plan:
-        cpu = class_slots(ctx.distribution, ctx.cpu_budget, tier="CPU")
+        cpu = class_slots(ctx.distribution, ctx.cpu_budget, tier="CPU", small_first=True)
         return Plan(None, cpu, place(ctx.model_order, ctx.sizes, {}, cpu))
 
     def acquire(self, pos: int | None, entries: list[Entry]) -> None:

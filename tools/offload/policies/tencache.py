@@ -37,7 +37,8 @@ class TenCachePolicy(SyncFetch):
         self.max_spills = max_spills
 
     def plan(self, ctx: PlanContext) -> Plan:
-        assert ctx.profile is not None
+        if ctx.profile is None:
+            raise ValueError("the tencache policy needs a profile (run `tencache profile` or omit --profile)")
         self.uses = [u.tensors for u in ctx.profile.uses]
         self.n_uses = len(self.uses)
         self.positions: dict[int, list[int]] = {}
@@ -45,7 +46,7 @@ class TenCachePolicy(SyncFetch):
             for t in tensors:
                 self.positions.setdefault(t, []).append(pos)
         dev = class_slots(ctx.distribution, ctx.device_budget, tier="device")
-        cpu = class_slots(ctx.distribution, ctx.cpu_budget, tier="CPU")
+        cpu = class_slots(ctx.distribution, ctx.cpu_budget, tier="CPU", small_first=True)
         order = first_use_order(self.uses, len(ctx.sizes))
         return Plan(dev, cpu, place(order, ctx.sizes, dev, cpu))
 
@@ -88,6 +89,7 @@ class TenCachePolicy(SyncFetch):
         st.reap()
         free = {s: st.dev_pool.free_count(s) for s in self.by_class}
         seen: set[int] = set()
+        stuck: set[int] = set()  # classes where no resident may leave for now
         for q in range(pos + 1, pos + 1 + self.device_ahead):
             for t in self.uses[q % self.n_uses]:
                 e = st.entries[t]
@@ -95,7 +97,8 @@ class TenCachePolicy(SyncFetch):
                     continue
                 seen.add(t)
                 if free[e.nbytes] <= 0:
-                    self._evict_for(e, pos)  # the freed slot is claimed on a later call
+                    if e.nbytes not in stuck and not self._evict_for(e, pos):
+                        stuck.add(e.nbytes)  # the freed slot, if any, is claimed on a later call
                     continue
                 free[e.nbytes] -= 1  # nearer tensors still on their way from NVMe keep their claim
                 if e.where == CPU and e.pending is None:
@@ -103,27 +106,29 @@ class TenCachePolicy(SyncFetch):
         if st.nvme is not None:
             self._read_ahead(pos)
 
-    def _evict_for(self, incoming: Entry, pos: int) -> None:
-        """Free a device slot of incoming's class if a resident is needed later than incoming is."""
+    def _evict_for(self, incoming: Entry, pos: int) -> bool:
+        """Start freeing a device slot of incoming's class for it; False when none may leave now."""
         st = self.store
         leaving = sum(1 for x in self.by_class[incoming.nbytes] if x.where != DEVICE and x.dev is not None)
         if leaving >= self.max_evictions:
-            return
+            return False
         candidates = [x for x in self.by_class[incoming.nbytes]
                       if x.where == DEVICE and x.pending is None and not x.bound]
         victim = self.device_victim(candidates, pos)
         if victim is None or self.distance(victim, pos) <= self.distance(incoming, pos):
-            return
+            return False
         slot = st.cpu_pool.try_acquire(victim.nbytes, victim.idx, exact=True)
         if slot is not None:
             st.device_to_cpu(victim, slot)
-            return
+            return True
         cpu_candidates = [x for x in self.by_class[victim.nbytes] if x.where == CPU and x.pending is None]
         cpu_victim = self.cpu_victim(cpu_candidates, pos)
         if cpu_victim is not None and self.distance(cpu_victim, pos) > self.distance(victim, pos):
-            self._spill(cpu_victim)  # its slot frees when the write completes
-        elif st.nvme is not None:
+            return self._spill(cpu_victim) and False  # its slot frees when the write completes
+        if st.nvme is not None:
             st.device_to_nvme(victim, sync=False)
+            return True
+        return False
 
     def _spill(self, e: Entry) -> bool:
         st = self.store
