@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""tencache benchmark: one >= 300M-parameter model, all policies in one run (same seed, same budgets),
-plus the NVMe tier's bandwidth against fio (or dd with O_DIRECT) on the same filesystem.
+"""tencache benchmark: one >= 300M-parameter model, all policies in one run (same seed, same budgets,
+steps interleaved between the policies), plus the NVMe tier's bandwidth against fio (or dd with
+O_DIRECT) on the same filesystem.
 
     .venv/bin/python scripts/bench_offload.py                      # defaults below, ~5-8 min on 2 cores
     .venv/bin/python scripts/bench_offload.py --model gpt-10m --steps 3 --device-mem 8MiB ...   # quick look
@@ -30,7 +31,7 @@ from mlsyskit.core.console import emit_table, err, make_table
 from mlsyskit.core.filetier import FileTier
 from mlsyskit.core.memory import aligned_empty
 from mlsyskit.tools.offload.model import preset
-from mlsyskit.tools.offload.trainer import TrainConfig, run_profile, train
+from mlsyskit.tools.offload.trainer import TrainConfig, build_engine, one_step, run_profile, summarize
 
 POLICIES = ("tencache", "on-demand", "lru")
 
@@ -128,21 +129,33 @@ def dd_bandwidth(directory: Path, total: int) -> dict[str, float]:
 
 
 # -- training runs ------------------------------------------------------------------------------------------
-def run_policy(policy: str, args: argparse.Namespace, profile) -> dict:
-    nvme = args.nvme_dir / policy
-    shutil.rmtree(nvme, ignore_errors=True)
-    nvme.mkdir(parents=True)
-    cfg = TrainConfig(model=args.model, batch=args.batch, seq=args.seq, steps=args.steps, lr=args.lr, policy=policy,
-                      device_mem=args.device_mem, cpu_mem=args.cpu_mem, opt_mem=args.opt_mem, nvme_dir=nvme,
-                      warmup_steps=1, device=args.device)
-    t0 = time.perf_counter()
-    result = train(cfg, profile if policy == "tencache" else None,
-                   on_step=lambda r: err.print(f"  {policy} step {r['step']}: {r['step_s']:.2f} s, loss {r['loss']:.4f}, "
-                                               f"hit {r['device_hit_rate']:.3f}, wait {r['fetch_wait_s']:.3f} s"))
-    wall = time.perf_counter() - t0
-    shutil.rmtree(nvme, ignore_errors=True)
-    gc.collect()
-    return {"summary": result.summary, "losses": result.losses, "steps": result.steps, "wall_s": wall}
+def run_interleaved(policies: list[str], args: argparse.Namespace, profile) -> dict:
+    """All policies' engines live at once and take steps in turn (the order rotates every step), so a burst
+    of load from other processes on a shared machine hits every policy alike instead of one of them."""
+    cfgs, engines, records = {}, {}, {p: [] for p in policies}
+    try:
+        for p in policies:
+            nvme = args.nvme_dir / p
+            shutil.rmtree(nvme, ignore_errors=True)
+            nvme.mkdir(parents=True)
+            cfgs[p] = TrainConfig(model=args.model, batch=args.batch, seq=args.seq, steps=args.steps, lr=args.lr,
+                                  policy=p, device_mem=args.device_mem, cpu_mem=args.cpu_mem, opt_mem=args.opt_mem,
+                                  nvme_dir=nvme, warmup_steps=1, device=args.device)
+            engines[p] = build_engine(cfgs[p], profile if p == "tencache" else None)
+            gc.collect()
+        for step in range(args.steps):
+            order = policies[step % len(policies):] + policies[:step % len(policies)]
+            for p in order:
+                r = one_step(engines[p], cfgs[p], step)
+                records[p].append(r)
+                err.print(f"  step {step} {p}: {r['step_s']:.2f} s (CPU {r['cpu_s']:.2f} s), loss {r['loss']:.4f}, "
+                          f"hit {r['device_hit_rate']:.3f}, wait {r['fetch_wait_s']:.3f} s")
+        return {p: {"summary": summarize(records[p], cfgs[p], engines[p]), "losses": [r["loss"] for r in records[p]],
+                    "steps": records[p]} for p in policies}
+    finally:
+        for p, engine in engines.items():
+            engine.close()
+            shutil.rmtree(args.nvme_dir / p, ignore_errors=True)
 
 
 def targets(runs: dict, disk: dict) -> list[dict]:
@@ -199,7 +212,9 @@ def main() -> int:
     profile = run_profile(TrainConfig(model=args.model, batch=args.batch, seq=args.seq, lr=args.lr)) \
         if "tencache" in policies else None
     profile_s = time.perf_counter() - t0
-    runs = {p: run_policy(p, args, profile) for p in policies}
+    t0 = time.perf_counter()
+    runs = run_interleaved(policies, args, profile)
+    train_s = time.perf_counter() - t0
     result = {
         "bench": "offload", "model": args.model, "parameters": cfg.n_params, "batch": args.batch, "seq": args.seq,
         "steps_per_policy": args.steps, "measured_steps": args.steps - 1, "lr": args.lr,
@@ -207,8 +222,8 @@ def main() -> int:
         "device": next(iter(runs.values()))["summary"]["device"] if runs else None,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "python": sys.version.split()[0]},
-        "profile_s": profile_s, "disk": disk,
-        "policies": {p: {"summary": r["summary"], "losses": r["losses"], "wall_s": r["wall_s"],
+        "profile_s": profile_s, "train_s": train_s, "interleaved": True, "disk": disk,
+        "policies": {p: {"summary": r["summary"], "losses": r["losses"],
                          "steps": [{k: v for k, v in s.items() if k != "occupancy"} for s in r["steps"]]}
                      for p, r in runs.items()},
     }

@@ -95,8 +95,9 @@ def train_plain(cfg: TrainConfig) -> list[float]:
     return losses
 
 
-def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Telemetry | None = None,
-          on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+def build_engine(cfg: TrainConfig, profile: Profile | None = None) -> OffloadEngine:
+    """The model, its tiers and optimizer state for `cfg` (profiling first for tencache without a profile,
+    loading the newest checkpoint with `resume`); `engine.adam_step` is the step to continue from."""
     model, masters = build_model(cfg.model, cfg.seed)
     if cfg.policy == "tencache" and profile is None:
         profile = run_profile(cfg)
@@ -106,16 +107,19 @@ def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Teleme
     if cfg.resume:
         start, masters, states = _load_checkpoint(cfg, model)
     budgets = Budgets(cfg.device_mem, cfg.cpu_mem, cfg.opt_mem, cfg.nvme_dir)
-    engine = OffloadEngine(model, masters, policy=cfg.policy, budgets=budgets,
-                           profile=profile if cfg.policy == "tencache" else None,
-                           adam=AdamConfig(lr=cfg.lr), states=states, adam_step=start,
-                           device=pick_device(cfg.device))
-    del masters, states
+    return OffloadEngine(model, masters, policy=cfg.policy, budgets=budgets,
+                         profile=profile if cfg.policy == "tencache" else None,
+                         adam=AdamConfig(lr=cfg.lr), states=states, adam_step=start, device=pick_device(cfg.device))
+
+
+def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Telemetry | None = None,
+          on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+    engine = build_engine(cfg, profile)
     tel = telemetry or Telemetry(clock=RealClock())
     result = TrainResult(losses=[])
     try:
-        for step in range(start, cfg.steps):
-            record = _one_step(engine, cfg, step)
+        for step in range(engine.adam_step, cfg.steps):
+            record = one_step(engine, cfg, step)
             result.losses.append(record["loss"])
             result.steps.append(record)
             tel.event("step", **record)
@@ -132,7 +136,8 @@ def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Teleme
     return result
 
 
-def _one_step(engine: OffloadEngine, cfg: TrainConfig, step: int) -> dict[str, Any]:
+def one_step(engine: OffloadEngine, cfg: TrainConfig, step: int) -> dict[str, Any]:
+    """One training step with its metrics (deltas of the engine's counters over this step)."""
     before_bytes = dict(engine.store.stats.bytes)
     before_alloc = engine.allocations()
     opt = engine.states.stats
