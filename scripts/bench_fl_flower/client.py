@@ -23,7 +23,8 @@ class DigitsClient(fl.client.NumPyClient):
     def fit(self, parameters, config):
         seed = sub_seed(0, f"train:{config['round']}:{cid}") % (2**31)
         result = train_local(dict(zip(NAMES, parameters, strict=True)), data, spec, num_features, num_classes, seed)
-        return list(result.weights.values()), result.num_samples, {"quality": result.quality}
+        return list(result.weights.values()), result.num_samples, {"quality": result.quality,
+                                                                     "cpu_time_s": result.cpu_time_s}
 
     def evaluate(self, parameters, config):
         return 0.0, 1, {}

@@ -3,7 +3,9 @@ round, central evaluation on the same global test set) on flwr's legacy gRPC ser
 
 Runs inside the bench venv (.bench-venvs/flwr), which also sees mlsyskit's venv for the data and
 model code. Writes the monotonic time of each round's start (configure_fit) and end (after
-aggregate_fit and evaluation) to the JSON file given as the last argument.
+aggregate_fit and evaluation) to the JSON file given as the last argument, with the same per-phase
+wall times fl-server logs (collect: configure_fit until all fit results are in; aggregate; evaluate)
+and the clients' training CPU (their cpu_time_s from train_local).
 """
 from __future__ import annotations
 
@@ -28,12 +30,16 @@ hidden = TrainSpec().hidden
 initial = init_weights(data.num_features, data.num_classes, hidden, sub_seed(0, "model-init"))
 names = list(initial)
 marks: dict[str, dict[int, float]] = {"start": {}, "end": {}}
+phases: dict[int, dict[str, float]] = {}
+training_cpu: dict[int, float] = {}
 
 
 def central_evaluation(server_round, parameters, config):
+    begin = time.monotonic()
     metrics = evaluate(dict(zip(names, parameters, strict=True)), data.x_test, data.y_test)
     if server_round > 0:
         marks["end"][server_round] = time.monotonic()
+        phases[server_round]["evaluate_s"] = marks["end"][server_round] - begin
     return metrics["loss"], {"accuracy": metrics["accuracy"]}
 
 
@@ -41,6 +47,14 @@ class TimedFedAvg(FedAvg):
     def configure_fit(self, server_round, parameters, client_manager):
         marks["start"][server_round] = time.monotonic()
         return super().configure_fit(server_round, parameters, client_manager)
+
+    def aggregate_fit(self, server_round, results, failures):
+        collected = time.monotonic()
+        training_cpu[server_round] = sum(fit.metrics["cpu_time_s"] for _, fit in results)
+        aggregated = super().aggregate_fit(server_round, results, failures)
+        phases[server_round] = {"collect_s": collected - marks["start"][server_round],
+                                "aggregate_s": time.monotonic() - collected}
+        return aggregated
 
 
 strategy = TimedFedAvg(fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=clients,
@@ -51,4 +65,5 @@ history = fl.server.start_server(server_address=address, config=fl.server.Server
                                  strategy=strategy)
 accuracy = history.metrics_centralized.get("accuracy", [])
 with open(out, "w") as f:
-    json.dump({"start": marks["start"], "end": marks["end"], "accuracy": accuracy[-1][1] if accuracy else None}, f)
+    json.dump({"start": marks["start"], "end": marks["end"], "phases": phases, "training_cpu": training_cpu,
+               "accuracy": accuracy[-1][1] if accuracy else None}, f)

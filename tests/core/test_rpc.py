@@ -32,8 +32,16 @@ def make_echo_server(**kwargs) -> RpcServer:
     async def refuse(payload, call):
         raise RpcError(StatusCode.FAILED_PRECONDITION, "round 3 is closed")
 
+    async def chat(requests, call):  # answers each message, then says how many it got
+        n = 0
+        async for message in requests:
+            n += 1
+            yield {"echo": message, "n": n}
+        yield {"total": n}
+
     server.unary("echo", echo)
     server.stream("count", count)
+    server.bidi("chat", chat)
     server.unary("slow", slow)
     server.unary("broken", broken)
     server.unary("refuse", refuse)
@@ -58,6 +66,38 @@ def test_echo_unary_and_stream_with_arrays_and_tensors():
                 items = [m async for m in client.stream("count", {"n": 4}, timeout=5)]
                 assert [m["i"] for m in items] == [0, 1, 2, 3]
                 assert items[3]["w"].tolist() == [3, 3, 3]
+        finally:
+            await server.stop()
+
+    run(main())
+
+
+def test_bidirectional_call_interleaves_and_refuses_garbage_and_bad_tokens():
+    async def main():
+        server = make_echo_server(token="s3cret")
+        port = await server.start()
+        try:
+            async with RpcClient(f"127.0.0.1:{port}", token="s3cret") as client:
+                chat = client.bidi("chat", timeout=5)
+                replies = aiter(chat)
+                for i in range(3):  # each reply arrives before the next message is sent
+                    await chat.send({"w": np.full(2, i, dtype=np.float32)})
+                    reply = await anext(replies)
+                    assert reply["n"] == i + 1 and reply["echo"]["w"].tolist() == [i, i]
+                await chat.done_writing()
+                assert [m async for m in replies] == [{"total": 3}]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = channel.stream_stream("/mlsyskit/chat")(metadata=(("authorization", "Bearer s3cret"),))
+                await call.write(b"\x93garbage")
+                with pytest.raises(grpc.aio.AioRpcError) as raw:
+                    await call.read()
+                assert raw.value.code() == StatusCode.INVALID_ARGUMENT
+            async with RpcClient(f"127.0.0.1:{port}", token="wrong") as client:
+                chat = client.bidi("chat", timeout=5)
+                await chat.send({"x": 1})
+                with pytest.raises(RpcError) as info:
+                    _ = [m async for m in chat]
+                assert info.value.code == StatusCode.UNAUTHENTICATED
         finally:
             await server.stop()
 

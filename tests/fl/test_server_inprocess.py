@@ -84,3 +84,49 @@ def test_bad_updates_deadline_and_auth(tmp_path):
     assert client_account(2) not in pay and pay[client_account(0)] > 0 and pay[client_account(1)] > 0
     assert abs(ledger.total()) < 1e-9
     store.close()
+
+
+def test_session_messages_claiming_another_client_end_only_that_session(tmp_path):
+    """On the bidirectional `session`, an update for another client id or undecodable bytes end that
+    client's session (INVALID_ARGUMENT, counted as failed, unpaid); the other client's round goes on."""
+    import grpc
+
+    config = JobConfig(rounds=1, per_round=2, round_timeout_s=30.0, data=DataSpec(num_clients=2))
+
+    async def spoof(address: str) -> list:
+        codes = []
+        async with RpcClient(address) as rpc:
+            session = rpc.bidi("session", timeout=30)
+            await session.send({"client_id": 1, "num_samples": 10, "local_only_accuracy": 0.5})
+            with pytest.raises(RpcError) as info:
+                async for task in session:
+                    if task["type"] == "train":
+                        await session.send({"client_id": 0, "round": task["round"], "weights": task["weights"],
+                                            "metrics": METRICS})
+            codes.append(info.value.code)
+        async with grpc.aio.insecure_channel(address) as channel:  # rejoins, then sends garbage
+            call = channel.stream_stream("/mlsyskit/session")()
+            await call.write(b"\x93garbage")
+            with pytest.raises(grpc.aio.AioRpcError) as raw:
+                await call.read()
+            codes.append(raw.value.code())
+        return codes
+
+    async def main():
+        store = MetaStore(tmp_path / "fl.db")
+        server = FlServer(config, store, eval_timeout_s=2.0)
+        port = await server.start()
+        address = f"127.0.0.1:{port}"
+        try:
+            serving = asyncio.create_task(server.serve(registration_timeout_s=30))
+            codes, honest, _ = await asyncio.gather(spoof(address), FlClient(address, 0).run(), serving)
+        finally:
+            await server.stop()
+        store.close()
+        return server, codes, honest
+
+    server, codes, honest = asyncio.run(asyncio.wait_for(main(), 60))
+    assert codes == [StatusCode.INVALID_ARGUMENT, StatusCode.INVALID_ARGUMENT]
+    (outcome,) = server.outcomes
+    assert outcome.reports[0].status == "valid" and honest.rounds_trained == 1
+    assert outcome.reports[1].status == "failed"

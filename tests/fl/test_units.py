@@ -113,6 +113,23 @@ def test_ledger_is_double_entry_and_conserved(tmp_path):
         assert Ledger(store).digest() == digest
 
 
+def test_ledger_balances_follow_rollbacks_and_other_writers(tmp_path):
+    """Balances are read incrementally; a rolled-back round and rows from another Ledger show exactly."""
+    with MetaStore(tmp_path / "l.db") as store:
+        ledger = Ledger(store)
+        ledger.apply(0, [Transfer(MINT, client_account(0), 10.0, "endowment")])
+        assert ledger.balances() == {MINT: -10.0, client_account(0): 10.0}
+        with pytest.raises(RuntimeError), store.transaction():
+            ledger.apply(1, [Transfer(client_account(0), POOL, 3.0, "price")])
+            assert ledger.balance(POOL) == 3.0  # seen inside the transaction
+            raise RuntimeError("round failed")
+        assert ledger.balances() == {MINT: -10.0, client_account(0): 10.0}
+        ledger.apply(1, [Transfer(client_account(0), ESCROW, 2.0, "price")])  # reuses the rolled-back seq
+        Ledger(store).apply(1, [Transfer(ESCROW, POOL, 0.5, "fee")])
+        expected = {MINT: -10.0, client_account(0): 8.0, ESCROW: 1.5, POOL: 0.5}
+        assert ledger.balances() == expected == Ledger(store).balances()
+
+
 def _outcome():
     reports = {0: ClientReport(0, {"quality": 0.9, "num_samples": 10}),
                1: ClientReport(1, {"quality": 0.8, "num_samples": 20}),

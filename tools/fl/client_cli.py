@@ -33,6 +33,9 @@ def run(server: str = typer.Option("127.0.0.1:7070", "--server", help="fl-server
                                                   help="Fault injection: die mid-round N (tests)."),
         json_out: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout.")) -> None:
     """Join a server and take part until the job is done."""
+    from mlsyskit.tools.fl.threads import pause_gc_for_startup
+
+    pause_gc_for_startup()  # until the client is ready (FlClient(freeze_heap=True))
     from mlsyskit.tools.fl.client import ClientStopped, FlClient
 
     if malicious not in ATTACKS:
@@ -51,7 +54,7 @@ def run(server: str = typer.Option("127.0.0.1:7070", "--server", help="fl-server
         raise fail(e.message) from None
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     client = FlClient(server, client_id, dataset=dataset, attack=malicious, token=token, tls=tls,
-                      reconnect_s=reconnect, exit_after_round=crash_in_round)
+                      reconnect_s=reconnect, exit_after_round=crash_in_round, freeze_heap=True)
     try:
         summary = asyncio.run(client.run())
     except ClientStopped as e:

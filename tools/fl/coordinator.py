@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mlsyskit.core.clock import Clock
 from mlsyskit.core.rpc_codec import decode, encode
 from mlsyskit.core.sim import Seeds, sub_seed
 from mlsyskit.core.storage import MetaStore
@@ -41,8 +42,9 @@ class RoundPlan:
 
 
 class Coordinator:
-    def __init__(self, config: JobConfig, store: MetaStore) -> None:
+    def __init__(self, config: JobConfig, store: MetaStore, clock: Clock | None = None) -> None:
         self.config = config
+        self.clock = clock  # only times the phases of finish_round (None: not timed)
         self.store = store
         self.ledger = Ledger(store)
         data = load_federated(config.data)
@@ -170,8 +172,12 @@ class Coordinator:
             report = self._reports[cid]
             report.status, report.reason = "rejected", reason
         outcome = RoundOutcome(plan.round, plan.selected, dict(sorted(self._reports.items())), duration_s=duration_s)
+        now = self.clock.now if self.clock is not None else None
+        t0 = now() if now else 0.0
         new_weights = self.strategy.aggregate(self.weights, self._updates, outcome)
+        t1 = now() if now else 0.0
         outcome.global_metrics = self.strategy.evaluate(new_weights)
+        t2 = now() if now else 0.0
         incentive = self.strategy.incentive
         with self.store.transaction():
             transfers, pot = incentive.collect(sorted(self.clients), self.ledger.balances())
@@ -184,6 +190,8 @@ class Coordinator:
                 self._reimburse(self.consumer_accuracy)
             self.store.append("fl_rounds", outcome.to_record())
             self._checkpoint()
+        if now:
+            outcome.phases.update(aggregate_s=t1 - t0, evaluate_s=t2 - t1, commit_s=now() - t2)
         return outcome
 
     # -- end of job --------------------------------------------------------------------------------

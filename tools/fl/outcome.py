@@ -31,6 +31,7 @@ class RoundOutcome:
     reports: dict[int, ClientReport] = field(default_factory=dict)
     global_metrics: dict[str, float] = field(default_factory=dict)
     duration_s: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # wall seconds per phase (real transport only)
 
     def with_status(self, status: str) -> list[ClientReport]:
         return [r for cid, r in sorted(self.reports.items()) if r.status == status]
@@ -39,4 +40,5 @@ class RoundOutcome:
         return {"round": self.round, "selected": self.selected, "duration_s": self.duration_s,
                 "global": self.global_metrics,
                 "reports": {str(cid): {"metrics": r.metrics, "status": r.status, "reason": r.reason,
-                                       "aggregated": r.aggregated} for cid, r in sorted(self.reports.items())}}
+                                       "aggregated": r.aggregated} for cid, r in sorted(self.reports.items())},
+                **({"phases": self.phases} if self.phases else {})}

@@ -2,6 +2,10 @@
 
 RPC methods (msgpack payloads, weights as raw arrays):
   job      unary   -> the DataSpec and TrainSpec, so a client can load its partition
+  session  bidi    what fl-client uses: its first message registers (as `join`), later ones are its
+                   updates (as `submit`); the server sends the `join` tasks plus a
+                   {"type": "receipt", round, accepted, reason} per update. One call for the whole job,
+                   so a round costs two messages per client instead of a message and a unary call.
   join     stream  register (num_samples, local-only accuracy) and receive tasks:
                    {"type": "train", round, weights, train, seed} | {"type": "evaluate", weights} | {"type": "done"}
   submit   unary   a round's update + metrics -> {"accepted", "reason"}
@@ -41,7 +45,7 @@ class FlServer:
                  max_message_bytes: int = 64 * 1024 * 1024, crash_after_round: int | None = None) -> None:
         self.config = config
         self.clock = clock or RealClock()
-        self.coordinator = Coordinator(config, store)
+        self.coordinator = Coordinator(config, store, self.clock)
         self.telemetry = telemetry or Telemetry(self.clock)
         self.on_round = on_round
         self.eval_timeout_s = eval_timeout_s
@@ -50,6 +54,7 @@ class FlServer:
         for name in ("job", "submit", "evaluate", "status"):
             self.rpc.unary(name, getattr(self, f"_{name}"))
         self.rpc.stream("join", self._join)
+        self.rpc.bidi("session", self._session)
         self._queues: dict[int, asyncio.Queue] = {}
         self._generation: dict[int, int] = {}
         self._changed = asyncio.Event()  # something happened that may end a wait
@@ -66,6 +71,34 @@ class FlServer:
         return {"round": self.coordinator.round, "open_round": plan.round if plan else None,
                 "registered": sorted(self.coordinator.clients), "connected": sorted(self._queues),
                 "done": self.coordinator.finished}
+
+    async def _session(self, requests, call: CallContext):
+        try:
+            hello = await anext(requests)
+        except StopAsyncIteration:
+            return
+        cid = _field(hello, "client_id", int)
+        reader = asyncio.create_task(self._receive_updates(cid, requests))
+        try:
+            async for message in self._join(hello, call):
+                yield message
+        finally:
+            reader.cancel()
+
+    async def _receive_updates(self, cid: int, requests) -> None:
+        """A session's later messages are its updates; each gets a receipt on the task stream."""
+        try:
+            async for update in requests:
+                if _field(update, "client_id", int) != cid:
+                    raise RpcError(StatusCode.INVALID_ARGUMENT, f"this session belongs to client {cid}")
+                reply = self._take_update(update)
+                queue = self._queues.get(cid)
+                if queue is not None:
+                    queue.put_nowait({"type": "receipt", "round": update["round"], **reply})
+        except RpcError as e:  # garbage or a bad message ends this client's session, not the job
+            queue = self._queues.get(cid)
+            if queue is not None:
+                queue.put_nowait(e)
 
     async def _join(self, payload: Any, call: CallContext):
         cid = _field(payload, "client_id", int)
@@ -95,6 +128,8 @@ class FlServer:
                 message = await queue.get()
                 if message is None:
                     return
+                if isinstance(message, RpcError):
+                    raise message
                 yield message
                 if message["type"] == "done":
                     return
@@ -107,6 +142,9 @@ class FlServer:
                 self._poke()
 
     async def _submit(self, payload: Any, call: CallContext) -> dict:
+        return self._take_update(payload)
+
+    def _take_update(self, payload: Any) -> dict:
         cid = _field(payload, "client_id", int)
         round_num = _field(payload, "round", int)
         accepted, reason = self.coordinator.submit(cid, round_num, payload.get("weights"), payload.get("metrics"))
@@ -162,7 +200,9 @@ class FlServer:
                 self._queues[cid].put_nowait({"type": "train", "round": plan.round, "weights": plan.weights,
                                               "train": plan.train, "seed": plan.seeds[cid]})
             await self._wait(lambda: not c.waiting_for(), plan.deadline)
-            outcome = c.finish_round(self.clock.now() - start)
+            collected = self.clock.now()
+            outcome = c.finish_round(collected - start)
+            outcome.phases = {"collect_s": collected - start, **outcome.phases}
             self.outcomes.append(outcome)
             self.telemetry.event("round_end", **outcome.to_record())
             self.telemetry.observe("round_s", outcome.duration_s)

@@ -18,7 +18,7 @@ from mlsyskit.tools.fl.config import ATTACKS, JobConfig
 from mlsyskit.tools.fl.coordinator import JobMismatch
 from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.report import DB_NAME, load_run, plot, summarize
-from mlsyskit.tools.fl.threads import single_threaded
+from mlsyskit.tools.fl.threads import freeze_startup_heap, pause_gc_for_startup, single_threaded
 
 app = make_app(
     "fl-server",
@@ -103,6 +103,7 @@ def run(config: Path | None = CONFIG, strategy: str | None = STRATEGY, dataset: 
                                                      help="Fault injection: die after committing round N."),
         fresh: bool = FRESH, json_out: bool = JSON) -> None:
     """Serve a federated job over gRPC until all rounds are done (resumes from --run-dir)."""
+    pause_gc_for_startup()
     from mlsyskit.tools.fl.server import FlServer
 
     job = _job(config, strategy, dataset, clients, per_round, rounds, partition, alpha, seed,
@@ -123,6 +124,7 @@ def run(config: Path | None = CONFIG, strategy: str | None = STRATEGY, dataset: 
         server = FlServer(job, store, address=address, token=token, tls=tls, telemetry=telemetry,
                           on_round=_round_line, crash_after_round=crash_after_round)
         port = await server.start()
+        freeze_startup_heap()
         if server.coordinator.round:
             log(f"resuming after round {server.coordinator.round} from {run_dir}")
         log(f"fl-server listening on {address.rsplit(':', 1)[0]}:{port} ({'TLS' if tls else 'plaintext'}"

@@ -2,7 +2,10 @@
 
 Every movement is one row with a payer, a payee and a non-negative amount, so the sum of all
 balances is zero by construction: the `mint` account goes negative by exactly what it issued.
-Balances are derived from the rows, never stored separately, so they cannot drift.
+Balances are derived from the rows, never stored separately, so they cannot drift; the rows read
+so far are kept per account and only newer rows are fetched (a full scan per round made a round's
+cost grow with the job's length), and a rolled-back transaction is detected by the highest row
+number going down, which discards what was kept.
 Writes join the caller's MetaStore transaction, so a round's transfers and its checkpoint
 commit together (a crash leaves either both or neither).
 """
@@ -39,9 +42,20 @@ class Ledger:
     def __init__(self, store: MetaStore) -> None:
         self.store = store
         store.ensure_table(_DDL)
+        self._amounts: dict[str, list[float]] = {}  # account -> signed amounts of the rows read so far
+        self._read_up_to = 0  # highest row number (seq) in _amounts
+
+    def _last_seq(self) -> int:
+        return self.store.query("SELECT COALESCE(MAX(seq), 0) FROM fl_ledger")[0][0]
+
+    def _forget_if_rolled_back(self) -> None:
+        # rows we kept were removed by a rollback (seq is reused after one): start over
+        if self._last_seq() < self._read_up_to:
+            self._amounts, self._read_up_to = {}, 0
 
     def apply(self, round_num: int, transfers: list[Transfer]) -> None:
         with self.store.transaction():
+            self._forget_if_rolled_back()
             for t in transfers:
                 if not (t.amount >= 0 and math.isfinite(t.amount)):
                     raise ValueError(f"refusing transfer of {t.amount!r} tokens ({t.kind})")
@@ -51,11 +65,14 @@ class Ledger:
                                    (round_num, t.payer, t.payee, float(t.amount), t.kind))
 
     def balances(self) -> dict[str, float]:
-        rows = self.store.query("SELECT payer, payee, amount FROM fl_ledger ORDER BY seq")
-        credit: dict[str, list[float]] = {}
-        for payer, payee, amount in rows:
+        self._forget_if_rolled_back()
+        rows = self.store.query("SELECT seq, payer, payee, amount FROM fl_ledger WHERE seq > ? ORDER BY seq",
+                                (self._read_up_to,))
+        credit = self._amounts
+        for seq, payer, payee, amount in rows:
             credit.setdefault(payer, []).append(-amount)
             credit.setdefault(payee, []).append(amount)
+            self._read_up_to = seq
         return {account: math.fsum(v) for account, v in sorted(credit.items())}
 
     def balance(self, account: str) -> float:
