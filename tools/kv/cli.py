@@ -140,6 +140,7 @@ def bench(workload: str = typer.Option("ycsb-a", "--workload", help="ycsb-a, ycs
           keys: int = typer.Option(10_000, "--keys"), ops: int = typer.Option(20_000, "--ops"),
           zipf: float = typer.Option(0.99, "--zipf", help="Zipfian theta (0 = uniform)."),
           value_size: int = typer.Option(32, "--value-size"), clients: int = typer.Option(16, "--clients"),
+          window: int = typer.Option(1, "--window", help="Operations each client keeps outstanding."),
           seed: int = typer.Option(0, "--seed"),
           redis: str = typer.Option(None, "--redis", help="Bench Redis instead: host:port[,host:port...] "
                                                           "(primary first, then its replicas)."),
@@ -152,7 +153,7 @@ def bench(workload: str = typer.Option("ycsb-a", "--workload", help="ycsb-a, ycs
     from mlsyskit.tools.kv import ycsb
 
     w = ycsb.Workload(name=workload, keys=keys, ops=ops, zipf=zipf, value_size=value_size, clients=clients,
-                      seed=seed)
+                      seed=seed, window=window)
     if redis:
         try:
             endpoints = [(h, int(p)) for h, p in (e.rsplit(":", 1) for e in redis.split(","))]
