@@ -7,10 +7,14 @@ and the same local-training function on both sides. Flower (flwr, legacy gRPC se
 runs in its own venv, created here under .bench-venvs/flwr with `pip install flwr`; that venv
 also sees mlsyskit's venv (a .pth line) for the shared data/model/training code.
 
-Each workload runs with 5 local epochs (fl-client's default) and with 2 (less compute per round,
-so orchestration overhead weighs more). Targets (issue 4), checked per workload on measured
-medians over --repeats and recorded with `met`:
-- rounds per second over rounds 2..20 (19 / (end of round 20 - end of round 1)) >= 2x Flower's;
+Each workload runs with 1, 2 and 5 local epochs (5 = fl-client's default; fewer epochs mean less
+compute per round, so orchestration overhead weighs more). Per run it also records CPU seconds per
+round of the server and of all clients (psutil, sampled every 0.1 s), the clients' own training CPU
+(the CPU of train_local's epochs, its cpu_time_s, reported by both stacks) and the server's wall time per phase
+(collect, aggregate, evaluate, and commit for ours). Targets (issue 4), checked per workload on
+measured medians over --repeats and recorded with `met`:
+- rounds per second over rounds 2..20 (19 / (end of round 20 - end of round 1)) >= 2x Flower's,
+  next to the ceiling a zero-overhead stack would reach (Flower's round / (training CPU / cores));
 - server start-up (spawn to accepting connections) under 2 s.
 
     .venv/bin/python scripts/bench_fl_transport.py --out runs/bench_fl_transport.json
@@ -37,8 +41,6 @@ from mlsyskit.core.console import emit_table, log, make_table
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 FLOWER_DIR = Path(__file__).resolve().parent / "bench_fl_flower"
-PREFIX_SERVER: list[str] = []
-PREFIX_CLIENT: list[str] = []
 
 
 def free_port() -> int:
@@ -161,11 +163,11 @@ def measure(server_args: list[str], client_args, clients: int, work: Path, marks
 def ours(args, epochs: int, work: Path) -> dict:
     run_dir = work / "run"
     (work / "job.toml").write_text(f"[train]\nepochs = {epochs}\n")
-    server = [*PREFIX_SERVER, "fl-server", "run", "--config", str(work / "job.toml"), "--strategy", "fedavg", "--dataset", "digits",
+    server = ["fl-server", "run", "--config", str(work / "job.toml"), "--strategy", "fedavg", "--dataset", "digits",
               "--clients", str(args.clients),
               "--per-round", str(args.clients), "--rounds", str(args.rounds), "--address", "127.0.0.1:{port}",
               "--run-dir", str(run_dir), "--round-timeout", "60", "--registration-timeout", "120"]
-    client = [*PREFIX_CLIENT, "fl-client", "run", "--server", "127.0.0.1:{port}", "--client-id", "{cid}", "--dataset", "digits"]
+    client = ["fl-client", "run", "--server", "127.0.0.1:{port}", "--client-id", "{cid}", "--dataset", "digits"]
 
     def marks(_work):
         events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
