@@ -2,7 +2,19 @@
 # a consistency check (every replica of each shard holds the same data), then down.
 set -euo pipefail
 dir="${DEMO_DIR:-$(mktemp -d)}/bespokv"
-base="${BESPOKV_DEMO_PORT:-7300}"
+# the first base port from 7300 up whose 7 ports (proxy + 6 nodes) are all free
+base="${BESPOKV_DEMO_PORT:-$(python - <<'PY'
+import socket
+def free(port):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+print(next(b for b in range(7300, 9000, 10) if all(free(b + i) for i in range(7))))
+PY
+)}"
 trap 'bespokv down --data-dir "$dir" >/dev/null 2>&1 || true' EXIT
 bespokv up --shards 2 --replicas 3 --topology ms --consistency strong --datalet lmdb \
   --base-port "$base" --data-dir "$dir"
