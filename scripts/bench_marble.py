@@ -26,7 +26,7 @@ from mlsyskit.core.console import emit_table, log, make_table, progress
 from mlsyskit.tools.sched.cluster import ClusterSpec
 from mlsyskit.tools.sched.experiment import WorkloadSource, run_one
 from mlsyskit.tools.sched.metrics import percentile, summarize, timing
-from mlsyskit.tools.sched.policies import POLICIES, PolicyOptions
+from mlsyskit.tools.sched.policies import PolicyOptions, create_policy
 from mlsyskit.tools.sched.scaling_model import held_out_error
 from mlsyskit.tools.sched.simulator import Simulator
 from mlsyskit.tools.sched.throughput import ThroughputModel
@@ -76,7 +76,7 @@ def scale_child(policy: str, jobs: int, nodes: int, load: float) -> None:
     spec = ClusterSpec(nodes, 6)
     t0 = time.perf_counter()
     trace = synthetic(SyntheticSpec(jobs, load), model, 0, spec.total_gpus, 6)
-    result = Simulator(spec, POLICIES.create(policy, model), model, trace, restart_cost=RESTART_COST).run()
+    result = Simulator(spec, create_policy(policy, model), model, trace, restart_cost=RESTART_COST).run()
     wall = time.perf_counter() - t0
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"policy": policy, "jobs": jobs, "cluster": str(spec), "load": load, "wall_s": wall,
@@ -129,8 +129,8 @@ class QueueProbe(Simulator):
 def latency_part(args, model: ThroughputModel) -> dict:
     spec = ClusterSpec(args.scale_nodes, 6)
     trace = synthetic(SyntheticSpec(args.scale_jobs, args.overload), model, 1, spec.total_gpus, 6)
-    probes = {name: POLICIES.create(name, model) for name in POLICY_ORDER}
-    sim = QueueProbe(spec, POLICIES.create("marble", model), model, trace, restart_cost=RESTART_COST,
+    probes = {name: create_policy(name, model) for name in POLICY_ORDER}
+    sim = QueueProbe(spec, create_policy("marble", model), model, trace, restart_cost=RESTART_COST,
                      probes=probes, min_queue=args.min_queue, samples=args.latency_samples)
     sim.loop.schedule_at(sim.jobs[0].arrival, sim._arrive)
     log(f"decision latency: overloaded replay (load {args.overload}) until {args.latency_samples} decisions "

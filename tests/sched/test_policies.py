@@ -5,7 +5,7 @@ import pytest
 from sched_toy import DIP, FLAT, LINEAR, SUB, job, run_job, state_with, toy_model
 
 from mlsyskit.tools.sched.cluster import ClusterSpec
-from mlsyskit.tools.sched.policies import POLICIES, Policy, PolicyOptions, register
+from mlsyskit.tools.sched.policies import POLICIES, Policy, PolicyOptions, create_policy, register
 from mlsyskit.tools.sched.policies.marble import sized_shapes
 from mlsyskit.tools.sched.simulator import Simulator
 from mlsyskit.tools.sched.state import Preempt, Resize, Start
@@ -22,7 +22,7 @@ def starts(decision):
 def test_registry_has_the_six_policies_and_rejects_bad_names():
     assert sorted(POLICIES) == ["backfill", "fifo", "marble", "marble-elastic", "optimus", "tiresias"]
     with pytest.raises(KeyError, match="unknown policy"):
-        POLICIES.create("lsf", MODEL)
+        create_policy("lsf", MODEL)
 
     class Again(Policy):
         name = "fifo"
@@ -59,7 +59,7 @@ def test_marble_size_bridges_a_dip_in_the_measured_curve():
 
 def test_fifo_gives_whole_nodes_and_is_strict():
     state = state_with(TWO_NODES, [job(1, "lin", 1, 100), job(2, "lin", 12, 100), job(3, "lin", 1, 100)])
-    d = POLICIES.create("fifo", MODEL).decide(state)
+    d = create_policy("fifo", MODEL).decide(state)
     s = starts(d)
     assert list(s) == [1]                      # job 2 needs two whole nodes; job 3 may not pass it
     assert s[1].placement == ((0, 6),) and s[1].shape == (1,)
@@ -71,19 +71,19 @@ def test_backfill_lets_only_a_job_that_ends_before_the_reservation_pass():
     for j in (job(1, "lin", 12, 1000), job(2, "lin", 6, 60.0 * 500), job(3, "lin", 6, 60.0 * 50)):
         state.queue[j.job_id] = state_with(TWO_NODES, [j]).queue[j.job_id]
     # head (12 GPUs) waits for t=100; job 2 would run 500 s on node 1 -> delays the head; job 3 runs 50 s
-    assert list(starts(POLICIES.create("backfill", MODEL).decide(state))) == [3]
-    assert list(starts(POLICIES.create("fifo", MODEL).decide(state))) == []
+    assert list(starts(create_policy("backfill", MODEL).decide(state))) == [3]
+    assert list(starts(create_policy("fifo", MODEL).decide(state))) == []
 
 
 def test_marble_packs_two_jobs_on_one_node_where_fifo_serialises_them():
     # A (flat, asks 6) is efficient on 2 GPUs; B (lin, asks 4) on 4: both fit on the 6-GPU node.
     a, b = job(1, "flat", 6, 36000.0), job(2, "lin", 4, 144000.0)
-    d = POLICIES.create("marble", MODEL).decide(state_with(ONE_NODE, [a, b]))
+    d = create_policy("marble", MODEL).decide(state_with(ONE_NODE, [a, b]))
     s = starts(d)
     assert {k: v.shape for k, v in s.items()} == {1: (2,), 2: (4,)}
     # End to end: marble A = 36000/18 = 2000 s, B = 144000/40 = 3600 s -> mean 2800 s.
     # fifo: A alone on the node at 22/s = 1636.4 s, then B 3600 s -> B ends at 5236.4 s.
-    res = {p: Simulator(ONE_NODE, POLICIES.create(p, MODEL), MODEL, [a, b], restart_cost=0).run()
+    res = {p: Simulator(ONE_NODE, create_policy(p, MODEL), MODEL, [a, b], restart_cost=0).run()
            for p in ("marble", "fifo")}
     assert res["marble"].finish == pytest.approx({1: 2000.0, 2: 3600.0})
     assert res["fifo"].finish == pytest.approx({1: 36000 / 22, 2: 36000 / 22 + 3600})
@@ -92,7 +92,7 @@ def test_marble_packs_two_jobs_on_one_node_where_fifo_serialises_them():
 def test_marble_best_fit_fills_the_fuller_node_first():
     state = state_with(TWO_NODES, [job(1, "flat", 2, 100)])
     run_job(state, MODEL, job(9, "lin", 4, 1e6), [(1, 4)])   # node 1 has 2 free, node 0 has 6
-    assert starts(POLICIES.create("marble", MODEL).decide(state))[1].placement == ((1, 2),)
+    assert starts(create_policy("marble", MODEL).decide(state))[1].placement == ((1, 2),)
 
 
 def test_marble_starts_small_when_that_beats_waiting():
@@ -100,25 +100,25 @@ def test_marble_starts_small_when_that_beats_waiting():
     state = state_with(ONE_NODE, [job(1, "lin", 6, 60.0 * 1000)])
     run_job(state, MODEL, job(9, "lin", 2, 20.0 * 1e5), [(0, 2)])
     # now on 4 GPUs: 60000/40 = 1500 s; waiting: 1e5 + 1000 s -> start small
-    assert starts(POLICIES.create("marble", MODEL).decide(state))[1].shape == (4,)
+    assert starts(create_policy("marble", MODEL).decide(state))[1].shape == (4,)
     # if the busy GPUs free at t=10, waiting (10 + 1000 s) beats 1500 s on 4 GPUs
     state = state_with(ONE_NODE, [job(1, "lin", 6, 60.0 * 1000)])
     run_job(state, MODEL, job(9, "lin", 2, 20.0 * 10), [(0, 2)])
-    assert starts(POLICIES.create("marble", MODEL).decide(state)) == {}
+    assert starts(create_policy("marble", MODEL).decide(state)) == {}
 
 
 def test_marble_sizes_for_the_cluster_under_queue_pressure():
     # Alone, a sub job asking 6 gets p* = 4 (threshold 0.5).
-    assert starts(POLICIES.create("marble", MODEL).decide(state_with(ONE_NODE, [job(1, "sub", 6, 1e4)])))[1].shape == (4,)
+    assert starts(create_policy("marble", MODEL).decide(state_with(ONE_NODE, [job(1, "sub", 6, 1e4)])))[1].shape == (4,)
     # Two of them want 4 + 4 = 8 > 6 free GPUs: the first is sized at the pressure threshold (0.8):
     # 2 GPUs (its third would add 0.7). Then the second alone wants 4 <= 4 free: it gets 4.
-    d = POLICIES.create("marble", MODEL).decide(state_with(ONE_NODE, [job(1, "sub", 6, 1e4), job(2, "sub", 6, 1e4)]))
+    d = create_policy("marble", MODEL).decide(state_with(ONE_NODE, [job(1, "sub", 6, 1e4), job(2, "sub", 6, 1e4)]))
     assert {k: v.shape for k, v in starts(d).items()} == {1: (2,), 2: (4,)}
     # pressure_threshold at or below the efficiency threshold turns the rule off: the first gets 4;
     # the second's 4 do not fit, and with nothing running that would free them (the first started
     # in this same decision) waiting has no end, so it starts on the 2 GPUs left.
     opts = PolicyOptions(pressure_threshold=0.5)
-    d = POLICIES.create("marble", MODEL, opts).decide(state_with(ONE_NODE, [job(1, "sub", 6, 1e4), job(2, "sub", 6, 1e4)]))
+    d = create_policy("marble", MODEL, opts).decide(state_with(ONE_NODE, [job(1, "sub", 6, 1e4), job(2, "sub", 6, 1e4)]))
     assert {k: v.shape for k, v in starts(d).items()} == {1: (4,), 2: (2,)}
 
 
@@ -126,10 +126,10 @@ def test_marble_elastic_grows_a_shrunken_job_when_gpus_free_up():
     state = state_with(ONE_NODE, [], now=0.0)
     run_job(state, MODEL, job(1, "lin", 6, 60.0 * 10000), [(0, 4)])  # 4 of its 6 efficient GPUs
     state.restart_cost = 30.0
-    d = POLICIES.create("marble-elastic", MODEL).decide(state)
+    d = create_policy("marble-elastic", MODEL).decide(state)
     # remaining 600000 samples: 15000 s on 4 GPUs vs 30 + 10000 s on 6 -> grow
     assert [type(a) for a in d.actions] == [Resize] and d.actions[0].shape == (6,)
-    assert POLICIES.create("marble", MODEL).decide(state).actions == ()
+    assert create_policy("marble", MODEL).decide(state).actions == ()
 
 
 def test_marble_elastic_does_not_grow_into_gpus_a_waiting_job_is_promised():
@@ -137,28 +137,28 @@ def test_marble_elastic_does_not_grow_into_gpus_a_waiting_job_is_promised():
     run_job(state, MODEL, job(1, "lin", 6, 60.0 * 10000), [(0, 4)])    # ends at t=15000
     state.restart_cost = 30.0
     # the waiting job fits (2 free GPUs) and starts; nothing is left to grow into
-    d = POLICIES.create("marble-elastic", MODEL).decide(state)
+    d = create_policy("marble-elastic", MODEL).decide(state)
     assert [type(a) for a in d.actions] == [Start]
     # job 3 (6 GPUs, 1e5 s of work) would take 3e5 s on the 2 free GPUs, so it waits and holds a
     # reservation at t=15000 when job 1 ends; growing job 1 (it then ends at 10030) is harmless
     state = state_with(ONE_NODE, [job(3, "lin", 6, 60.0 * 100000)], now=0.0)
     run_job(state, MODEL, job(1, "lin", 6, 60.0 * 10000), [(0, 4)])
     state.restart_cost = 30.0
-    assert [type(a) for a in POLICIES.create("marble-elastic", MODEL).decide(state).actions] == [Resize]
+    assert [type(a) for a in create_policy("marble-elastic", MODEL).decide(state).actions] == [Resize]
 
 
 def test_tiresias_preempts_the_job_with_most_attained_service():
     state = state_with(ONE_NODE, [job(2, "lin", 6, 1000, arrival=5000.0)], now=5000.0)
     old = run_job(state, MODEL, job(1, "lin", 6, 1e9), [(0, 6)])
     old.since, old.attained = 0.0, 0.0     # has held 6 GPUs for 5000 s = 30000 GPU-s: queue 1
-    d = POLICIES.create("tiresias", MODEL, PolicyOptions(tiresias_thresholds=(3600.0,))).decide(state)
+    d = create_policy("tiresias", MODEL, PolicyOptions(tiresias_thresholds=(3600.0,))).decide(state)
     assert Preempt(1) in d.actions and 2 in starts(d)
 
 
 def test_tiresias_asks_to_wake_when_a_job_changes_queue():
     state = state_with(ONE_NODE, [])
     run_job(state, MODEL, job(1, "lin", 6, 1e9), [(0, 6)])
-    d = POLICIES.create("tiresias", MODEL, PolicyOptions(tiresias_thresholds=(3600.0,))).decide(state)
+    d = create_policy("tiresias", MODEL, PolicyOptions(tiresias_thresholds=(3600.0,))).decide(state)
     assert d.wake_at == pytest.approx(600.0)   # 3600 GPU-s / 6 GPUs
 
 
@@ -166,7 +166,7 @@ def test_optimus_gives_the_spare_gpu_to_the_job_that_gains_most():
     # 3 free GPUs, two jobs: each gets 1; the third goes to lin (1->2 GPUs halves its time)
     # rather than flat (10->18/s saves less of a shorter job).
     state = state_with(ClusterSpec(1, 3), [job(1, "flat", 3, 1000), job(2, "lin", 3, 1000)])
-    s = starts(POLICIES.create("optimus", MODEL).decide(state))
+    s = starts(create_policy("optimus", MODEL).decide(state))
     assert {k: sum(v.shape) for k, v in s.items()} == {1: 1, 2: 2}
 
 
@@ -176,6 +176,6 @@ def test_decide_does_not_mutate_the_state(name):
     run_job(state, MODEL, job(99, "flat", 3, 1e6), [(0, 3)])
     before = copy.deepcopy((state.free.free, state.free.total, list(state.queue), list(state.running),
                             list(state.by_end)))
-    POLICIES.create(name, MODEL).decide(state)
+    create_policy(name, MODEL).decide(state)
     after = (state.free.free, state.free.total, list(state.queue), list(state.running), list(state.by_end))
     assert before == after

@@ -8,7 +8,7 @@ from sched_toy import FLAT, LINEAR, job, toy_model
 
 from mlsyskit.tools.sched.cluster import ClusterSpec
 from mlsyskit.tools.sched.experiment import WorkloadSource, report, run_one
-from mlsyskit.tools.sched.policies import POLICIES, PolicyOptions
+from mlsyskit.tools.sched.policies import POLICIES, PolicyOptions, create_policy
 from mlsyskit.tools.sched.simulator import PolicyError, Simulator
 from mlsyskit.tools.sched.state import Decision, Start
 from mlsyskit.tools.sched.throughput import ThroughputModel
@@ -47,7 +47,7 @@ def test_gpus_are_conserved_and_every_job_finishes(policy, nodes, gpn, raw, rest
     spec = ClusterSpec(nodes, gpn)
     jobs = [job(i, app, min(g, spec.total_gpus), work, arrival) for i, (app, g, work, arrival) in enumerate(raw)]
     opts = PolicyOptions(optimus_interval=300.0, tiresias_thresholds=(600.0, 6000.0))
-    sim = CheckedSimulator(spec, POLICIES.create(policy, MODEL, opts), MODEL, jobs, restart_cost=restart)
+    sim = CheckedSimulator(spec, create_policy(policy, MODEL, opts), MODEL, jobs, restart_cost=restart)
     result = sim.run()
     assert len(result.finish) == len(jobs)
     for rec in result.jobs:
@@ -107,6 +107,6 @@ def test_preempted_work_is_kept_and_the_restart_cost_paid():
     # at 1000 and resumes when job 2 (600 s) ends at 1600, paying 30 s: it ends at 1600+30+5000.
     jobs = [job(1, "lin", 6, 60.0 * 6000), job(2, "lin", 6, 60.0 * 600, arrival=1000.0)]
     opts = PolicyOptions(tiresias_thresholds=(3600.0,))
-    res = Simulator(ClusterSpec(1, 6), POLICIES.create("tiresias", MODEL, opts), MODEL, jobs, restart_cost=30).run()
+    res = Simulator(ClusterSpec(1, 6), create_policy("tiresias", MODEL, opts), MODEL, jobs, restart_cost=30).run()
     assert res.finish == pytest.approx({2: 1600.0, 1: 6630.0})
     assert res.counters["preemptions"] == 1

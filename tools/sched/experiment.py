@@ -10,7 +10,7 @@ from pathlib import Path
 from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.sched.cluster import ClusterSpec
 from mlsyskit.tools.sched.metrics import aggregate, summarize, timing
-from mlsyskit.tools.sched.policies import POLICIES, PolicyOptions
+from mlsyskit.tools.sched.policies import PolicyOptions, create_policy
 from mlsyskit.tools.sched.simulator import SimResult, Simulator
 from mlsyskit.tools.sched.state import JobSpec
 from mlsyskit.tools.sched.throughput import ThroughputModel
@@ -69,7 +69,7 @@ def run_one(source: WorkloadSource, spec: ClusterSpec, policy: str, seed: int, m
             options: PolicyOptions, restart_cost: float, events_path: Path | None = None,
             on_finish: Callable[[int], None] | None = None, jobs: list[JobSpec] | None = None) -> Run:
     jobs = jobs if jobs is not None else source.load(model, seed, spec)
-    sim = Simulator(spec, POLICIES.create(policy, model, options), model, jobs, restart_cost=restart_cost,
+    sim = Simulator(spec, create_policy(policy, model, options), model, jobs, restart_cost=restart_cost,
                     on_finish=on_finish)
     if events_path is not None:
         sim.telemetry = Telemetry(clock=sim.loop.clock, log_path=events_path, run_id=f"{policy}-seed{seed}")

@@ -1,5 +1,5 @@
 """Incentive schemes by name, and the double-entry ledger they write to."""
-from mlsyskit.tools.fl.registry import Registry
+from mlsyskit.core.registry import Registry
 
 INCENTIVES: Registry = Registry("incentive")
 

@@ -1,5 +1,5 @@
 """Client selectors by name."""
-from mlsyskit.tools.fl.registry import Registry
+from mlsyskit.core.registry import Registry
 
 SELECTORS: Registry = Registry("selector")
 

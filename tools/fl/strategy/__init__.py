@@ -1,5 +1,5 @@
 """Strategies by name (`--strategy fedavg|tiff`)."""
-from mlsyskit.tools.fl.registry import Registry
+from mlsyskit.core.registry import Registry
 
 STRATEGIES: Registry = Registry("strategy")
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from mlsyskit.core.config import require
+from mlsyskit.core.registry import Registry
 from mlsyskit.tools.sched.state import ClusterState, Decision
 from mlsyskit.tools.sched.throughput import ThroughputModel
 
@@ -47,20 +48,9 @@ class Policy(ABC):
         """Actions to take now. Must not mutate `state`."""
 
 
-class Registry(dict):
-    """name -> Policy class; raises on duplicate or unknown names."""
-
-    def add(self, cls: type[Policy]) -> type[Policy]:
-        if cls.name in self:
-            raise ValueError(f"policy {cls.name!r} registered twice")
-        self[cls.name] = cls
-        return cls
-
-    def create(self, name: str, model: ThroughputModel, options: PolicyOptions | None = None) -> Policy:
-        if name not in self:
-            raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(self))}")
-        return self[name](model, options)
-
-
-POLICIES = Registry()
+POLICIES: Registry[Policy] = Registry("policy")
 register = POLICIES.add
+
+
+def create_policy(name: str, model: ThroughputModel, options: PolicyOptions | None = None) -> Policy:
+    return POLICIES.get(name)(model, options)
