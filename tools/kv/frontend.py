@@ -141,8 +141,10 @@ class ClientConnection(asyncio.Protocol):
             self.fatal(f"Protocol error: {e}")
             return
         finally:
-            self.node.stats["commands"] += count
+            node.stats["commands"] += count
             self.in_batch = False
+            if node.quiet_due:  # after every message of this read: deferred peer actions (cumulative acks)
+                node.quiet()
         self.flush()
 
     def fatal(self, message: str) -> None:

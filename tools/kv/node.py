@@ -80,6 +80,13 @@ class Node:
         self.only_shard = self.shard is not None and len(shard_map.shards) == 1
         self.queue: deque[list] = deque()  # batches waiting on remote-datalet results
         self.links: dict[str, Link] = {}
+        self.peer_names = {n.encode(): n for n in shard_map.nodes}  # src field -> node id, no decode per message
+        self.quiet_due = False  # peer messages were handled in the current read: on_quiet follows
+        # The frame of the last Send: a broadcast (ms-ec, aa-ec, aa-sc's SEQ) sends the same
+        # fields to every other replica, so it is encoded once, not once per destination.
+        self._sent_fields: tuple | None = None
+        self._sent_kind = b""
+        self._sent_frame = b""
         self.client_connections: set[Any] = set()
         self.server: asyncio.base_events.Server | None = None
         self.stats = {"commands": 0, "forwarded": 0, "peer_messages": 0, "fenced": 0, "errors": 0,
@@ -120,6 +127,9 @@ class Node:
         return self.only_shard or (self.shard is not None and self.map.shard_for(key) == self.shard)
 
     def submit(self, req: Request) -> None:
+        if self.only_shard:  # the key is ours: no ring lookup
+            self.execute(self.controlet.on_client(req))
+            return
         shard = self.map.shard_for(req.key)
         if shard == self.shard:
             self.execute(self.controlet.on_client(req))
@@ -142,7 +152,15 @@ class Node:
         if cmd[1] != self.epoch_bytes:
             self.stats["fenced"] += 1
             return
-        self.execute(self.controlet.on_peer(cmd[2].decode(), cmd[3], cmd[4:]))
+        src = self.peer_names.get(cmd[2]) or cmd[2].decode(errors="replace")
+        self.quiet_due = True
+        self.execute(self.controlet.on_peer(src, cmd[3], cmd[4:]))
+
+    def quiet(self) -> None:
+        """The front end drained a read that carried peer messages: the controlet's deferred actions."""
+        self.quiet_due = False
+        if self.controlet is not None:
+            self.execute(self.controlet.on_quiet())
 
     # -- executing controlet actions -------------------------------------------
     def execute(self, actions: list) -> None:
@@ -223,8 +241,11 @@ class Node:
         elif kind is Reply:
             a.req.complete(write_reply(a.req))
         elif kind is Send:
-            self.link(a.node).send(hiredis.pack_command(
-                (PEER_MESSAGE, self.epoch_bytes, self.src_bytes, a.kind, *a.fields)))
+            if a.fields is not self._sent_fields or a.kind is not self._sent_kind:  # held: ids stay unique
+                self._sent_fields, self._sent_kind = a.fields, a.kind
+                self._sent_frame = hiredis.pack_command(
+                    (PEER_MESSAGE, self.epoch_bytes, self.src_bytes, a.kind, *a.fields))
+            self.link(a.node).send(self._sent_frame)
         elif kind is Forward:
             self.forward(a.req, a.node)
         elif kind is Fail:

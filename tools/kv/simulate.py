@@ -90,12 +90,17 @@ class SimShard:
             elif kind is Send:
                 self.messages += 1
                 dst, msg_kind, fields = a.node, a.kind, tuple(_wire(f) for f in a.fields)
-                self._deliver_later(node, dst, lambda dst=dst, k=msg_kind, f=fields, src=node: self._execute(
-                    dst, self.controlets[dst].on_peer(src, k, f)))
+                self._deliver_later(node, dst, lambda dst=dst, k=msg_kind, f=fields, src=node: self._peer(
+                    dst, src, k, f))
             elif kind is Forward:
                 req, dst = a.req, a.node
                 self._deliver_later(node, dst, lambda req=req, dst=dst: self._execute(
                     dst, self.controlets[dst].on_client(req)))
+
+    def _peer(self, dst: str, src: str, kind: bytes, fields: tuple) -> None:
+        """One delivery is one drained read at the receiver: on_peer, then on_quiet."""
+        self._execute(dst, self.controlets[dst].on_peer(src, kind, fields))
+        self._execute(dst, self.controlets[dst].on_quiet())
 
     def converged(self) -> bool:
         first = self.data[self.ids[0]]

@@ -86,7 +86,8 @@ class SequencedActiveActive(Controlet):
     def _sequence(self, origin: str, rid: Any, code: bytes, key: bytes, value: bytes) -> list[Action]:
         """Sequencer: give the write the next slot, apply it here and broadcast it."""
         self.slot += 1
-        out: list[Action] = [Send(n, b"SEQ", (self.slot, origin, rid, code, key, value)) for n in self.others]
+        fields = (self.slot, origin, rid, code, key, value)  # one tuple: the runtime encodes it once
+        out: list[Action] = [Send(n, b"SEQ", fields) for n in self.others]
         out[:0] = self._applied(origin, int(rid), key, value_of(code, value))
         return out
 

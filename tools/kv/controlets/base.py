@@ -106,6 +106,14 @@ class Controlet(ABC):
     def on_peer(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
         """A message from another replica of this shard (fields arrive as bytes on the wire)."""
 
+    def on_quiet(self) -> list[Action]:
+        """Every peer message that had arrived has been handled (the runtime's read is drained).
+
+        A controlet may defer work to here that many messages can share, e.g. one cumulative
+        ack for a run of writes instead of one ack each. Default: nothing deferred.
+        """
+        return []
+
     def serves_locally(self, op: str) -> bool:
         """True when this replica answers `op` from its own datalet with no coordination at all.
 

@@ -42,6 +42,7 @@ class ChainReplication(Controlet):
         self.seq = 0  # head: last number assigned; others: last number applied
         self.in_flight: deque[tuple[int, Any]] = deque()  # head: (seq, req) awaiting the tail's ack
         self.gaps = 0
+        self.ack_due = 0  # tail: highest applied sequence not yet acknowledged (sent in on_quiet)
 
     @staticmethod
     def write_targets(replicas: Sequence[str]) -> Sequence[str]:
@@ -77,8 +78,9 @@ class ChainReplication(Controlet):
                 self.gaps += 1  # a lost link; catch-up from export/import is the coordinator's job
             self.seq = seq
             apply = Apply(key, value_of(code, value))
-            if self.successor is None:
-                return [apply, Send(self.head, b"ACK", (seq,))]
+            if self.successor is None:  # acks are cumulative: one per drained read covers them all
+                self.ack_due = seq
+                return [apply]
             return [apply, Send(self.successor, b"CHAIN", (seq, code, key, value))]
         if kind == b"ACK":
             acked = int(fields[0])
@@ -87,6 +89,12 @@ class ChainReplication(Controlet):
                 out.append(Reply(self.in_flight.popleft()[1]))
             return out
         return []
+
+    def on_quiet(self) -> list[Action]:
+        if not self.ack_due:
+            return []
+        seq, self.ack_due = self.ack_due, 0
+        return [Send(self.head, b"ACK", (seq,))]
 
     def state(self) -> dict[str, Any]:
         role = "head" if self.node_id == self.head else "tail" if self.node_id == self.tail else "middle"
