@@ -98,6 +98,13 @@ class RedisGroup:
         self.workdir = workdir
 
     def __enter__(self) -> RedisGroup:
+        try:
+            return self._start()
+        except BaseException:  # __exit__ does not run when __enter__ raises: stop what was started
+            self.__exit__()
+            raise
+
+    def _start(self) -> RedisGroup:
         for i, port in enumerate(self.ports):
             d = self.workdir / f"redis-{port}"
             d.mkdir(parents=True, exist_ok=True)
@@ -129,7 +136,11 @@ class RedisGroup:
         for p in self.procs:
             p.terminate()
         for p in self.procs:
-            p.wait(10)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
 
 class BespokvCluster:

@@ -6,6 +6,7 @@ import random
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from mlsyskit.tools.kv.processes import port_free
@@ -60,6 +61,17 @@ def test_up_put_get_down_and_lmdb_survives_a_restart(cluster_dir) -> None:
     status = json.loads(cli("status", "--data-dir", d, "--json").stdout)
     assert len(status) == 5 and all(row["up"] for row in status)
     assert {row.get("role") for row in status} == {"head", "tail", "proxy"}
+    smap = json.loads(cli("shardmap", "--data-dir", d).stdout)
+    assert smap["controlet"] == "ms-sc" and len(smap["shards"]) == 2
+
+    # The proxy still answers (it serves the shard map) but the nodes are gone: a one-line error.
+    record = json.loads((cluster_dir / "cluster.json").read_text())
+    nodes = [psutil.Process(p["pid"]) for p in record["processes"] if p["name"].startswith("node:")]
+    for n in nodes:
+        n.terminate()
+    psutil.wait_procs(nodes, timeout=10)
+    orphaned = cli("get", "city", "--data-dir", d, check=False)
+    assert orphaned.returncode == 2 and "unreachable" in orphaned.stderr and "Traceback" not in orphaned.stderr
 
     cli("down", "--data-dir", d)
     assert cli("status", "--data-dir", d, check=False).returncode == 1
@@ -92,6 +104,9 @@ def test_up_with_the_redis_datalet(cluster_dir) -> None:
     (["get", "k", "--data-dir", "/nonexistent/bespokv"], "no cluster recorded"),
     (["bench", "--workload", "ycsb-z", "--redis", "127.0.0.1:1"], "unknown workload"),
     (["bench", "--redis", "nonsense"], "--redis wants host:port"),
+    (["bench", "--redis", "127.0.0.1:1", "--keys", "10", "--ops", "10"], "bench against redis 127.0.0.1:1 failed"),
+    (["get", "k", "--host", "127.0.0.1", "--port", "1"], "cannot reach bespokv at 127.0.0.1:1"),
+    (["shardmap", "--host", "127.0.0.1", "--port", "1"], "cannot reach bespokv at 127.0.0.1:1"),
 ])
 def test_bad_input_is_a_clear_error(args: list[str], message: str, tmp_path) -> None:
     out = cli(*args, check=False)

@@ -67,8 +67,9 @@ def down(data_dir: Path = DATA_DIR) -> None:
 
 
 @app.command()
-def status(data_dir: Path = DATA_DIR, as_json: bool = typer.Option(False, "--json")) -> None:
-    """Ping every node and show its role and counters."""
+def status(data_dir: Path = DATA_DIR,
+           as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON on stdout.")) -> None:
+    """Ping every node and show its role and counters (exit 1 if any is down)."""
     rows = processes.status(data_dir)
     if as_json:
         emit_json(rows)
@@ -109,6 +110,8 @@ def _kv(fn, data_dir: Path, host: str | None, port: int | None):
         return asyncio.run(_with_client(data_dir, host, port, fn))
     except KVError as e:
         raise fail(str(e)) from None
+    except OSError as e:  # the seed answered but the key's node did not (stopped, or not yet up)
+        raise fail(f"a node of the cluster is unreachable: {e}") from None
 
 
 @app.command()
@@ -137,18 +140,20 @@ def delete(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PO
 
 @app.command()
 def bench(workload: str = typer.Option("ycsb-a", "--workload", help="ycsb-a, ycsb-b, ycsb-c or ycsb-f."),
-          keys: int = typer.Option(10_000, "--keys"), ops: int = typer.Option(20_000, "--ops"),
+          keys: int = typer.Option(10_000, "--keys", help="Key space size (loaded before the measured run)."),
+          ops: int = typer.Option(20_000, "--ops", help="Operations in the measured run."),
           zipf: float = typer.Option(0.99, "--zipf", help="Zipfian theta (0 = uniform)."),
-          value_size: int = typer.Option(32, "--value-size"), clients: int = typer.Option(16, "--clients"),
+          value_size: int = typer.Option(32, "--value-size", help="Bytes per value."),
+          clients: int = typer.Option(16, "--clients", help="Concurrent client connections."),
           window: int = typer.Option(1, "--window", help="Operations each client keeps outstanding."),
-          seed: int = typer.Option(0, "--seed"),
+          seed: int = typer.Option(0, "--seed", help="Seed of the operation mix and key choice."),
           redis: str = typer.Option(None, "--redis", help="Bench Redis instead: host:port[,host:port...] "
                                                           "(primary first, then its replicas)."),
           wait: int = typer.Option(0, "--wait", help="With --redis: WAIT for this many replicas after writes."),
           primary_reads: bool = typer.Option(False, "--primary-reads",
                                              help="With --redis: read at the primary only (default: spread)."),
           data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT,
-          as_json: bool = typer.Option(False, "--json")) -> None:
+          as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout.")) -> None:
     """YCSB-style load: throughput and p50/p99/p999 latency (load phase, then the measured run)."""
     from mlsyskit.tools.kv import ycsb
 
@@ -173,7 +178,10 @@ def bench(workload: str = typer.Option("ycsb-a", "--workload", help="ycsb-a, ycs
         target = f"bespokv {smap.controlet}/{smap.datalet} {len(smap.shards)}x{len(smap.shards[0])}"
     with progress() as bar:
         task = bar.add_task(f"{workload} on {target}", total=ops)
-        result = asyncio.run(ycsb.run_workload(w, make, on_progress=lambda i: bar.update(task, completed=i)))
+        try:
+            result = asyncio.run(ycsb.run_workload(w, make, on_progress=lambda i: bar.update(task, completed=i)))
+        except OSError as e:  # refused at connect, or a server went away mid-run
+            raise fail(f"bench against {target} failed: {e}") from None
         bar.update(task, completed=ops)
     result["target"] = target
     if as_json:
@@ -196,11 +204,15 @@ def proxy(data_dir: Path = DATA_DIR) -> None:
     processes.serve_node(data_dir, None)
 
 
-@app.command(hidden=True)
+@app.command()
 def shardmap(data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT) -> None:
-    """Print the shard map as JSON."""
+    """Print the shard map (epoch, controlet, datalet, replicas per shard, node addresses) as JSON."""
     h, p = _seed(data_dir, host, port)
-    typer.echo(json.dumps(json.loads(processes.sync_call(h, p, "BKV.SHARDMAP")), indent=2))
+    try:
+        text = processes.sync_call(h, p, "BKV.SHARDMAP")
+    except OSError as e:
+        raise fail(f"cannot reach bespokv at {h}:{p}: {e}") from None
+    typer.echo(json.dumps(json.loads(text), indent=2))
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ def cmd_get(conn: ClientConnection, cmd: list) -> None:
 def cmd_set(conn: ClientConnection, cmd: list) -> None:
     if len(cmd) != 3:
         if len(cmd) > 3:
-            return conn.reply(resp.error("SET options (EX, PX, NX, XX, GET, ...) are not supported"))
+            return conn.reply(resp.error("syntax error: SET options (EX, PX, NX, XX, GET, ...) are not supported"))
         return _arity(conn, cmd, "set")
     key, value = cmd[1], cmd[2]
     if conn.bad_key(key) or conn.bad_value(value):
