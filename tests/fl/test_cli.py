@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 from typer.testing import CliRunner
 
@@ -42,6 +43,8 @@ def test_simulate_then_report_against_the_default(tmp_path):
 
 
 def test_bad_input_gives_one_line_errors(tmp_path):
+    empty = tmp_path / "empty-token"
+    empty.write_text("\n")
     cases = [
         (server_app, ["simulate", "--clients", "10", "--per-round", "20", "--run-dir", str(tmp_path / "a")],
          "per_round must be in [1, clients=10]"),
@@ -54,10 +57,37 @@ def test_bad_input_gives_one_line_errors(tmp_path):
         (server_app, ["run", "--token-file", str(tmp_path / "missing"), "--run-dir", str(tmp_path / "e")],
          "cannot read token file"),
         (client_app, ["run", "--client-id", "0", "--malicious", "evil"], "--malicious must be one of"),
+        (client_app, ["run", "--client-id", "0", "--token-file", str(empty)], "is empty"),
+        (server_app, ["run", "--token-file", str(empty), "--run-dir", str(tmp_path / "f")], "is empty"),
         (client_app, ["run", "--client-id", "0", "--tls-ca", str(tmp_path / "no-ca.pem")], "cannot read TLS CA"),
     ]
     for app, args, message in cases:
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
-        assert message in result.output, (args, result.output)
+        assert message in " ".join(result.output.split()), (args, result.output)  # rich wraps long lines
         assert "Traceback" not in result.output
+
+
+def test_report_of_a_run_without_rounds_or_attackers_is_strict_json(tmp_path):
+    """A server that gave up before round 1 (or a job without attackers) reports null, not NaN."""
+    from mlsyskit.core.storage import MetaStore
+    from mlsyskit.tools.fl.config import DataSpec, JobConfig
+    from mlsyskit.tools.fl.coordinator import Coordinator
+
+    (tmp_path / "run").mkdir()
+    with MetaStore(tmp_path / "run" / "fl.db") as store:
+        coordinator = Coordinator(JobConfig(rounds=2, per_round=1, data=DataSpec(num_clients=2)), store)
+        coordinator.register(0, {"num_samples": 10, "local_only_accuracy": 0.5})
+
+    def no_nan(constant):
+        raise AssertionError(f"{constant} in JSON output")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. matplotlib's "no artists with labels" on empty plots
+        result = runner.invoke(server_app, ["report", str(tmp_path / "run"), "--plots", str(tmp_path / "plots"),
+                                            "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout, parse_constant=no_nan)
+    assert report["rounds"] == 0 and report["final_accuracy"] is None
+    assert report["honest_providers"] == 1 and report["tokens_per_honest_provider"] == 0.0
+    assert report["tokens_per_malicious_provider"] is None

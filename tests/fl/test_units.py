@@ -170,3 +170,24 @@ def test_registry_and_config_errors():
 
     with pytest.raises(ConfigError, match="per_round"):
         JobConfig(per_round=20, data=DataSpec(num_clients=10))
+
+
+def test_quality_is_the_received_models_accuracy_on_training_data_and_flippers_score_low():
+    """TIFF's signal is read from the first epoch's forward passes, all on the unchanged global model."""
+    from mlsyskit.tools.fl.config import TrainSpec
+    from mlsyskit.tools.fl.model import evaluate, init_weights
+    from mlsyskit.tools.fl.training import train_local
+
+    data = load_federated(DataSpec(num_clients=4, partition="iid", seed=0))
+    spec = TrainSpec(epochs=3)
+    weights = init_weights(data.num_features, data.num_classes, spec.hidden, seed=0)
+    for round_seed in range(3):  # a few rounds of centralised-ish training so the global model is good
+        weights = train_local(weights, data.clients[0], spec, data.num_features, data.num_classes, round_seed).weights
+    client = data.clients[1]
+    honest = train_local(weights, client, spec, data.num_features, data.num_classes, seed=7)
+    flipper = train_local(weights, client, spec, data.num_features, data.num_classes, seed=7, attack="label-flip")
+    flipped = data.num_classes - 1 - client.y_train
+    assert honest.quality == pytest.approx(evaluate(weights, client.x_train, client.y_train)["accuracy"], abs=1e-9)
+    assert flipper.quality == pytest.approx(evaluate(weights, client.x_train, flipped)["accuracy"], abs=1e-9)
+    assert honest.quality > 0.8 and flipper.quality < 0.2
+    assert honest.consumer_accuracy == pytest.approx(evaluate(weights, client.x_test, client.y_test)["accuracy"])

@@ -48,6 +48,8 @@ def run(server: str = typer.Option("127.0.0.1:7070", "--server", help="fl-server
             token = token_file.read_text().strip()
         except OSError as e:
             raise fail(f"cannot read token file {token_file}: {e.strerror}") from None
+        if not token:  # an empty secret would silently send no token at all
+            raise fail(f"token file {token_file} is empty")
     try:
         tls = ClientTls.from_files(tls_ca, server_name=tls_server_name) if tls_ca else None
     except RpcError as e:

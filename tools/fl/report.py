@@ -7,7 +7,6 @@ given as ratios to the baseline's.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,8 +56,9 @@ def load_run(run_dir: str | Path) -> RunData:
                         if kind == "pay"])
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
+def _mean(values: list[float]) -> float | None:
+    """None for an empty group (no malicious providers, say): JSON has no NaN."""
+    return sum(values) / len(values) if values else None
 
 
 def summarize(run: RunData, baseline: RunData | None = None) -> dict[str, Any]:
@@ -87,8 +87,8 @@ def summarize(run: RunData, baseline: RunData | None = None) -> dict[str, Any]:
     return out
 
 
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if b and not math.isnan(a) and not math.isnan(b) else None
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 def plot(run: RunData, out_dir: str | Path, baseline: RunData | None = None) -> list[Path]:
@@ -105,7 +105,8 @@ def plot(run: RunData, out_dir: str | Path, baseline: RunData | None = None) -> 
     for label, r in runs:
         ax.plot(range(1, len(r.rounds) + 1), r.accuracy_curve(), label=label)
     ax.set(xlabel="round", ylabel="global test accuracy", title="accuracy")
-    ax.legend()
+    if any(r.rounds for _, r in runs):
+        ax.legend()
     accuracy_png = out / "accuracy.png"
     fig.savefig(accuracy_png, dpi=100, bbox_inches="tight")
     plt.close(fig)
@@ -122,7 +123,8 @@ def plot(run: RunData, out_dir: str | Path, baseline: RunData | None = None) -> 
             curve = [sum(per_round[1:i + 1]) for i in range(1, len(per_round))]
             ax.plot(range(1, len(curve) + 1), curve, style, label=f"{label} {group}")
     ax.set(xlabel="round", ylabel="tokens earned per provider (cumulative)", title="provider tokens")
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # a run that never finished a round has no curves
+        ax.legend()
     tokens_png = out / "tokens.png"
     fig.savefig(tokens_png, dpi=100, bbox_inches="tight")
     plt.close(fig)
