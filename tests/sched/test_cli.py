@@ -39,6 +39,7 @@ def test_user_mistakes_are_one_line_errors():
         (["sim", "-w", "workload-1", "--threshold", "7"], "efficiency_threshold"),
         (["sim", "-w", "workload-1", "--pressure-threshold", "-1"], "pressure_threshold"),
         (["curve", "--app", "gpt", "--batch", "8"], "unknown application"),
+        (["sim", "-w", "workload-1", "--out", "/proc/no/such/dir"], "cannot create --out"),
     ]:
         res = runner.invoke(app, args)
         assert res.exit_code == 2, (args, res.output)

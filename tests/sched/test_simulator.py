@@ -110,3 +110,10 @@ def test_preempted_work_is_kept_and_the_restart_cost_paid():
     res = Simulator(ClusterSpec(1, 6), create_policy("tiresias", MODEL, opts), MODEL, jobs, restart_cost=30).run()
     assert res.finish == pytest.approx({2: 1600.0, 1: 6630.0})
     assert res.counters["preemptions"] == 1
+
+
+def test_non_finite_arrivals_and_work_are_rejected_up_front():
+    # A NaN arrival never compares as due, so the replay would spin forever instead of failing.
+    for bad in (job(1, "lin", 1, 10.0, arrival=float("nan")), job(1, "lin", 1, float("inf")), job(1, "lin", 1, 0.0)):
+        with pytest.raises(ValueError, match="non-finite arrival or no finite positive work"):
+            Simulator(ClusterSpec(1, 6), Idle(), MODEL, [bad])

@@ -75,3 +75,28 @@ def test_wrong_columns_and_bad_values(tmp_path):
     bad.write_text("name,time,application,num_replicas,batch_size\nj,0,gpt,1,32\n")
     with pytest.raises(WorkloadError, match="unknown application 'gpt'"):
         load_pollux(bad, MODEL, 0, 6)
+
+
+POLLUX_HEADER = "name,time,application,num_replicas,batch_size\n"
+PHILLY_HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
+
+
+@pytest.mark.parametrize("body, message", [
+    (POLLUX_HEADER + "a,nan,bert,2,384\n", "time a finite number"),   # NaN arrivals used to hang the replay
+    (POLLUX_HEADER + "a,inf,bert,2,384\n", "time a finite number"),
+    (POLLUX_HEADER + "a,0,bert,2,384\nb,0,bert,2\n", "line 3: fewer fields"),
+    (PHILLY_HEADER + "0,nan,2,,c\n", "must be finite"),
+    (PHILLY_HEADER + "0,100,2,-5,c\n", "gpu_time >= 0"),
+])
+def test_malformed_rows_are_clear_errors(tmp_path, body, message):
+    path = tmp_path / "w.csv"
+    path.write_text(body)
+    with pytest.raises(WorkloadError, match=message):
+        WorkloadSource(str(path)).load(MODEL, 0, SPEC)
+
+
+def test_binary_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "w.csv"
+    path.write_bytes(bytes(range(128, 256)))
+    with pytest.raises(WorkloadError, match="not a text CSV"):
+        WorkloadSource(str(path)).load(MODEL, 0, SPEC)

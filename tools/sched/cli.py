@@ -86,7 +86,10 @@ def sim(
     model = _model()
     runs: list[Run] = []
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise fail(f"cannot create --out {out}: {e.strerror}") from None
     with progress() as bar:
         for s in range(seed, seed + seeds):
             try:
@@ -170,8 +173,10 @@ def curve(
     pressure_threshold: float = typer.Option(0.8, help="the same under queue pressure"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Efficiency curve E(p) = T(p) / (p T(1)) of one application and marble's size for it
-    (with max-gpus as the request), in a quiet cluster and under queue pressure."""
+    """Efficiency curve E(p) = T(p) / (p T(1)) of one application and marble's GPU count for it.
+
+    The job is taken to ask for --max-gpus GPUs; marble's size is shown for a quiet cluster
+    (--threshold) and under queue pressure (--pressure-threshold)."""
     tm = _model()
     try:
         tm.check_app(app_name)

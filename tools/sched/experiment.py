@@ -45,8 +45,11 @@ class WorkloadSource:
         path = builtin_workload(self.text)
         if not path.is_file():
             raise WorkloadError(f"workload not found: {self.text} (give a CSV path or workload-1..workload-4)")
-        with path.open(newline="") as f:
-            header = next(csv.reader(f), [])
+        try:
+            with path.open(newline="") as f:
+                header = next(csv.reader(f), [])
+        except (UnicodeDecodeError, csv.Error) as e:
+            raise WorkloadError(f"{path}: not a text CSV file ({e})") from None
         if "application" in header:
             return load_pollux(path, model, seed, spec.gpus_per_node)
         if "num_gpus" in header:

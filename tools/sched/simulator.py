@@ -8,6 +8,7 @@ sets are insertion-ordered dicts, end times a sorted list, free GPUs bucketed by
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,10 @@ class Simulator:
         if too_big:
             raise ValueError(f"{len(too_big)} job(s) ask for more GPUs than the cluster has ({spec.total_gpus}), "
                              f"e.g. {too_big[0]}")
+        # A NaN arrival would never compare as due (the replay would spin); infinite work never ends.
+        bad = [j.name for j in jobs if not (math.isfinite(j.arrival) and 0 < j.work < math.inf)]
+        if bad:
+            raise ValueError(f"{len(bad)} job(s) have a non-finite arrival or no finite positive work, e.g. {bad[0]}")
         for j in jobs:
             model.check_app(j.app)
         self.spec, self.policy, self.model = spec, policy, model

@@ -45,14 +45,20 @@ def work_for(model: ThroughputModel, app: str, gpus: int, batch: int, duration: 
 def _read_rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
     if not path.is_file():
         raise WorkloadError(f"workload file not found: {path}")
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in columns if c not in (reader.fieldnames or [])]
-        if missing:
-            raise WorkloadError(f"{path}: missing column(s) {', '.join(missing)}; expected {','.join(columns)}")
-        rows = list(reader)
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in columns if c not in (reader.fieldnames or [])]
+            if missing:
+                raise WorkloadError(f"{path}: missing column(s) {', '.join(missing)}; expected {','.join(columns)}")
+            rows = list(reader)
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise WorkloadError(f"{path}: not a text CSV file ({e})") from None
     if not rows:
         raise WorkloadError(f"{path}: no jobs")
+    for i, r in enumerate(rows):
+        if None in r.values():  # DictReader fills a short row's missing fields with None
+            raise WorkloadError(f"{path}: line {i + 2}: fewer fields than the header's {len(reader.fieldnames)}")
     return rows
 
 
@@ -67,8 +73,9 @@ def load_pollux(path: Path, model: ThroughputModel, seed: int, gpus_per_node: in
             raise WorkloadError(f"{path}: line {i + 2}: {e}") from None
         if app not in APP_CLASS:
             raise WorkloadError(f"{path}: line {i + 2}: unknown application {app!r}")
-        if gpus < 1 or batch < 1 or arrival < 0:
-            raise WorkloadError(f"{path}: line {i + 2}: num_replicas, batch_size must be >= 1 and time >= 0")
+        if gpus < 1 or batch < 1 or not 0 <= arrival < math.inf:
+            raise WorkloadError(f"{path}: line {i + 2}: num_replicas, batch_size must be >= 1 and time a finite "
+                                "number >= 0")
         lo, hi = SIZE_CLASSES[APP_CLASS[app]]
         rng = Seeds(sub_seed(seed, "pollux-work")).random(r["name"])
         gpu_hours = math.exp(rng.uniform(math.log(lo), math.log(hi)))
@@ -92,6 +99,9 @@ def load_philly(path: Path, model: ThroughputModel, seed: int, gpus_per_node: in
             gpu_time = float(r["gpu_time"]) if r["gpu_time"] else duration * gpus
         except ValueError as e:
             raise WorkloadError(f"{path}: line {i + 2}: {e}") from None
+        if not all(math.isfinite(v) for v in (ts, duration, gpu_time)) or gpu_time < 0:
+            raise WorkloadError(f"{path}: line {i + 2}: timestamp, duration and gpu_time must be finite "
+                                "(gpu_time >= 0)")
         if gpus < 1 or duration <= 0:
             continue  # CPU-only or failed-at-launch entries carry no GPU work
         t0 = ts if t0 is None else min(t0, ts)
