@@ -57,9 +57,19 @@ def test_synthetic_poisson_hits_the_offered_load():
     assert {j.gpus for j in mixed} == {1, 12}
 
 
+def test_synthetic_size_mix_from_the_workload_text():
+    jobs = WorkloadSource("synthetic:400@0.5/1:3,12:1").load(MODEL, 2, SPEC)
+    counts = {g: sum(j.gpus == g for j in jobs) for g in (1, 12)}
+    assert counts[1] + counts[12] == 400 and 2 * counts[12] < counts[1] < 4.5 * counts[12]
+    assert jobs == WorkloadSource("synthetic:400@0.5/1:3,12:1").load(MODEL, 2, SPEC)
+
+
 @pytest.mark.parametrize("text, message", [
     ("missing.csv", "not found"),
     ("synthetic:abc", "synthetic workloads look like"),
+    ("synthetic:10/1:x", "synthetic workloads look like"),
+    ("synthetic:10/0:1", "size mix needs GPUs >= 1"),
+    ("synthetic:10/1:0,2:0", "not all 0"),
 ])
 def test_bad_workloads_are_clear_errors(text, message):
     with pytest.raises(WorkloadError, match=message):

@@ -61,7 +61,7 @@ def _parse_policies(text: str) -> list[str]:
 
 @app.command()
 def sim(
-    workload: str = typer.Option(..., "--workload", "-w", help="workload-1..4, a Pollux/Philly CSV, or synthetic:JOBS[@LOAD]"),
+    workload: str = typer.Option(..., "--workload", "-w", help="workload-1..4, a Pollux/Philly CSV path, or synthetic:JOBS[@LOAD][/GPUS:WEIGHT,...] (Poisson arrivals at LOAD x cluster capacity, default 0.9; optional job-size mix)"),
     cluster: str = typer.Option("16x6", help="NODESxGPUS_PER_NODE"),
     policies: str = typer.Option("fifo,backfill,optimus,tiresias,marble", help="comma-separated policies"),
     seeds: int = typer.Option(1, min=1, help="how many seeds (seed, seed+1, ...)"),

@@ -27,7 +27,8 @@ from mlsyskit.tools.sched.workloads import (
 @dataclass(frozen=True)
 class WorkloadSource:
     """'workload-1'..'workload-4', a Pollux or Philly CSV path (format from its header), or
-    'synthetic:JOBS' / 'synthetic:JOBS@LOAD'."""
+    'synthetic:JOBS[@LOAD][/GPUS:WEIGHT,...]' (the optional job-size mix, e.g. '/1:4,6:2,12:1',
+    replaces the Pollux workloads' GPU counts)."""
 
     text: str
 
@@ -36,12 +37,15 @@ class WorkloadSource:
         return Path(self.text).stem if not self.text.startswith("synthetic") else self.text
 
     def load(self, model: ThroughputModel, seed: int, spec: ClusterSpec) -> list[JobSpec]:
-        m = re.fullmatch(r"synthetic:(\d+)(?:@([0-9.]+))?", self.text)
+        m = re.fullmatch(r"synthetic:(\d+)(?:@([0-9.]+))?(?:/(\d+:[0-9.]+(?:,\d+:[0-9.]+)*))?", self.text)
         if m:
-            syn = SyntheticSpec(jobs=int(m.group(1)), load=float(m.group(2) or 0.9))
+            mix = tuple((int(g), float(w)) for g, w in (p.split(":") for p in m.group(3).split(","))) \
+                if m.group(3) else ()
+            syn = SyntheticSpec(jobs=int(m.group(1)), load=float(m.group(2) or 0.9), size_mix=mix)
             return synthetic(syn, model, seed, spec.total_gpus, spec.gpus_per_node)
         if self.text.startswith("synthetic"):
-            raise WorkloadError(f"synthetic workloads look like synthetic:JOBS or synthetic:JOBS@LOAD, got {self.text!r}")
+            raise WorkloadError("synthetic workloads look like synthetic:JOBS, synthetic:JOBS@LOAD or "
+                                f"synthetic:JOBS@LOAD/GPUS:WEIGHT,... (e.g. synthetic:500@0.9/1:4,6:2), got {self.text!r}")
         path = builtin_workload(self.text)
         if not path.is_file():
             raise WorkloadError(f"workload not found: {self.text} (give a CSV path or workload-1..workload-4)")

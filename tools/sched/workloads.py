@@ -126,6 +126,9 @@ class SyntheticSpec:
     def __post_init__(self) -> None:
         if self.jobs < 1 or not 0 < self.load <= 10:
             raise WorkloadError("synthetic workload needs jobs >= 1 and 0 < load <= 10")
+        if any(g < 1 or not 0 <= w < math.inf for g, w in self.size_mix) or \
+                (self.size_mix and sum(w for _, w in self.size_mix) <= 0):
+            raise WorkloadError("a synthetic size mix needs GPUs >= 1 and finite weights >= 0, not all 0")
 
 
 def pollux_mix() -> list[tuple[str, int, int]]:
