@@ -4,13 +4,15 @@ from __future__ import annotations
 import json
 import random
 import signal
+import socket
 import subprocess
 import sys
 
 import psutil
 import pytest
 
-from mlsyskit.tools.kv.processes import port_free
+from mlsyskit.core.config import ConfigError
+from mlsyskit.tools.kv.processes import ClusterSpec, port_free, up
 from tests.conftest import VENV_BIN
 from tests.kv.conftest import needs_redis
 
@@ -132,3 +134,14 @@ def test_bad_input_is_a_clear_error(args: list[str], message: str, tmp_path) -> 
     out = cli(*args, check=False)
     assert out.returncode == 2, out
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_up_refuses_a_busy_redis_datalet_port_before_starting_anything(tmp_path) -> None:
+    base = free_range(1 + 2 * 2, seed=5)
+    spec = ClusterSpec(replicas=2, datalet="redis", base_port=base, data_dir=tmp_path / "c")
+    with socket.socket() as s:  # squat on the second node's redis port (P+1+N+1)
+        s.bind(("127.0.0.1", base + 4))
+        s.listen()
+        with pytest.raises(ConfigError, match=f"ports already in use: 127.0.0.1:{base + 4}"):
+            up(spec)
+    assert not (tmp_path / "c").exists()

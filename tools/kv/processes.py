@@ -128,7 +128,8 @@ def up(spec: ClusterSpec, clock: Clock | None = None, timeout: float = 30.0) -> 
             raise ConfigError(f"a cluster is already running under {data_dir}; run `bespokv down` first")
     record = plan(spec)
     endpoints = _endpoints(record)
-    busy = [f"{h}:{p}" for _, h, p in endpoints if not port_free(h, p)]
+    redis_endpoints = [("redis", spec.host, p) for p in record["redis_ports"].values()]
+    busy = [f"{h}:{p}" for _, h, p in endpoints + redis_endpoints if not port_free(h, p)]
     if busy:
         raise ConfigError(f"ports already in use: {', '.join(busy)} (pick another --base-port)")
     if record["redis_ports"] and shutil.which("redis-server") is None:
@@ -142,7 +143,7 @@ def up(spec: ClusterSpec, clock: Clock | None = None, timeout: float = 30.0) -> 
             _spawn(record, f"redis:{nid}", ["redis-server", "--port", str(port), "--bind", spec.host,
                                              "--dir", str(rdir), "--save", "", "--appendonly", "yes",
                                              "--daemonize", "no"], data_dir)
-        _wait_ready(record, [("redis", spec.host, p) for p in record["redis_ports"].values()], clock, timeout)
+        _wait_ready(record, redis_endpoints, clock, timeout)
         record_path(data_dir).write_text(json.dumps(record, indent=2))
         me = [sys.executable, "-m", "mlsyskit.tools.kv.cli"]
         for reps in record["map"]["shards"]:
