@@ -39,6 +39,7 @@ def test_user_mistakes_are_one_line_errors():
         (["sim", "-w", "workload-1", "--threshold", "7"], "efficiency_threshold"),
         (["sim", "-w", "workload-1", "--pressure-threshold", "-1"], "pressure_threshold"),
         (["curve", "--app", "gpt", "--batch", "8"], "unknown application"),
+        (["curve", "--app", "ncf", "--batch", "8", "--threshold", "5"], "efficiency_threshold"),
         (["sim", "-w", "workload-1", "--out", "/proc/no/such/dir"], "cannot create --out"),
     ]:
         res = runner.invoke(app, args)
@@ -58,3 +59,9 @@ def test_model_and_curve_commands():
     res = runner.invoke(app, ["curve", "--app", "yolov3", "--batch", "64", "--max-gpus", "4", "--json"])
     doc = json.loads(res.stdout)
     assert (doc["marble_gpus"], doc["marble_gpus_under_pressure"]) == (4, 2)
+
+
+def test_policies_lists_every_registered_policy():
+    res = runner.invoke(app, ["policies", "--json"])
+    assert res.exit_code == 0
+    assert sorted(json.loads(res.stdout)) == ["backfill", "fifo", "marble", "marble-elastic", "optimus", "tiresias"]

@@ -177,6 +177,10 @@ def curve(
 
     The job is taken to ask for --max-gpus GPUs; marble's size is shown for a quiet cluster
     (--threshold) and under queue pressure (--pressure-threshold)."""
+    try:
+        PolicyOptions(efficiency_threshold=threshold, pressure_threshold=pressure_threshold)
+    except ConfigError as e:
+        raise fail(str(e)) from None
     tm = _model()
     try:
         tm.check_app(app_name)
@@ -196,10 +200,15 @@ def curve(
 
 
 @app.command("policies")
-def list_policies() -> None:
-    """The registered scheduling policies."""
-    emit_table(make_table("policies", ["name", "what it does"],
-                          [[name, POLICIES[name].description] for name in sorted(POLICIES)]))
+def list_policies(as_json: bool = typer.Option(False, "--json", help="JSON instead of a table")) -> None:
+    """The registered scheduling policies (names for sim --policies)."""
+    described = {name: POLICIES[name].description for name in sorted(POLICIES)}
+    if as_json:
+        emit_json(described)
+        return
+    table = make_table("policies", ["name", "what it does"], described.items())
+    table.columns[1].justify = "left"
+    emit_table(table)
 
 
 def main() -> None:
