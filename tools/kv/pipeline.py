@@ -11,8 +11,6 @@ from collections import deque
 
 import hiredis
 
-from mlsyskit.tools.kv import resp
-
 
 class ConnectionLost(ConnectionError):
     """The peer closed the connection with requests still waiting."""
@@ -97,7 +95,3 @@ class RespConnection(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.transport.close()
         self.closed = True
-
-
-def encode_message(parts: list) -> bytes:
-    return resp.command(*parts)

@@ -29,10 +29,6 @@ def integer(n: int) -> bytes:
     return _SMALL_INTS[n] if 0 <= n < 256 else b":%d\r\n" % n
 
 
-def simple(text: str) -> bytes:
-    return b"+" + text.encode() + b"\r\n"
-
-
 def error(message: str) -> bytes:
     """An error reply; newlines would break the frame, so they are flattened."""
     flat = message.replace("\r", " ").replace("\n", " ")
@@ -44,15 +40,6 @@ def error(message: str) -> bytes:
 def array(items: list[bytes | None]) -> bytes:
     """An array of bulk strings (None becomes a null bulk, as MGET returns for missing keys)."""
     return b"*%d\r\n" % len(items) + b"".join(bulk(v) for v in items)
-
-
-def command(*parts: bytes | str | int) -> bytes:
-    """A command frame (array of bulk strings), as a client sends it."""
-    out = [b"*%d\r\n" % len(parts)]
-    for p in parts:
-        b = p if isinstance(p, bytes) else str(p).encode()
-        out.append(b"$%d\r\n%b\r\n" % (len(b), b))
-    return b"".join(out)
 
 
 @dataclass(frozen=True)
