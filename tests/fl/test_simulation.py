@@ -29,6 +29,8 @@ def test_same_seed_same_ledger_and_conservation_every_round():
     second, _ = run_sim(job("tiff"), dropout=0.1)
     assert first.coordinator.ledger.digest() == second.coordinator.ledger.digest()
     assert [o.selected for o in first.result.outcomes] == [o.selected for o in second.result.outcomes]
+    # the whole stored history too (metrics, statuses, accuracy), not only the ledger
+    assert first.coordinator.store.read_log("fl_rounds") == second.coordinator.store.read_log("fl_rounds")
     assert len(totals) == 12 and all(abs(t) < 1e-9 for t in totals)
     assert abs(first.coordinator.ledger.total()) < 1e-9  # after the final reimbursement too
     other, _ = run_sim(job("tiff", seed=1), dropout=0.1)

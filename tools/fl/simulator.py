@@ -79,7 +79,8 @@ class Simulation:
             delay = self.profiles[cid].round_time(self.model_bytes, client.num_samples, self.config.train.epochs,
                                                   self._rng)
             if self._round_start + delay <= plan.deadline:
-                metrics = result.metrics() | {"train_time_s": delay, "cpu_time_s": delay}  # virtual, deterministic
+                # virtual, deterministic: the measured wall/CPU times of this process would differ run to run
+                metrics = result.metrics() | {"train_time_s": delay, "cpu_time_s": delay, "cpu_percent": 100.0}
                 self.loop.schedule(delay, lambda cid=cid, r=result, m=metrics: self._arrive(plan.round, cid, r, m))
         self._deadline = self.loop.schedule_at(plan.deadline, self._end_round)
         if not c.waiting_for():
