@@ -176,18 +176,32 @@ def show(doc: dict) -> None:
     emit_table(make_table("targets", ["target", "met"], [[k, v] for k, v in doc["targets"].items()]))
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def load_factor(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 10:
+        raise argparse.ArgumentTypeError(f"an offered load must be in (0, 10], got {text}")
+    return value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("runs/bench_marble.json"))
-    ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--synthetic-jobs", type=int, default=2000)
-    ap.add_argument("--synthetic-load", type=float, default=0.9)
-    ap.add_argument("--scale-jobs", type=int, default=80_000)
-    ap.add_argument("--scale-nodes", type=int, default=1000)
+    ap.add_argument("--seeds", type=positive, default=5)
+    ap.add_argument("--synthetic-jobs", type=positive, default=2000)
+    ap.add_argument("--synthetic-load", type=load_factor, default=0.9)
+    ap.add_argument("--scale-jobs", type=positive, default=80_000)
+    ap.add_argument("--scale-nodes", type=positive, default=1000)
     ap.add_argument("--scale-policies", default="marble,fifo,backfill")
-    ap.add_argument("--overload", type=float, default=3.0, help="offered load of the latency trace")
-    ap.add_argument("--min-queue", type=int, default=10_000)
-    ap.add_argument("--latency-samples", type=int, default=200)
+    ap.add_argument("--overload", type=load_factor, default=3.0, help="offered load of the latency trace")
+    ap.add_argument("--min-queue", type=positive, default=10_000)
+    ap.add_argument("--latency-samples", type=positive, default=200)
     ap.add_argument("--skip-scale", action="store_true", help="only the JCT comparison")
     ap.add_argument("--scale-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
