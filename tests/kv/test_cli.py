@@ -145,3 +145,12 @@ def test_up_refuses_a_busy_redis_datalet_port_before_starting_anything(tmp_path)
         with pytest.raises(ConfigError, match=f"ports already in use: 127.0.0.1:{base + 4}"):
             up(spec)
     assert not (tmp_path / "c").exists()
+
+
+def test_unusable_data_dir_and_corrupt_record_are_clear_errors(tmp_path) -> None:
+    out = cli("up", "--data-dir", "/dev/null/bespokv", "--base-port", str(free_range(2, seed=6)), check=False)
+    assert out.returncode == 2 and "cannot use --data-dir /dev/null/bespokv" in out.stderr
+    (tmp_path / "cluster.json").write_text("{not json")
+    out = cli("status", "--data-dir", str(tmp_path), check=False)
+    assert out.returncode == 2 and "cannot read the cluster record" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -96,7 +96,10 @@ def load_record(data_dir: Path) -> dict[str, Any]:
     path = record_path(data_dir)
     if not path.exists():
         raise ConfigError(f"no cluster recorded under {data_dir} (start one with `bespokv up --data-dir {data_dir}`)")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read the cluster record {path}: {e}") from None
 
 
 def alive(pid: int) -> bool:
@@ -134,8 +137,10 @@ def up(spec: ClusterSpec, clock: Clock | None = None, timeout: float = 30.0) -> 
         raise ConfigError(f"ports already in use: {', '.join(busy)} (pick another --base-port)")
     if record["redis_ports"] and shutil.which("redis-server") is None:
         raise ConfigError("the redis datalet needs redis-server: apt-get install -y redis-server")
-    data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / "logs").mkdir(exist_ok=True)
+    try:
+        (data_dir / "logs").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot use --data-dir {data_dir}: {e.strerror}") from None
     try:
         for nid, port in record["redis_ports"].items():
             rdir = data_dir / nid / "redis"
