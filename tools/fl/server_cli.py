@@ -32,8 +32,10 @@ DATASET = typer.Option(None, "--dataset", help="digits | mnist1d | synthetic")
 CLIENTS = typer.Option(None, "--clients", help="Number of clients (data partitions).")
 PER_ROUND = typer.Option(None, "--per-round", help="Clients selected per round.")
 ROUNDS = typer.Option(None, "--rounds", help="Rounds to run.")
-PARTITION = typer.Option(None, "--partition", help="iid | dirichlet | shards")
-ALPHA = typer.Option(None, "--alpha", help="Dirichlet concentration (smaller = more label skew).")
+PARTITION = typer.Option(None, "--partition", help="iid | dirichlet | shards (digits, mnist1d; synthetic clients "
+                         "each draw their own LEAF distribution, so it ignores this).")
+ALPHA = typer.Option(None, "--alpha", help="Dirichlet concentration (smaller = more label skew); LEAF's "
+                     "synthetic(alpha, beta) are data.synthetic_alpha/_beta in --config.")
 SEED = typer.Option(None, "--seed", help="Master seed (data, model, selection).")
 JSON = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
 
