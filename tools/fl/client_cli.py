@@ -10,7 +10,7 @@ import typer
 from mlsyskit.core.cli import fail, make_app, run_app
 from mlsyskit.core.console import emit_json, log
 from mlsyskit.core.rpc import ClientTls, RpcError
-from mlsyskit.tools.fl.config import ATTACKS, DATASETS
+from mlsyskit.tools.fl.config import ATTACKS, DATASETS, check_address
 
 app = make_app(
     "fl-client",
@@ -38,6 +38,8 @@ def run(server: str = typer.Option("127.0.0.1:7070", "--server", help="fl-server
     pause_gc_for_startup()  # until the client is ready (FlClient(freeze_heap=True))
     from mlsyskit.tools.fl.client import ClientStopped, FlClient
 
+    if (problem := check_address(server, "--server")) is not None:
+        raise fail(problem)
     if malicious not in ATTACKS:
         raise fail(f"--malicious must be one of {', '.join(ATTACKS)}")
     if dataset is not None and dataset not in DATASETS:

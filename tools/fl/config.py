@@ -124,3 +124,11 @@ class JobConfig:
     @classmethod
     def from_mapping(cls, data: dict) -> JobConfig:
         return from_dict(cls, data)
+
+
+def check_address(address: str, option: str) -> str | None:
+    """Why `address` is not HOST:PORT (None when it is), so the CLIs can say so before gRPC logs its own."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        return f"{option} must be HOST:PORT with a port in 0..65535, got {address!r}"
+    return None

@@ -14,7 +14,7 @@ from mlsyskit.core.rpc import RpcError, ServerTls
 from mlsyskit.core.sim import Seeds
 from mlsyskit.core.storage import MetaStore, StorageError
 from mlsyskit.core.telemetry import Telemetry
-from mlsyskit.tools.fl.config import ATTACKS, JobConfig
+from mlsyskit.tools.fl.config import ATTACKS, JobConfig, check_address
 from mlsyskit.tools.fl.coordinator import JobMismatch
 from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.report import DB_NAME, load_run, plot, summarize
@@ -110,6 +110,8 @@ def run(config: Path | None = CONFIG, strategy: str | None = STRATEGY, dataset: 
 
     job = _job(config, strategy, dataset, clients, per_round, rounds, partition, alpha, seed,
                round_timeout_s=round_timeout, min_clients=min_clients)
+    if (problem := check_address(address, "--address")) is not None:
+        raise fail(problem)
     if (tls_cert is None) != (tls_key is None):
         raise fail("--tls-cert and --tls-key go together")
     try:
