@@ -27,6 +27,17 @@ def test_budget_smaller_than_largest_tensor(small_cfg, small_profile):
         train(replace(small_cfg, opt_mem=64 * 1024), small_profile)
 
 
+@pytest.mark.parametrize("policy", ["tencache", "lru"])
+def test_device_budget_below_one_modules_tensors_is_refused_and_the_minimum_runs(policy, small_cfg, small_profile):
+    # gpt-small: one 32 KiB, one 8 KiB and one 512 B tensor per module at most, but LayerNorms use two 128 B
+    # tensors at once; one slot per class (48 KiB) cannot run them, the per-module minimum (52 KiB) can
+    cfg = replace(small_cfg, steps=2, policy=policy)
+    with pytest.raises(BudgetError, match=r"device budget 48.00 KiB is too small: the tensors one module uses at once"):
+        train(replace(cfg, device_mem=48 * 1024), small_profile)
+    result = train(replace(cfg, device_mem=52 * 1024), small_profile)
+    assert len(result.losses) == 2 and result.summary["occupancy"]["bytes"]["device"] > 0
+
+
 def test_spill_without_nvme_dir(small_cfg, small_profile):
     with pytest.raises(BudgetError, match="do not fit the device and CPU budgets and no --nvme-dir"):
         train(replace(small_cfg, nvme_dir=None), small_profile)

@@ -29,6 +29,15 @@ def test_every_class_gets_a_slot_and_too_small_budget_is_a_clear_error():
         class_slots({128: 10, 1 << 20: 3}, 512 * 1024, tier="device")
 
 
+def test_min_slots_cover_the_tensors_one_module_uses_at_once():
+    dist = {128: 40, 8192: 16}
+    assert class_slots(dist, 12 * 1024, tier="device") == {128: 1, 8192: 1}
+    slots = class_slots(dist, 64 * 1024, tier="device", min_slots={128: 2, 8192: 4})
+    assert slots[128] >= 2 and slots[8192] >= 4 and pool_bytes(slots) <= 64 * 1024
+    with pytest.raises(BudgetError, match=r"the tensors one module uses at once \(per size class\) need 40.00 KiB"):
+        class_slots(dist, 36 * 1024, tier="device", min_slots={128: 2, 8192: 4})
+
+
 def test_rounding_never_overshoots_the_budget():
     dist = {5000: 7, 12000: 9, 70000: 3}
     for budget in (100_000, 150_000, 333_333):

@@ -46,6 +46,19 @@ class StepStats:
     optimizer_s: float = 0.0
 
 
+def concurrent_by_class(model: nn.Module) -> dict[int, int]:
+    """Size class -> the most tensors of that class one module holds (all resident while it runs)."""
+    most: dict[int, int] = {}
+    for _, _, params in param_modules(model):
+        counts: dict[int, int] = {}
+        for _, p in params:
+            n = p.numel() * p.element_size()
+            counts[n] = counts.get(n, 0) + 1
+        for n, c in counts.items():
+            most[n] = max(most.get(n, 0), c)
+    return most
+
+
 def pick_device(requested: str | None = None) -> torch.device:
     if requested:
         return torch.device(requested)
@@ -76,7 +89,7 @@ class OffloadEngine:
         self.by_name = {e.name: e for e in entries}
         ctx = PlanContext(sizes={e.idx: e.nbytes for e in entries}, model_order=[e.idx for e in entries],
                           profile=profile, device_budget=budgets.device, cpu_budget=budgets.cpu,
-                          has_nvme=self.nvme is not None)
+                          has_nvme=self.nvme is not None, concurrent=concurrent_by_class(model))
         plan = self.policy.plan(ctx)
         if plan.placement.nvme and self.nvme is None:
             raise BudgetError(f"{len(plan.placement.nvme)} parameter tensors do not fit the device and CPU budgets "

@@ -5,8 +5,9 @@ For a tier budget B and size classes s with counts c_s:
 Classes with one or two tensors get exactly that many slots (the paper's rule), and so do classes of
 tensors of at most 64 KiB that all fit in 5% of the budget when `small_first` (ours; used for the
 CPU parameter tier so tiny tensors never go to NVMe); every class gets at least one slot
-(else a tensor of that size could never be used), and a budget that cannot hold one tensor of each
-class is rejected with the size it would need.
+(else a tensor of that size could never be used), or, with `min_slots`, as many as one module uses at
+once (a module's tensors are all resident while it runs), and a budget that cannot hold that minimum
+is rejected with the size it would need.
 
 Placement walks the profiled use order: the first tensors that fit in free device slots of their
 class form the active window, the next go to CPU slots, the rest to NVMe.
@@ -28,10 +29,13 @@ class BudgetError(ValueError):
 
 
 def class_slots(distribution: Mapping[int, int], budget: int, *, tier: str, min_one: bool = True,
-                stride: int = 4096, small_first: bool = False) -> dict[int, int]:
-    """Slots per size class for `budget` bytes (the formula above; slot memory is rounded to `stride`)."""
+                stride: int = 4096, small_first: bool = False,
+                min_slots: Mapping[int, int] | None = None) -> dict[int, int]:
+    """Slots per size class for `budget` bytes (the formula above; slot memory is rounded to `stride`).
+    `min_slots`: size class -> slots that must exist (tensors of that class one module uses at once)."""
     if not distribution:
         return {}
+    floor = {s: max(1, min((min_slots or {}).get(s, 1), c)) if min_one else 0 for s, c in distribution.items()}
     slots: dict[int, int] = {}
     # ours (`small_first`, used for the CPU parameter tier): classes of tensors <= 64 KiB that all fit in 5% of
     # the budget get all their slots first; tiny tensors (biases, norms) cost an NVMe I/O each but almost no
@@ -51,16 +55,19 @@ def class_slots(distribution: Mapping[int, int], budget: int, *, tier: str, min_
             slots[s] = c
             continue
         n = min(round(s * c / total * budget_rest / s), c)
-        slots[s] = max(n, 1) if min_one else n
-    need = sum(round_up(s, stride) for s in distribution) if min_one else 0
+        slots[s] = max(n, floor[s])
+    need = sum(round_up(s, stride) * n for s, n in floor.items())
     if need > budget:
         largest = max(distribution)
-        raise BudgetError(f"{tier} budget {format_size(budget)} is too small: one tensor of each size class "
-                          f"needs {format_size(need)} (the largest tensor is {format_size(largest)})")
+        what = ("one tensor of each size class needs" if all(n <= 1 for n in floor.values())
+                else "the tensors one module uses at once (per size class) need")
+        raise BudgetError(f"{tier} budget {format_size(budget)} is too small: {what} {format_size(need)} "
+                          f"(the largest tensor is {format_size(largest)})")
     used = sum(round_up(s, stride) * n for s, n in slots.items())
     # rounding can overshoot the budget: take slots back from the classes that were rounded up most
     while used > budget:
-        s = max((s for s, n in slots.items() if n > 1), key=lambda s: round_up(s, stride), default=None)
+        s = max((s for s, n in slots.items() if n > max(1, floor[s])), key=lambda s: round_up(s, stride),
+                default=None)
         if s is None:
             break
         slots[s] -= 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from mlsyskit.core.memory import Slot
@@ -28,6 +28,7 @@ class PlanContext:
     device_budget: int
     cpu_budget: int
     has_nvme: bool
+    concurrent: dict[int, int] = field(default_factory=dict)  # size class -> most tensors one module uses at once
 
     @property
     def distribution(self) -> dict[int, int]:

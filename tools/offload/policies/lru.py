@@ -18,7 +18,7 @@ class LRUPolicy(SyncFetch):
         self.tick = 0
 
     def plan(self, ctx: PlanContext) -> Plan:
-        dev = class_slots(ctx.distribution, ctx.device_budget, tier="device")
+        dev = class_slots(ctx.distribution, ctx.device_budget, tier="device", min_slots=ctx.concurrent)
         cpu = class_slots(ctx.distribution, ctx.cpu_budget, tier="CPU", small_first=True)
         return Plan(dev, cpu, place(ctx.model_order, ctx.sizes, dev, cpu))
 

@@ -45,7 +45,7 @@ class TenCachePolicy(SyncFetch):
         for pos, tensors in enumerate(self.uses):
             for t in tensors:
                 self.positions.setdefault(t, []).append(pos)
-        dev = class_slots(ctx.distribution, ctx.device_budget, tier="device")
+        dev = class_slots(ctx.distribution, ctx.device_budget, tier="device", min_slots=ctx.concurrent)
         cpu = class_slots(ctx.distribution, ctx.cpu_budget, tier="CPU", small_first=True)
         order = first_use_order(self.uses, len(ctx.sizes))
         return Plan(dev, cpu, place(order, ctx.sizes, dev, cpu))
