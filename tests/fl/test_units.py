@@ -191,3 +191,21 @@ def test_quality_is_the_received_models_accuracy_on_training_data_and_flippers_s
     assert flipper.quality == pytest.approx(evaluate(weights, client.x_train, flipped)["accuracy"], abs=1e-9)
     assert honest.quality > 0.8 and flipper.quality < 0.2
     assert honest.consumer_accuracy == pytest.approx(evaluate(weights, client.x_test, client.y_test)["accuracy"])
+
+
+def test_coordinator_rejects_a_claimed_sample_count_that_is_not_the_partition_size():
+    from mlsyskit.tools.fl.coordinator import Coordinator
+
+    config = JobConfig(rounds=1, per_round=2, data=DataSpec(num_clients=2, seed=5))
+    with MetaStore(":memory:") as store:
+        c = Coordinator(config, store)
+        for cid in (0, 1):
+            c.register(cid, {"num_samples": c.partition_sizes[cid], "local_only_accuracy": 0.5})
+        plan = c.begin_round([0, 1], now=0.0)
+        update = {k: v.copy() for k, v in plan.weights.items()}
+        metrics = {"loss": 0.1, "quality": 0.9, "train_time_s": 0.1, "cpu_time_s": 0.1}
+        accepted, reason = c.submit(0, 1, update, metrics | {"num_samples": 10 * c.partition_sizes[0]})
+        assert not accepted and "partition size" in reason
+        assert c.submit(1, 1, update, metrics | {"num_samples": c.partition_sizes[1]}) == (True, "")
+        outcome = c.finish_round(1.0)
+    assert outcome.reports[0].status == "rejected" and outcome.reports[1].status == "valid"

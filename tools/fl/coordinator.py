@@ -49,6 +49,9 @@ class Coordinator:
         self.ledger = Ledger(store)
         data = load_federated(config.data)
         self.num_features, self.num_classes = data.num_features, data.num_classes
+        # the server derives every partition from the seed too, so a claimed sample count can be checked:
+        # FedAvg and TIFF's pay both weigh by it, and an inflated count would buy weight and tokens
+        self.partition_sizes = tuple(c.num_samples for c in data.clients)
 
         def evaluator(weights: Weights) -> dict[str, float]:
             return evaluate(weights, data.x_test, data.y_test)
@@ -141,6 +144,9 @@ class Coordinator:
         if client_id in self._reports:
             return False, f"client {client_id} already reported in round {round_num}"
         reason = validate_update(weights, metrics, self.weights, self.config.max_update_bytes)
+        if reason is None and int(metrics["num_samples"]) != self.partition_sizes[client_id]:
+            reason = (f"num_samples {metrics['num_samples']} differs from client {client_id}'s partition size "
+                      f"{self.partition_sizes[client_id]}")
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)} \
             if isinstance(metrics, dict) else {}
         if reason is not None:
