@@ -56,6 +56,8 @@ def test_train_checkpoint_and_resume(tmp_path):
 def test_clear_errors(tmp_path):
     nvme = tmp_path / "nvme"
     nvme.mkdir()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
     cases = [
         (["train", *SMALL_ARGS, "--nvme-dir", str(tmp_path / "absent")], "does not exist"),
         (["train", *SMALL_ARGS, "--device-mem", "8KiB", "--nvme-dir", str(nvme)], "device budget 8.00 KiB is too small"),
@@ -64,6 +66,10 @@ def test_clear_errors(tmp_path):
         (["train", *SMALL_ARGS, "--policy", "fifo"], "unknown policy 'fifo'"),
         (["train", *SMALL_ARGS, "--device-mem", "lots"], "cannot parse size 'lots'"),
         (["train", *SMALL_ARGS, "--resume"], "--resume needs --checkpoint-dir"),
+        (["train", *SMALL_ARGS, "--nvme-dir", str(nvme), "--checkpoint-dir", str(tmp_path / "no-ckpt")],
+         "checkpoint directory"),  # refused before training, not when the first checkpoint is due
+        (["profile", "--model", "gpt-tiny", "--batch", "1", "--seq", "8", "--out", str(blocker / "p.json")],
+         "cannot write profile"),
     ]
     for args, message in cases:
         r = invoke(*args)

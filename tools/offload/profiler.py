@@ -10,6 +10,7 @@ profile to its model so a profile from another model is rejected with a clear me
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -78,8 +79,14 @@ class Profile:
     def save(self, path: str | Path) -> None:
         path = Path(path)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_json()))
-        tmp.replace(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)  # as --log and --plot do
+            tmp.write_text(json.dumps(self.to_json()))
+            tmp.replace(path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise ProfileError(f"cannot write profile {path}: {e.strerror or e}") from None
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:

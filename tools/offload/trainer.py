@@ -19,6 +19,7 @@ import torch
 
 from mlsyskit.core.clock import RealClock
 from mlsyskit.core.config import parse_size, require
+from mlsyskit.core.storage_errors import MissingDirectoryError, StoragePermissionError
 from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.offload import checkpoint
 from mlsyskit.tools.offload.corpus import batch
@@ -55,7 +56,8 @@ class TrainConfig:
         require(self.seq <= preset(self.model).max_seq,
                 f"seq {self.seq} exceeds the maximum {preset(self.model).max_seq} of {self.model}")
         require(self.steps > 0, "steps must be positive")
-        require(self.policy in ("tencache", "on-demand", "lru"), f"unknown policy {self.policy!r}")
+        require(self.policy in ("tencache", "on-demand", "lru"),
+                f"unknown policy {self.policy!r}; policies: tencache, on-demand, lru")
         require(not self.resume or self.checkpoint_dir is not None, "--resume needs --checkpoint-dir")
 
 
@@ -114,6 +116,12 @@ def build_engine(cfg: TrainConfig, profile: Profile | None = None) -> OffloadEng
 
 def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Telemetry | None = None,
           on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+    if cfg.checkpoint_dir is not None:  # fail before training, not when the first checkpoint is due
+        ckpt = Path(cfg.checkpoint_dir)
+        if not ckpt.is_dir():
+            raise MissingDirectoryError(f"checkpoint directory {ckpt} does not exist (create it first)")
+        if not os.access(ckpt, os.W_OK):
+            raise StoragePermissionError(f"checkpoint directory {ckpt} is not writable")
     engine = build_engine(cfg, profile)
     tel = telemetry or Telemetry(clock=RealClock())
     result = TrainResult(losses=[])
