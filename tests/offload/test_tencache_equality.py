@@ -37,3 +37,14 @@ def test_losses_match_plain_run_with_all_tiers_in_use(policy, small_cfg, small_p
         assert s["optimizer_miss_rate"] < 0.05
     if policy == "on-demand":
         assert s["allocations_per_step"] > 0 and s["device_hit_rate"] == 0
+
+
+def test_execution_that_deviates_from_the_profile_is_counted_and_still_exact(small_cfg, small_profile):
+    # swap two forward uses in the profile: the engine meets them out of order, falls back to a synchronous
+    # fetch, counts the deviation, and the losses stay those of the plain run
+    uses = list(small_profile.uses)
+    uses[3], uses[4] = uses[4], uses[3]
+    cfg = replace(small_cfg, steps=3)
+    result = train(cfg, replace(small_profile, uses=uses))
+    assert result.summary["deviations_per_step"] > 0
+    assert result.losses == train_plain(cfg)

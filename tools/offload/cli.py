@@ -117,7 +117,7 @@ def summary_table(s: dict) -> object:
             ("tensors on device / CPU / NVMe", " / ".join(format_size(occ[k]) for k in ("device", "cpu", "nvme"))),
             ("final loss", s["final_loss"])]
     rows += [(f"moved {k} per step", format_size(v)) for k, v in s["bytes_moved_per_step"].items()]
-    return make_table(f"tencache {s['policy']} on {s['model']} ({s['device']}, {s['measured_steps']} measured steps)",
+    return make_table(f"tencache, policy {s['policy']}, on {s['model']} ({s['device']}, {s['measured_steps']} measured steps)",
                       ["metric", "value"], rows)
 
 
