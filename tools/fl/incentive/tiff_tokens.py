@@ -14,6 +14,7 @@ so consumers who gained less from the federation get more of their payment back.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from statistics import median
 
@@ -55,5 +56,12 @@ class TiffTokens(Incentive):
         total = sum(weights.values())
         if pool <= 0 or total <= 0:
             return []
-        return [Transfer(POOL, client_account(cid), min(paid[cid], pool * w / total), "refund")
-                for cid, w in sorted(weights.items())]
+        refunds = {cid: min(paid[cid], pool * w / total) for cid, w in sorted(weights.items())}
+        # float rounding can make the shares add up to a hair over the pool: take that from the largest
+        largest = max(refunds, key=refunds.get)
+        for _ in range(8):  # one step almost always does it; the subtraction itself can round up
+            excess = math.fsum(refunds.values()) - pool
+            if excess <= 0:
+                break
+            refunds[largest] = max(0.0, math.nextafter(refunds[largest] - excess, 0.0))
+        return [Transfer(POOL, client_account(cid), amount, "refund") for cid, amount in refunds.items()]
