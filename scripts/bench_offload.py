@@ -167,7 +167,11 @@ def targets(runs: dict, disk: dict) -> list[dict]:
     tc = runs.get("tencache", {}).get("summary")
     od = runs.get("on-demand", {}).get("summary")
     lru = runs.get("lru", {}).get("summary")
-    if tc:
+    if tc:  # the configuration the issue asks for, checked rather than assumed
+        occ = tc["occupancy"]
+        tiers = all(occ["bytes"][k] > 0 for k in ("device", "cpu", "nvme")) and occ["optimizer_nvme_tensors"] > 0
+        add("parameters on all three tiers, optimizer states spill to NVMe", tiers, "yes", tiers,
+            f"{occ['optimizer_nvme_tensors']} tensors' optimizer states on NVMe")
         add("tencache device hit rate", tc["device_hit_rate"], ">= 0.95", tc["device_hit_rate"] >= 0.95)
         add("tencache allocations per step (steady state)", tc["allocations_per_step"], "== 0",
             tc["allocations_per_step"] == 0)
