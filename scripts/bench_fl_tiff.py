@@ -8,7 +8,7 @@ the measured means over seeds and recorded with `met`:
 - tokens per malicious provider <= 0.80x the default's (paper: -18.1%);
 - tokens per honest provider >= 1.07x the default's (paper: +6.9%);
 - final accuracy >= the default's + 7.4 points (paper: up to +7.4);
-- exploration 0 is worse than the tuned rate (final accuracy).
+- exploration 0 is worse than the tuned rate (lower final accuracy and fewer honest providers tried late).
 
     .venv/bin/python scripts/bench_fl_tiff.py --out runs/bench_fl_tiff.json
 """
@@ -112,8 +112,9 @@ def main() -> int:
             "measured": {"eps0_late_coverage": eps0["honest_late_coverage"],
                          "tuned_late_coverage": tuned["honest_late_coverage"],
                          "eps0_final_accuracy": eps0["final_accuracy"], "tuned_final_accuracy": tuned["final_accuracy"]},
-            "target": "eps0 covers fewer honest providers late in the job",
-            "met": eps0["honest_late_coverage"] < tuned["honest_late_coverage"]}
+            "target": "eps0 ends less accurate and covers fewer honest providers late in the job",
+            "met": eps0["final_accuracy"] < tuned["final_accuracy"]
+            and eps0["honest_late_coverage"] < tuned["honest_late_coverage"]}
     # determinism: a repeated run with the same seed writes the same ledger
     repeat = one_run("tiff", 0, args)
     targets["same_seed_same_ledger"] = {"measured": repeat["ledger_digest"] == runs["tiff"][0]["ledger_digest"],
