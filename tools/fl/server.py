@@ -192,7 +192,8 @@ class FlServer:
             deadline = None if registration_timeout_s is None else self.clock.now() + registration_timeout_s
             if not await self._wait(lambda: len(self._queues) >= want, deadline):
                 raise RpcError(StatusCode.DEADLINE_EXCEEDED, f"only {len(self._queues)} of {want} clients "
-                               f"connected within {registration_timeout_s:g}s")
+                               f"connected within {registration_timeout_s:g}s before round {c.round + 1} "
+                               f"(--min-clients sets how many a round waits for; rerun to resume)")
             start = self.clock.now()
             plan = c.begin_round(sorted(self._queues), start)
             self.telemetry.event("round_start", round=plan.round, selected=plan.selected)
