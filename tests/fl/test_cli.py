@@ -62,6 +62,8 @@ def test_bad_input_gives_one_line_errors(tmp_path):
         (server_app, ["run", "--address", "127.0.0.1:99999", "--run-dir", str(tmp_path / "h")], "port in 0..65535"),
         (client_app, ["run", "--client-id", "0", "--token-file", str(empty)], "is empty"),
         (server_app, ["run", "--token-file", str(empty), "--run-dir", str(tmp_path / "f")], "is empty"),
+        (server_app, ["run", "--clients", "2", "--per-round", "1", "--address", "127.0.0.1:0", "--run-dir",
+                      str(tmp_path / "i"), "--registration-timeout", "0.5"], "only 0 of 2 clients connected"),
         (client_app, ["run", "--client-id", "0", "--tls-ca", str(tmp_path / "no-ca.pem")], "cannot read TLS CA"),
     ]
     for app, args, message in cases:
