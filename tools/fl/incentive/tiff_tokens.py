@@ -57,10 +57,13 @@ class TiffTokens(Incentive):
         if pool <= 0 or total <= 0:
             return []
         refunds = {cid: min(paid[cid], pool * w / total) for cid, w in sorted(weights.items())}
-        # float rounding can make the shares add up to a hair over the pool: take that from the largest
+        # float rounding can make the shares add up to a hair over the pool: take that from the largest.
+        # The budget is one step under `pool`, itself the rounded sum of the pool's rows, so the pool's
+        # exact balance stays >= 0 too
+        budget = math.nextafter(pool, 0.0)
         largest = max(refunds, key=refunds.get)
         for _ in range(8):  # one step almost always does it; the subtraction itself can round up
-            excess = math.fsum(refunds.values()) - pool
+            excess = math.fsum(refunds.values()) - budget
             if excess <= 0:
                 break
             refunds[largest] = max(0.0, math.nextafter(refunds[largest] - excess, 0.0))
