@@ -17,7 +17,7 @@ from mlsyskit.tools.offload.model import build_model
 from mlsyskit.tools.offload.optimizer import AdamConfig
 from mlsyskit.tools.offload.pools import BudgetError
 from mlsyskit.tools.offload.profiler import ProfileError
-from mlsyskit.tools.offload.trainer import TrainConfig, run_profile, train
+from mlsyskit.tools.offload.trainer import TrainConfig, run_profile, train, train_plain
 
 
 def test_budget_smaller_than_largest_tensor(small_cfg, small_profile):
@@ -41,6 +41,17 @@ def test_device_budget_below_one_modules_tensors_is_refused_and_the_minimum_runs
 def test_spill_without_nvme_dir(small_cfg, small_profile):
     with pytest.raises(BudgetError, match="do not fit the device and CPU budgets and no --nvme-dir"):
         train(replace(small_cfg, nvme_dir=None), small_profile)
+
+
+@pytest.mark.parametrize("policy", ["tencache", "lru"])
+def test_without_nvme_a_class_needs_a_spare_slot_to_swap_through(policy, small_cfg, small_profile):
+    # 96 KiB device + 640 KiB CPU hold every 32 KiB tensor exactly, with no slot free to swap through
+    cfg = replace(small_cfg, steps=2, policy=policy, nvme_dir=None, cpu_mem=640 * 1024, opt_mem=8 << 20)
+    with pytest.raises(BudgetError, match=r"without --nvme-dir, 1 size class\(es\) .* raise the CPU budget by 32.00 KiB"):
+        train(cfg, small_profile)
+    result = train(replace(cfg, cpu_mem=672 * 1024), small_profile)
+    assert result.losses == train_plain(replace(cfg, cpu_mem=672 * 1024))
+    assert result.summary["occupancy"]["bytes"]["nvme"] == 0 and result.summary["device_hit_rate"] < 1
 
 
 def test_missing_nvme_dir(small_cfg, small_profile, tmp_path):

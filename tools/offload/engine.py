@@ -19,7 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from mlsyskit.core.config import format_size
 from mlsyskit.core.filetier import FileTier
+from mlsyskit.core.memory import round_up
 from mlsyskit.tools.offload.optimizer import AdamConfig, OptimizerStateCache, adam_update
 from mlsyskit.tools.offload.policies import Policy, make_policy
 from mlsyskit.tools.offload.policies.base import PlanContext
@@ -59,6 +61,18 @@ def concurrent_by_class(model: nn.Module) -> dict[int, int]:
     return most
 
 
+def _check_swap_room(distribution: dict[int, int], device_slots: dict[int, int], cpu_slots: dict[int, int]) -> None:
+    """Without NVMe, a class that does not fit the device moves tensors between device and CPU, which needs
+    one free slot of the class somewhere; device + CPU slots that hold the class exactly would deadlock."""
+    short = [s for s, c in distribution.items()
+             if device_slots.get(s, 0) < c and device_slots.get(s, 0) + cpu_slots.get(s, 0) <= c]
+    if short:
+        extra = sum(round_up(s) for s in short)
+        raise BudgetError(f"without --nvme-dir, {len(short)} size class(es) (largest {format_size(max(short))}) fill "
+                          f"the device and CPU slots exactly, leaving none free to swap through: raise the CPU "
+                          f"budget by {format_size(extra)} or give --nvme-dir")
+
+
 def pick_device(requested: str | None = None) -> torch.device:
     if requested:
         return torch.device(requested)
@@ -94,6 +108,8 @@ class OffloadEngine:
         if plan.placement.nvme and self.nvme is None:
             raise BudgetError(f"{len(plan.placement.nvme)} parameter tensors do not fit the device and CPU budgets "
                               f"and no --nvme-dir was given")
+        if self.nvme is None and plan.device_slots is not None:
+            _check_swap_room(ctx.distribution, plan.device_slots, plan.cpu_slots)
         self.store = TierStore(entries, device=self.device, device_slots=plan.device_slots,
                                cpu_slots=plan.cpu_slots, nvme=self.nvme)
         self._populate(plan)

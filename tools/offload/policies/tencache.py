@@ -132,7 +132,7 @@ class TenCachePolicy(SyncFetch):
 
     def _spill(self, e: Entry) -> bool:
         st = self.store
-        if sum(1 for x in st.inflight if x.where == NVME) >= self.max_spills:
+        if st.nvme is None or sum(1 for x in st.inflight if x.where == NVME) >= self.max_spills:
             return False
         if any(x.where == NVME and x.cpu is not None for x in self.by_class[e.nbytes]):
             return False  # a slot of this class is already being freed
