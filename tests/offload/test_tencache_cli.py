@@ -51,6 +51,9 @@ def test_train_checkpoint_and_resume(tmp_path):
     losses = [json.loads(r.stdout[r.stdout.index("{"):])["losses"] for r in (full, first, resumed)]
     assert losses[1] + losses[2] == losses[0]  # resuming continues exactly where the checkpoint left off
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-2", "step-4"]
+    again = invoke("train", *SMALL_ARGS, "--steps", "4", "--nvme-dir", str(nvme), "--checkpoint-dir", str(ckpt),
+                   "--resume")
+    assert again.exit_code == 2 and "already at step 4" in again.output, again.output
 
 
 def test_clear_errors(tmp_path):

@@ -205,6 +205,9 @@ def _load_checkpoint(cfg: TrainConfig, model) -> tuple[int, dict[str, torch.Tens
     ckpt = checkpoint.latest(cfg.checkpoint_dir)
     if ckpt is None:
         raise checkpoint.CheckpointError(f"--resume: no complete checkpoint in {cfg.checkpoint_dir}")
+    if ckpt.manifest["adam_step"] >= cfg.steps:
+        raise checkpoint.CheckpointError(f"--resume: {ckpt.path} is already at step {ckpt.manifest['adam_step']}; "
+                                         f"ask for more --steps than that to continue")
     if ckpt.manifest.get("signature") != model_signature(model):
         raise checkpoint.CheckpointError(f"{ckpt.path} was written for model {ckpt.manifest.get('model')!r}, "
                                          f"not {cfg.model!r}")
