@@ -69,6 +69,8 @@ def test_clear_errors(tmp_path):
         (["train", *SMALL_ARGS, "--policy", "fifo"], "unknown policy 'fifo'"),
         (["train", *SMALL_ARGS, "--device-mem", "lots"], "cannot parse size 'lots'"),
         (["train", *SMALL_ARGS, "--resume"], "--resume needs --checkpoint-dir"),
+        (["train", *SMALL_ARGS, "--checkpoint-every", "-2"], "checkpoint_every and warmup_steps must be >= 0"),
+        (["train", *SMALL_ARGS, "--lr", "0"], "lr must be positive"),
         (["train", *SMALL_ARGS, "--nvme-dir", str(nvme), "--checkpoint-dir", str(tmp_path / "no-ckpt")],
          "checkpoint directory"),  # refused before training, not when the first checkpoint is due
         (["profile", "--model", "gpt-tiny", "--batch", "1", "--seq", "8", "--out", str(blocker / "p.json")],

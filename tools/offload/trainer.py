@@ -56,6 +56,8 @@ class TrainConfig:
         require(self.seq <= preset(self.model).max_seq,
                 f"seq {self.seq} exceeds the maximum {preset(self.model).max_seq} of {self.model}")
         require(self.steps > 0, "steps must be positive")
+        require(self.checkpoint_every >= 0 and self.warmup_steps >= 0, "checkpoint_every and warmup_steps must be >= 0")
+        require(self.lr > 0, "lr must be positive")
         require(self.policy in ("tencache", "on-demand", "lru"),
                 f"unknown policy {self.policy!r}; policies: tencache, on-demand, lru")
         require(not self.resume or self.checkpoint_dir is not None, "--resume needs --checkpoint-dir")
