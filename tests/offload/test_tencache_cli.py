@@ -56,6 +56,16 @@ def test_train_checkpoint_and_resume(tmp_path):
     assert again.exit_code == 2 and "already at step 4" in again.output, again.output
 
 
+def test_checkpoint_every_n_steps_and_at_the_end(tmp_path):
+    nvme, ckpt = tmp_path / "nvme", tmp_path / "ckpt"
+    nvme.mkdir()
+    ckpt.mkdir()
+    r = invoke("train", *SMALL_ARGS, "--steps", "3", "--nvme-dir", str(nvme), "--checkpoint-dir", str(ckpt),
+               "--checkpoint-every", "2")
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-2", "step-3"]
+
+
 def test_clear_errors(tmp_path):
     nvme = tmp_path / "nvme"
     nvme.mkdir()

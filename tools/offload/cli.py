@@ -63,17 +63,19 @@ def profile_summary(prof: Profile) -> dict:
 
 
 @app.command()
-def train(model: str = typer.Option(None, help="Model preset (gpt-tiny, gpt-small, gpt-10m ... gpt-1.3b)."),
+def train(model: str = typer.Option(None, help="Model preset (gpt-tiny, gpt-small, gpt-10m ... gpt-1.3b; default gpt-tiny)."),
           profile_path: Path | None = typer.Option(None, "--profile", help="Profile from `tencache profile`; "
                                                    "without it the run profiles first."),
-          device_mem: str = typer.Option(None, help="Device budget (e.g. 2GiB)."),
-          cpu_mem: str = typer.Option(None, help="CPU parameter-cache budget."),
-          opt_mem: str = typer.Option(None, help="CPU optimizer-state cache budget (overflow goes to NVMe)."),
+          device_mem: str = typer.Option(None, help="Device budget (e.g. 2GiB; default 1GiB)."),
+          cpu_mem: str = typer.Option(None, help="CPU parameter-cache budget (default 4GiB)."),
+          opt_mem: str = typer.Option(None, help="CPU optimizer-state cache budget (default 8GiB; overflow goes to NVMe)."),
           nvme_dir: Path | None = typer.Option(None, help="Directory for the NVMe tier (must exist)."),
-          steps: int = typer.Option(None, help="Training steps."),
-          batch: int = typer.Option(None), seq: int = typer.Option(None), seed: int = typer.Option(None),
-          lr: float = typer.Option(None),
-          policy: str = typer.Option(None, help="tencache | on-demand | lru"),
+          steps: int = typer.Option(None, help="Training steps (default 10)."),
+          batch: int = typer.Option(None, help="Sequences per step (default 4)."),
+          seq: int = typer.Option(None, help="Tokens per sequence (default 64)."),
+          seed: int = typer.Option(None, help="Seed for weights and data (default 0)."),
+          lr: float = typer.Option(None, help="AdamW learning rate (default 1e-3)."),
+          policy: str = typer.Option(None, help="tencache (profile-guided, default) | on-demand (naive offload) | lru."),
           checkpoint_dir: Path | None = typer.Option(None, help="Write checkpoints here (must exist)."),
           checkpoint_every: int = typer.Option(None, help="Checkpoint every N steps (and at the end)."),
           resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint."),

@@ -135,7 +135,8 @@ def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Teleme
             tel.event("step", **record)
             if on_step is not None:
                 on_step(record)
-            if cfg.checkpoint_dir is not None and cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+            if cfg.checkpoint_dir is not None and cfg.checkpoint_every and \
+                    ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
                 save_checkpoint(engine, cfg, step + 1)
         result.summary = summarize(result.steps, cfg, engine)
         tel.event("summary", **result.summary)
