@@ -23,7 +23,7 @@ USER_ERRORS = (BudgetError, ProfileError, StorageError, ConfigError, ValueError)
 
 
 @app.command()
-def profile(model: str = typer.Option("gpt-10m", help="Model preset (gpt-tiny ... gpt-1.3b)."),
+def profile(model: str = typer.Option("gpt-tiny", help="Model preset (gpt-tiny ... gpt-1.3b; the same default as train)."),
             batch: int = typer.Option(4, help="Sequences per step."),
             seq: int = typer.Option(64, help="Tokens per sequence."),
             seed: int = typer.Option(0, help="Seed for weights and data."),
