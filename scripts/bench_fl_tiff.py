@@ -50,7 +50,9 @@ def one_run(strategy: str, seed: int, args, epsilon: float = TUNED_EPSILON) -> d
         return {
             "final_accuracy": curve[-1], "last5_accuracy": statistics.fmean(curve[-5:]),
             "tokens_per_honest": statistics.fmean(pay.get(client_account(c), 0.0) for c in honest),
-            "tokens_per_malicious": statistics.fmean(pay.get(client_account(c), 0.0) for c in attacks),
+            # None, not a mean over nothing, when the job has no malicious clients (--malicious 0)
+            "tokens_per_malicious": statistics.fmean(pay.get(client_account(c), 0.0) for c in attacks)
+            if attacks else None,
             "honest_ever_paid": sum(client_account(c) in pay for c in honest) / len(honest),
             "malicious_selections": sum(len(set(o.selected) & set(attacks)) for o in result.outcomes),
             # over-fitting to early impressions: honest providers never picked again in the second half
@@ -88,57 +90,83 @@ def main() -> int:
             for name, strategy, eps in variants:
                 runs[name][seed] = one_run(strategy, seed, args, eps)
                 bar.advance(task)
-                log(f"seed {seed} {name}: acc {runs[name][seed]['final_accuracy']:.3f} honest "
-                    f"{runs[name][seed]['tokens_per_honest']:.1f} malicious {runs[name][seed]['tokens_per_malicious']:.1f}")
+                run = runs[name][seed]
+                log(f"seed {seed} {name}: acc {run['final_accuracy']:.3f} honest {run['tokens_per_honest']:.1f} "
+                    f"malicious {_short(run['tokens_per_malicious'])}")
 
-    def mean(name: str, key: str) -> float:
-        return statistics.fmean(r[key] for r in runs[name].values())
-
-    summary = {name: {k: mean(name, k) for k in ("final_accuracy", "last5_accuracy", "tokens_per_honest",
-                                                  "tokens_per_malicious", "honest_ever_paid",
-                                                  "malicious_selections", "honest_late_coverage",
-                                                  "honest_token_jain", "wall_s")} for name in runs}
-    malicious_ratio = summary["tiff"]["tokens_per_malicious"] / summary["default"]["tokens_per_malicious"]
-    honest_ratio = summary["tiff"]["tokens_per_honest"] / summary["default"]["tokens_per_honest"]
-    gain = 100 * (summary["tiff"]["final_accuracy"] - summary["default"]["final_accuracy"])
-    targets = {
-        "malicious_tokens_vs_default": {"measured": malicious_ratio, "target": "<= 0.80", "met": malicious_ratio <= 0.80},
-        "honest_tokens_vs_default": {"measured": honest_ratio, "target": ">= 1.07", "met": honest_ratio >= 1.07},
-        "accuracy_gain_points": {"measured": gain, "target": ">= 7.4", "met": gain >= 7.4},
-    }
-    if "tiff-eps0" in summary:  # what exploration is for: not freezing out honest providers after one look
-        eps0, tuned = summary["tiff-eps0"], summary["tiff"]
-        targets["exploration_0_worse"] = {
-            "measured": {"eps0_late_coverage": eps0["honest_late_coverage"],
-                         "tuned_late_coverage": tuned["honest_late_coverage"],
-                         "eps0_final_accuracy": eps0["final_accuracy"], "tuned_final_accuracy": tuned["final_accuracy"]},
-            "target": "eps0 ends less accurate and covers fewer honest providers late in the job",
-            "met": eps0["final_accuracy"] < tuned["final_accuracy"]
-            and eps0["honest_late_coverage"] < tuned["honest_late_coverage"]}
+    summary, targets = summarise(runs)
     # determinism: a repeated run with the same seed writes the same ledger
     repeat = one_run("tiff", 0, args)
     targets["same_seed_same_ledger"] = {"measured": repeat["ledger_digest"] == runs["tiff"][0]["ledger_digest"],
                                         "target": "identical ledger digest", "met":
                                         repeat["ledger_digest"] == runs["tiff"][0]["ledger_digest"]}
-    conserved = max(abs(r["ledger_total"]) for v in runs.values() for r in v.values())
-    targets["ledger_conserved"] = {"measured": conserved, "target": "<= 1e-9", "met": conserved <= 1e-9}
 
-    rows = [(name, s["final_accuracy"], s["last5_accuracy"], s["tokens_per_honest"], s["tokens_per_malicious"],
+    rows = [(name, s["final_accuracy"], s["last5_accuracy"], s["tokens_per_honest"], _na(s["tokens_per_malicious"]),
              s["honest_late_coverage"], s["honest_token_jain"]) for name, s in summary.items()]
     emit_table(make_table(f"TIFF vs default, mean of {args.seeds} seeds",
                           ["variant", "acc", "acc5", "tok/hon", "tok/mal", "late cov", "jain"], rows))
     emit_table(make_table("targets", ["target", "measured", "met"],
-                          [(k, _short(v["measured"]), v["met"]) for k, v in targets.items()]))
+                          [(k, _short(v["measured"]), _na(v["met"])) for k, v in targets.items()]))
     result = {"config": {k: v for k, v in vars(args).items() if k != "out"} | {"tuned_epsilon": TUNED_EPSILON,
               "job_defaults": dataclasses.asdict(JobConfig())},
               "summary": summary, "targets": targets, "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str))
+    args.out.write_text(json.dumps(result, indent=2, default=str, allow_nan=False))
     log(f"wrote {args.out}")
-    return 0 if all(t["met"] for t in targets.values()) else 1
+    return 0 if all(t["met"] is not False for t in targets.values()) else 1  # None: not applicable
+
+
+SUMMARY_KEYS = ("final_accuracy", "last5_accuracy", "tokens_per_honest", "tokens_per_malicious", "honest_ever_paid",
+                "malicious_selections", "honest_late_coverage", "honest_token_jain", "wall_s")
+
+
+def summarise(runs: dict[str, dict[int, dict]]) -> tuple[dict, dict]:
+    """Means over seeds per variant, and the targets checked on them. A target that cannot be measured
+    (no malicious clients, or nothing paid to the default's group to compare with) is reported with
+    measured and met None ("n/a"), neither met nor failed, so the JSON stays valid (no NaN)."""
+    def mean(name: str, key: str) -> float | None:
+        values = [r[key] for r in runs[name].values()]
+        return None if any(v is None for v in values) else statistics.fmean(values)
+
+    summary = {name: {k: mean(name, k) for k in SUMMARY_KEYS} for name in runs}
+    tiff, default = summary["tiff"], summary["default"]
+    gain = 100 * (tiff["final_accuracy"] - default["final_accuracy"])
+    targets = {
+        "malicious_tokens_vs_default": _ratio_target(tiff["tokens_per_malicious"], default["tokens_per_malicious"],
+                                                     "<= 0.80", lambda r: r <= 0.80),
+        "honest_tokens_vs_default": _ratio_target(tiff["tokens_per_honest"], default["tokens_per_honest"],
+                                                  ">= 1.07", lambda r: r >= 1.07),
+        "accuracy_gain_points": {"measured": gain, "target": ">= 7.4", "met": gain >= 7.4},
+    }
+    if "tiff-eps0" in summary:  # what exploration is for: not freezing out honest providers after one look
+        eps0 = summary["tiff-eps0"]
+        targets["exploration_0_worse"] = {
+            "measured": {"eps0_late_coverage": eps0["honest_late_coverage"],
+                         "tuned_late_coverage": tiff["honest_late_coverage"],
+                         "eps0_final_accuracy": eps0["final_accuracy"], "tuned_final_accuracy": tiff["final_accuracy"]},
+            "target": "eps0 ends less accurate and covers fewer honest providers late in the job",
+            "met": eps0["final_accuracy"] < tiff["final_accuracy"]
+            and eps0["honest_late_coverage"] < tiff["honest_late_coverage"]}
+    conserved = max(abs(r["ledger_total"]) for v in runs.values() for r in v.values())
+    targets["ledger_conserved"] = {"measured": conserved, "target": "<= 1e-9", "met": conserved <= 1e-9}
+    return summary, targets
+
+
+def _ratio_target(ours: float | None, baseline: float | None, target: str, check) -> dict:
+    if ours is None or baseline is None or baseline == 0:
+        why = "no malicious clients" if ours is None or baseline is None else "the default paid this group nothing"
+        return {"measured": None, "target": target, "met": None, "note": f"n/a: {why}"}
+    ratio = ours / baseline
+    return {"measured": ratio, "target": target, "met": check(ratio)}
+
+
+def _na(value):
+    return "n/a" if value is None else value
 
 
 def _short(measured) -> str:
+    if measured is None:
+        return "n/a"
     if isinstance(measured, dict):
         return " ".join(f"{k.split('_')[0]}={v:.3f}" for k, v in measured.items())[:60]
     return f"{measured:.4g}" if isinstance(measured, float) else str(measured)
