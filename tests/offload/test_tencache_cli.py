@@ -91,3 +91,32 @@ def test_clear_errors(tmp_path):
         assert r.exit_code == 2, (args, r.output)
         assert message in r.output, (args, r.output)
         assert "Traceback" not in r.output
+
+
+def test_resume_refuses_settings_that_change_the_data_stream(tmp_path):
+    nvme, ckpt = tmp_path / "nvme", tmp_path / "ckpt"
+    nvme.mkdir()
+    ckpt.mkdir()
+    common = [*SMALL_ARGS, "--nvme-dir", str(nvme), "--checkpoint-dir", str(ckpt)]
+    first = invoke("train", *common, "--steps", "2", "--json")
+    assert first.exit_code == 0, first.output
+    other_seed = invoke("train", *common, "--steps", "3", "--resume", "--seed", "1")
+    assert other_seed.exit_code == 2, other_seed.output
+    assert "seed: stored 0, requested 1" in " ".join(other_seed.output.split())  # rich may wrap the line
+    assert "Traceback" not in other_seed.output
+    assert "batch:" not in other_seed.output and "seq:" not in other_seed.output  # only what differs is named
+    several = invoke("train", *common, "--steps", "3", "--resume", "--seed", "5", "--seq", "16", "--model", "gpt-tiny")
+    assert several.exit_code == 2, several.output
+    message = " ".join(several.output.split())
+    for part in ("model: stored 'gpt-small', requested 'gpt-tiny'", "seed: stored 0, requested 5",
+                 "seq: stored 32, requested 16"):
+        assert part in message, several.output
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-2"]  # a refused resume writes nothing
+    # lr, policy, budgets and checkpoint cadence may change; same model/seed/batch/seq continues the stream
+    resumed = invoke("train", *common, "--steps", "3", "--resume", "--policy", "lru", "--checkpoint-every", "1",
+                     "--json")
+    assert resumed.exit_code == 0, resumed.output
+    full = invoke("train", *SMALL_ARGS, "--nvme-dir", str(nvme), "--steps", "3", "--json")
+    losses = [json.loads(r.stdout[r.stdout.index("{"):])["losses"] for r in (first, resumed, full)]
+    assert losses[0] + losses[1] == losses[2]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-2", "step-3"]

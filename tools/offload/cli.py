@@ -78,7 +78,11 @@ def train(model: str = typer.Option(None, help="Model preset (gpt-tiny, gpt-smal
           policy: str = typer.Option(None, help="tencache (profile-guided, default) | on-demand (naive offload) | lru."),
           checkpoint_dir: Path | None = typer.Option(None, help="Write checkpoints here (must exist)."),
           checkpoint_every: int = typer.Option(None, help="Checkpoint every N steps (and at the end)."),
-          resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint."),
+          resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in "
+                                      "--checkpoint-dir. --model, --seed, --batch and --seq must equal the "
+                                      "checkpoint's (they fix the weights and the batch stream; a mismatch is "
+                                      "refused); --steps, --lr, the budgets, --nvme-dir, --policy and "
+                                      "--checkpoint-every may change."),
           config: Path | None = typer.Option(None, help="TOML file with any of these options."),
           log: Path | None = typer.Option(None, help="Per-step telemetry (JSON lines)."),
           json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:

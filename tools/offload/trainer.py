@@ -204,10 +204,26 @@ def save_checkpoint(engine: OffloadEngine, cfg: TrainConfig, step: int) -> Path:
     return checkpoint.save(cfg.checkpoint_dir, step, manifest, engine.export_states(), shapes)
 
 
+# Settings that fix the weights' initialisation and the batch stream (a function of seed, batch, seq and
+# step): changing one on resume would silently break "resumed losses equal an uninterrupted run".
+# Everything else (lr, steps, budgets, policy, checkpoint cadence, device) may change on resume.
+RESUME_FIXED = ("model", "seed", "batch", "seq")
+
+
+def resume_mismatches(cfg: TrainConfig, manifest: dict[str, Any]) -> list[str]:
+    """'name: stored X, requested Y' for each setting in RESUME_FIXED that differs from the checkpoint's."""
+    return [f"{k}: stored {manifest[k]!r}, requested {getattr(cfg, k)!r}"
+            for k in RESUME_FIXED if k in manifest and manifest[k] != getattr(cfg, k)]
+
+
 def _load_checkpoint(cfg: TrainConfig, model) -> tuple[int, dict[str, torch.Tensor], dict]:
     ckpt = checkpoint.latest(cfg.checkpoint_dir)
     if ckpt is None:
         raise checkpoint.CheckpointError(f"--resume: no complete checkpoint in {cfg.checkpoint_dir}")
+    if mismatches := resume_mismatches(cfg, ckpt.manifest):
+        raise checkpoint.CheckpointError(f"--resume: {ckpt.path} was written with other settings ("
+                                         f"{'; '.join(mismatches)}); resume with the stored values or use a new "
+                                         f"--checkpoint-dir")
     if ckpt.manifest["adam_step"] >= cfg.steps:
         raise checkpoint.CheckpointError(f"--resume: {ckpt.path} is already at step {ckpt.manifest['adam_step']}; "
                                          f"ask for more --steps than that to continue")
