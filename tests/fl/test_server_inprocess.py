@@ -3,16 +3,17 @@ garbage and oversized payloads do not hurt the server, a wrong token is refused.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import numpy as np
 import pytest
 
-from mlsyskit.core.rpc import RpcClient, RpcError, StatusCode
+from mlsyskit.core.rpc import DEFAULT_MAX_MESSAGE_BYTES, RpcClient, RpcError, StatusCode
 from mlsyskit.core.storage import MetaStore
 from mlsyskit.tools.fl.client import ClientStopped, FlClient
 from mlsyskit.tools.fl.config import DataSpec, JobConfig
 from mlsyskit.tools.fl.incentive.ledger import client_account
-from mlsyskit.tools.fl.server import FlServer
+from mlsyskit.tools.fl.server import FlServer, transport_limit
 
 METRICS = {"num_samples": 10, "loss": 0.5, "quality": 0.9, "train_time_s": 0.1, "cpu_time_s": 0.1}
 
@@ -83,6 +84,56 @@ def test_bad_updates_deadline_and_auth(tmp_path):
     pay = ledger.totals_by("pay")
     assert client_account(2) not in pay and pay[client_account(0)] > 0 and pay[client_account(1)] > 0
     assert abs(ledger.total()) < 1e-9
+    store.close()
+
+
+def test_update_over_the_job_limit_but_under_the_transport_limit_is_rejected_with_a_reason(tmp_path, caplog):
+    """The transport limit derives from the job's max_update_bytes (2x + an envelope), so an update larger
+    than core.rpc's 64 MiB default but over the job's limit reaches validation: a receipt with the reason,
+    a logged, unpaid rejection, not a lost connection. The honest client's round goes on."""
+    limit = 40 << 20
+    config = JobConfig(rounds=1, per_round=2, round_timeout_s=60.0, max_update_bytes=limit,
+                       data=DataSpec(num_clients=2))
+    assert transport_limit(config) == 2 * limit + (1 << 20) > DEFAULT_MAX_MESSAGE_BYTES
+    oversized = 72 << 20  # > the job's limit and > the old fixed 64 MiB transport limit, < the derived one
+
+    async def send_oversized(address: str) -> dict:
+        async with RpcClient(address, max_message_bytes=128 << 20) as rpc:
+            async for task in rpc.stream("join", {"client_id": 1, "num_samples": 10, "local_only_accuracy": 0.5},
+                                         timeout=None):
+                if task["type"] == "train":
+                    names = sorted(task["weights"])
+                    huge = {k: np.zeros(oversized // 4 // len(names), np.float32) for k in names}
+                    reply = await rpc.call("submit", {"client_id": 1, "round": 1, "weights": huge,
+                                                      "metrics": METRICS}, timeout=60)
+                    del huge
+                elif task["type"] == "evaluate":
+                    await rpc.call("evaluate", {"client_id": 1, "accuracy": 0.5})
+                elif task["type"] == "done":
+                    return reply
+
+    async def main():
+        store = MetaStore(tmp_path / "fl.db")
+        server = FlServer(config, store, eval_timeout_s=10.0)
+        assert server.max_message_bytes == transport_limit(config)
+        port = await server.start()
+        address = f"127.0.0.1:{port}"
+        try:
+            serving = asyncio.create_task(server.serve(registration_timeout_s=60))
+            reply, _, _ = await asyncio.gather(send_oversized(address), FlClient(address, 0).run(), serving)
+        finally:
+            await server.stop()
+        return server, reply, store
+
+    caplog.set_level(logging.WARNING, logger="mlsyskit.fl.server")
+    server, reply, store = asyncio.run(asyncio.wait_for(main(), 120))
+    assert reply["accepted"] is False and f"exceeds the {limit}-byte limit" in reply["reason"]
+    (outcome,) = server.outcomes
+    assert outcome.reports[1].status == "rejected" and "exceeds" in outcome.reports[1].reason
+    assert outcome.reports[0].status == "valid"
+    assert any("rejected update from client 1" in m and "exceeds" in m for m in caplog.messages)
+    pay = server.coordinator.ledger.totals_by("pay")
+    assert client_account(1) not in pay and pay[client_account(0)] > 0
     store.close()
 
 

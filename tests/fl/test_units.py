@@ -63,6 +63,8 @@ def test_validation_rejects_bad_updates():
     nan = {"w": np.full((2, 3), np.nan, np.float32), "b": ref["b"]}
     assert "NaN" in validate_update(nan, good, ref, 1 << 20)
     assert "exceeds" in validate_update(ref, good, ref, 10)
+    # an oversized update is refused for its size, even with other names or shapes
+    assert "exceeds the 1024-byte limit" in validate_update({"w": np.zeros(4096, np.float32)}, good, ref, 1024)
     assert "quality" in validate_update(ref, good | {"quality": 1.5}, ref, 1 << 20)
     assert "num_samples" in validate_update(ref, good | {"num_samples": "x"}, ref, 1 << 20)
     assert "weights map" in validate_update(b"junk", good, ref, 1 << 20)

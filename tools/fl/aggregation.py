@@ -23,9 +23,12 @@ def validate_update(weights: Any, metrics: Any, reference: Weights, max_bytes: i
     """None if the update is acceptable, else the reason it is not."""
     if not isinstance(weights, Mapping) or not isinstance(metrics, Mapping):
         return "update must carry a weights map and a metrics map"
+    # size first, so an oversized update is refused for its size whatever its names and shapes
+    size = sum(array.nbytes for array in weights.values() if isinstance(array, np.ndarray))
+    if size > max_bytes:
+        return f"update of {size} bytes exceeds the {max_bytes}-byte limit"
     if set(weights) != set(reference):
         return f"weights have names {sorted(map(str, weights))}, expected {sorted(reference)}"
-    size = 0
     for name, ref in reference.items():
         array = weights[name]
         if not isinstance(array, np.ndarray):
@@ -34,9 +37,6 @@ def validate_update(weights: Any, metrics: Any, reference: Weights, max_bytes: i
             return f"{name} has shape {array.shape} {array.dtype}, expected {ref.shape} {ref.dtype}"
         if not np.isfinite(array).all():
             return f"{name} contains NaN or Inf"
-        size += array.nbytes
-    if size > max_bytes:
-        return f"update of {size} bytes exceeds the {max_bytes}-byte limit"
     for key in METRIC_KEYS:
         value = metrics.get(key)
         if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:

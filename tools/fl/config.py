@@ -112,6 +112,7 @@ class JobConfig:
                 f"per_round must be in [1, clients={self.data.num_clients}], got {self.per_round}")
         require(0 <= self.min_clients <= self.data.num_clients, "min_clients must be in [0, clients]")
         require(self.round_timeout_s > 0, "round_timeout_s must be positive")
+        require(self.max_update_bytes > 0, "max_update_bytes must be positive")
         require(self.max_norm_ratio > 1, "max_norm_ratio must exceed 1")
 
     @property

@@ -22,7 +22,14 @@ import os
 from typing import Any
 
 from mlsyskit.core.clock import Clock, RealClock
-from mlsyskit.core.rpc import CallContext, RpcError, RpcServer, ServerTls, StatusCode
+from mlsyskit.core.rpc import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    CallContext,
+    RpcError,
+    RpcServer,
+    ServerTls,
+    StatusCode,
+)
 from mlsyskit.core.storage import MetaStore
 from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.fl.config import JobConfig
@@ -30,6 +37,15 @@ from mlsyskit.tools.fl.coordinator import Coordinator
 from mlsyskit.tools.fl.outcome import RoundOutcome
 
 log = logging.getLogger("mlsyskit.fl.server")
+
+ENVELOPE_BYTES = 1 << 20  # room for the msgpack envelope and metrics around an update's arrays
+
+
+def transport_limit(config: JobConfig) -> int:
+    """gRPC's per-message cap for this job: twice the job's update limit plus an envelope (never below
+    core.rpc's default). An update over the job's limit must reach validate_update, to be rejected
+    with a logged reason and unpaid; if gRPC refused it first, the client would just see a lost connection."""
+    return max(DEFAULT_MAX_MESSAGE_BYTES, 2 * config.max_update_bytes + ENVELOPE_BYTES)
 
 
 def _field(payload: Any, name: str, kind: type | tuple[type, ...]) -> Any:
@@ -42,7 +58,7 @@ class FlServer:
     def __init__(self, config: JobConfig, store: MetaStore, *, address: str = "127.0.0.1:0",
                  token: str | None = None, tls: ServerTls | None = None, clock: Clock | None = None,
                  telemetry: Telemetry | None = None, on_round=None, eval_timeout_s: float = 10.0,
-                 max_message_bytes: int = 64 * 1024 * 1024, crash_after_round: int | None = None) -> None:
+                 max_message_bytes: int | None = None, crash_after_round: int | None = None) -> None:
         self.config = config
         self.clock = clock or RealClock()
         self.coordinator = Coordinator(config, store, self.clock)
@@ -50,7 +66,8 @@ class FlServer:
         self.on_round = on_round
         self.eval_timeout_s = eval_timeout_s
         self.crash_after_round = crash_after_round
-        self.rpc = RpcServer(address, token=token, tls=tls, max_message_bytes=max_message_bytes)
+        self.max_message_bytes = max_message_bytes or transport_limit(config)  # None: derived from the job
+        self.rpc = RpcServer(address, token=token, tls=tls, max_message_bytes=self.max_message_bytes)
         for name in ("job", "submit", "evaluate", "status"):
             self.rpc.unary(name, getattr(self, f"_{name}"))
         self.rpc.stream("join", self._join)
