@@ -199,35 +199,20 @@ class RpcServer:
     def _wrap_unary(self, method: str, fn: UnaryHandler):
         async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             payload, call = await self._admit(method, request, context)
-            failure = None
             try:
                 return encode(await fn(payload, call))
-            except RpcError as e:
-                failure = (e.code, e.message)
-            except Exception as e:  # a handler bug must not take the server down; the caller learns why
-                log.exception("handler %s failed", method)
-                failure = (StatusCode.INTERNAL, f"{method} failed: {type(e).__name__}: {e}")
-            await context.abort(*failure)
+            except Exception as e:
+                await context.abort(*_failure(method, e))
 
         return handle
 
     def _wrap_stream(self, method: str, fn: StreamHandler):
         async def handle(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
             payload, call = await self._admit(method, request, context)
-            failure = None
-            try:
-                async for item in fn(payload, call):
-                    yield encode(item)
-            except RpcError as e:
-                failure = (e.code, e.message)
-            except Exception as e:
-                log.exception("stream handler %s failed", method)
-                failure = (StatusCode.INTERNAL, f"{method} failed: {type(e).__name__}: {e}")
-            if failure is not None:
-                await context.abort(*failure)
+            async for reply in _relay(method, fn(payload, call), context):
+                yield reply
 
         return handle
-
 
     def _wrap_bidi(self, method: str, fn: BidiHandler):
         async def handle(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -242,19 +227,33 @@ class RpcServer:
                         log.warning("refused a %s message from %s: %s", method, call.peer, e)
                         raise RpcError(StatusCode.INVALID_ARGUMENT, str(e)) from None
 
-            failure = None
-            try:
-                async for item in fn(decoded(), call):
-                    yield encode(item)
-            except RpcError as e:
-                failure = (e.code, e.message)
-            except Exception as e:
-                log.exception("bidirectional handler %s failed", method)
-                failure = (StatusCode.INTERNAL, f"{method} failed: {type(e).__name__}: {e}")
-            if failure is not None:
-                await context.abort(*failure)
+            async for reply in _relay(method, fn(decoded(), call), context):
+                yield reply
 
         return handle
+
+
+def _failure(method: str, exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status a failed handler answers with: its own RpcError, or INTERNAL for a bug.
+
+    A handler bug must not take the server down; the caller learns why and the log keeps the traceback.
+    """
+    if isinstance(exc, RpcError):
+        return exc.code, exc.message
+    log.error("handler %s failed", method, exc_info=exc)
+    return StatusCode.INTERNAL, f"{method} failed: {type(exc).__name__}: {exc}"
+
+
+async def _relay(method: str, items: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    """Encode a streaming handler's replies; abort the call with `_failure`'s status if it raises."""
+    failure = None
+    try:
+        async for item in items:
+            yield encode(item)
+    except Exception as e:
+        failure = _failure(method, e)
+    if failure is not None:  # abort outside the except block: it raises to end the call
+        await context.abort(*failure)
 
 
 class BidiCall:
