@@ -149,6 +149,9 @@ class Coordinator:
                       f"{self.partition_sizes[client_id]}")
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)} \
             if isinstance(metrics, dict) else {}
+        if reason is None and "consumer_accuracy" in clean and not 0 <= clean["consumer_accuracy"] <= 1:
+            # it feeds the consumers' refunds (utility ratio): out of [0, 1] (or NaN) is a lie, not a measurement
+            reason = f"consumer_accuracy {clean['consumer_accuracy']} is outside [0, 1]"
         if reason is not None:
             self._reports[client_id] = ClientReport(client_id, clean, "rejected", reason)
             return False, reason
