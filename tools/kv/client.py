@@ -4,9 +4,16 @@ Writes go to the controlet's write target for the key's shard (the chain head, t
 master, or any replica for active-active), reads to one of its read targets (picked by a
 seeded RNG). Each node connection is one pipelined RESP connection, so many coroutines
 can share a client. Optionally every operation is recorded in a History.
+
+Recording is honest about what the client knows: a write is `fail` only when it certainly
+had no effect (the connection could not be opened, or the server refused it before doing
+anything: bad arity, oversize key...); a write that was sent and then timed out, lost its
+connection or got any other error (`forward failed`, a datalet error, TRYAGAIN) may have
+been applied somewhere and is `info`. Reads have no effect, so a failed read is `fail`.
 """
 from __future__ import annotations
 
+import asyncio
 import random
 
 import hiredis
@@ -21,10 +28,22 @@ class KVError(RuntimeError):
     """The cluster answered with an error."""
 
 
+# Errors a node answers before touching any state (front-end validation): a write that got
+# one of these certainly did not happen. Any other error after a send is ambiguous.
+REFUSED_BEFORE_EXECUTION = ("wrong number of arguments", "syntax error", "key too long", "value too large",
+                            "unknown command", "too many arguments", "Protocol error", "only database 0")
+
+
+def certainly_not_applied(message: str) -> bool:
+    text = message.removeprefix("ERR ").strip()
+    return any(text.startswith(prefix) for prefix in REFUSED_BEFORE_EXECUTION)
+
+
 class SmartClient:
     def __init__(self, shard_map: ShardMap, seed: int = 0, history: History | None = None,
-                 process: int = 0) -> None:
+                 process: int = 0, timeout: float | None = None) -> None:
         self.map = shard_map
+        self.timeout = timeout  # per recorded operation; None waits for ever
         self.cls = controlet_class(shard_map.controlet)
         self.rng = random.Random(seed)
         self.history = history
@@ -64,20 +83,27 @@ class SmartClient:
         write = f in ("put", "del")
         if self.history is not None:
             self.history.invoke(self.process, f, key, value)
+        node = self.target(key, write)
         try:
-            node = self.target(key, write)
             conn = self.conns.get(node)
             if conn is None or conn.closed:
                 conn = await self._conn(node)
-            result = await conn.call(*parts)
-        except hiredis.ReplyError as e:
+        except (TimeoutError, OSError):  # nothing was sent
             self._record("fail", f, key, value)
+            raise
+        try:
+            pending = conn.call(*parts)
+            result = await (pending if self.timeout is None else asyncio.wait_for(pending, self.timeout))
+        except hiredis.ReplyError as e:
+            ambiguous = write and not certainly_not_applied(str(e))
+            self._record("info" if ambiguous else "fail", f, key, value)
             raise KVError(str(e)) from None
-        except (TimeoutError, OSError, ConnectionError):
+        except (TimeoutError, OSError):  # sent, then no answer: it may have been applied
             self._record("info" if write else "fail", f, key, value)
             raise
         if self.history is not None:
-            self._record("ok", f, key, result if f == "get" else value)
+            outcome = result if f == "get" else value if f == "put" else ("1" if result else "0")
+            self._record("ok", f, key, outcome)
         return result
 
     def _record(self, kind: str, f: str, key: bytes, value) -> None:

@@ -1,0 +1,217 @@
+"""The cluster under test: one OS process per node on loopback, which the nemesis can kill
+(-9), pause (SIGSTOP/SIGCONT), restart, and cut off from its peers (through fault proxies).
+
+Node processes are the real `bespokv node` entry point reading a `cluster.json` record, or
+(when links must be partitionable) `check/node_proc.py`, which dials peers through one
+FaultProxy per directed replica link. Everything here is async so the proxies, which run
+in the checker's event loop, keep relaying while the checker waits for processes.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import hiredis
+
+from mlsyskit.core.clock import Clock, RealClock
+from mlsyskit.tools.kv.check.faultproxy import FaultProxy
+from mlsyskit.tools.kv.pipeline import RespConnection
+from mlsyskit.tools.kv.shardmap import ShardMap, layout
+
+HOST = "127.0.0.1"
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct ports the OS handed out a moment ago (held together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((HOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+async def call(host: str, port: int, *parts: Any, timeout: float = 1.0) -> Any:
+    """One request on a fresh connection (health checks, digests, final reads)."""
+    conn = await RespConnection.connect(host, port, timeout=timeout)
+    try:
+        return await asyncio.wait_for(conn.call(*parts), timeout)
+    finally:
+        await conn.close()
+
+
+class ProcCluster:
+    def __init__(self, controlet: str, datalet: str, shards: int, replicas: int, data_dir: Path,
+                 partitionable: bool, clock: Clock | None = None, start_timeout: float = 30.0) -> None:
+        self.controlet, self.datalet = controlet, datalet
+        self.shards, self.replicas = shards, replicas
+        self.data_dir = Path(data_dir).resolve()
+        self.partitionable = partitionable
+        self.clock = clock or RealClock()
+        self.start_timeout = start_timeout
+        self.map: ShardMap | None = None
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.paused: set[str] = set()
+        self.proxies: dict[tuple[str, str], FaultProxy] = {}  # (src, dst) -> proxy
+        self.record: dict[str, Any] = {}
+
+    # -- lifecycle -------------------------------------------------------------
+    async def start(self) -> None:
+        (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        n = self.shards * self.replicas
+        self.map = layout(self.controlet, self.datalet, self.shards, self.replicas, HOST, free_ports(n))
+        routes: dict[str, dict[str, tuple[str, int]]] = {}
+        if self.partitionable:
+            for reps in self.map.shards:
+                for src in reps:
+                    for dst in reps:
+                        if src != dst:
+                            addr = self.map.nodes[dst]
+                            proxy = self.proxies[(src, dst)] = FaultProxy((addr.host, addr.port))
+                            await proxy.start()
+                            routes.setdefault(src, {})[dst] = (HOST, proxy.port)
+        self.record = {"map": self.map.to_dict(), "datalet": self.datalet, "data_dir": str(self.data_dir),
+                       "proxy": {"host": HOST, "port": 0}, "redis_ports": {}, "processes": [],
+                       "routes": routes}
+        self._write_record()
+        for nid in self.nodes:
+            self._spawn(nid)
+        await self.wait_ready(self.nodes)
+
+    @property
+    def nodes(self) -> list[str]:
+        return [nid for reps in self.map.shards for nid in reps]
+
+    def shard_peers(self, node_id: str) -> list[str]:
+        return list(self.map.shards[self.map.shard_of_node(node_id)])
+
+    def _argv(self, node_id: str) -> list[str]:
+        if self.partitionable:
+            return [sys.executable, "-m", "mlsyskit.tools.kv.check.node_proc", str(self.data_dir), node_id]
+        return [sys.executable, "-m", "mlsyskit.tools.kv.cli", "node", node_id, "--data-dir", str(self.data_dir)]
+
+    def _spawn(self, node_id: str) -> None:
+        with open(self.data_dir / "logs" / f"node-{node_id}.log", "ab") as log:
+            self.procs[node_id] = subprocess.Popen(self._argv(node_id), stdout=log, stderr=subprocess.STDOUT,
+                                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        self._write_record()
+
+    def _write_record(self) -> None:
+        # Names as `bespokv up` writes them, so `bespokv down --data-dir` can clean up after a crash.
+        self.record["processes"] = [{"name": f"node:{n}", "pid": p.pid} for n, p in self.procs.items()]
+        (self.data_dir / "cluster.json").write_text(json.dumps(self.record, indent=2))
+
+    def alive(self, node_id: str) -> bool:
+        proc = self.procs.get(node_id)
+        return proc is not None and proc.poll() is None
+
+    async def wait_ready(self, nodes: list[str]) -> None:
+        deadline = self.clock.now() + self.start_timeout
+        for nid in nodes:
+            addr = self.map.nodes[nid]
+            while True:
+                if not self.alive(nid):
+                    raise RuntimeError(f"node {nid} exited with {self.procs[nid].returncode}; "
+                                       f"see {self.data_dir}/logs/node-{nid}.log")
+                try:
+                    if await call(addr.host, addr.port, b"PING", timeout=0.5) == b"PONG":
+                        break
+                except (OSError, TimeoutError, hiredis.ReplyError):
+                    pass
+                if self.clock.now() > deadline:
+                    raise RuntimeError(f"node {nid} did not answer PING within {self.start_timeout:.0f}s")
+                await self.clock.asleep(0.05)
+
+    async def stop(self) -> None:
+        for nid in list(self.paused):
+            self._signal(nid, signal.SIGCONT)
+        self.paused.clear()
+        for nid in self.procs:
+            self._signal(nid, signal.SIGTERM)
+        deadline = self.clock.now() + 5.0
+        for nid, proc in self.procs.items():
+            while proc.poll() is None and self.clock.now() < deadline:
+                await self.clock.asleep(0.02)
+            if proc.poll() is None:
+                self._signal(nid, signal.SIGKILL)
+                await asyncio.to_thread(proc.wait)
+        for proxy in self.proxies.values():
+            await proxy.close()
+        self.procs.clear()
+        self._write_record()
+
+    def _signal(self, node_id: str, sig: int) -> None:
+        proc = self.procs.get(node_id)
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    # -- faults ------------------------------------------------------------------
+    async def kill(self, node_id: str) -> None:
+        """kill -9: no shutdown code runs; a memory datalet loses everything."""
+        self.paused.discard(node_id)
+        self._signal(node_id, signal.SIGKILL)
+        await asyncio.to_thread(self.procs[node_id].wait)
+
+    async def terminate(self, node_id: str) -> None:
+        """A clean stop (SIGTERM): the node closes its sockets and datalet."""
+        self._signal(node_id, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.procs[node_id].wait), 10)
+        except TimeoutError:
+            await self.kill(node_id)
+
+    async def start_node(self, node_id: str) -> None:
+        if not self.alive(node_id):
+            self._spawn(node_id)
+            await self.wait_ready([node_id])
+
+    def pause(self, node_id: str) -> None:
+        self._signal(node_id, signal.SIGSTOP)
+        self.paused.add(node_id)
+
+    def resume(self, node_id: str) -> None:
+        self._signal(node_id, signal.SIGCONT)
+        self.paused.discard(node_id)
+
+    async def isolate(self, node_id: str) -> None:
+        """Cut every link between node_id and the other replicas of its shard, both ways."""
+        if not self.partitionable:
+            raise RuntimeError("this cluster was started without fault proxies (partitionable=False)")
+        for (src, dst), proxy in self.proxies.items():
+            if node_id in (src, dst):
+                await proxy.sever()
+
+    async def heal(self) -> None:
+        """Undo every fault: reconnect links, resume paused nodes, start dead ones."""
+        for proxy in self.proxies.values():
+            await proxy.heal()
+        for nid in list(self.paused):
+            self.resume(nid)
+        for nid in self.nodes:
+            await self.start_node(nid)
+
+    # -- observation ---------------------------------------------------------------
+    async def digests(self, timeout: float = 2.0) -> dict[str, tuple[int, str] | None]:
+        out: dict[str, tuple[int, str] | None] = {}
+        for nid in self.nodes:
+            addr = self.map.nodes[nid]
+            try:
+                count, digest = await call(addr.host, addr.port, b"BKV.DIGEST", timeout=timeout)
+                out[nid] = (int(count), digest.decode())
+            except (OSError, TimeoutError, hiredis.ReplyError, ValueError):
+                out[nid] = None
+        return out

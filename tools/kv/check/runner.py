@@ -1,0 +1,200 @@
+"""One seeded `bespokv check` run: start a cluster, load it while the nemesis strikes, heal,
+quiesce, read everything back, verify, and leave the history and the verdict on disk.
+
+Strong modes (ms-sc, aa-sc) must be linearizable per key (final reads included, so every
+acknowledged write must be readable); eventual modes (ms-ec, aa-ec) must converge (every
+replica of a shard equal) within `converge_s` of quiescence. Every mode must lose no
+acknowledged write and read no phantom value.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hiredis
+
+from mlsyskit.core.clock import Clock, RealClock
+from mlsyskit.tools.kv.check.linearizability import check_history, operations
+from mlsyskit.tools.kv.check.nemesis import FAULTS, Nemesis
+from mlsyskit.tools.kv.check.procs import ProcCluster
+from mlsyskit.tools.kv.check.verify import converge, lost_writes
+from mlsyskit.tools.kv.check.workload import Workload
+from mlsyskit.tools.kv.controlets import controlet_class
+from mlsyskit.tools.kv.history import History
+from mlsyskit.tools.kv.pipeline import RespConnection
+
+MODES = ("ms-sc", "ms-ec", "aa-sc", "aa-ec")
+FINAL_PROCESS = 1_000_000_000  # process ids of the final reads, far from the clients'
+HISTORY_FILE = "history.jsonl"
+RESULT_FILE = "result.json"
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    mode: str = "ms-sc"
+    nemesis: tuple[str, ...] = ("kill", "pause", "partition", "restart")
+    ops: int = 2000
+    clients: int = 10
+    keys: int = 10
+    seed: int = 0
+    shards: int = 1
+    replicas: int = 3
+    datalet: str = "memory"
+    timeout: float = 2.5  # per client operation, s
+    converge_s: float = 5.0
+    hold: tuple[float, float] = (0.6, 1.8)  # how long a fault lasts, s
+    gap: tuple[float, float] = (0.3, 1.0)  # quiet time between faults, s
+
+    def __post_init__(self) -> None:
+        checks = [(self.mode in MODES, f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}"),
+                  (all(f in FAULTS for f in self.nemesis), f"--nemesis takes {', '.join(FAULTS)}"),
+                  (self.ops >= 1, "--ops must be at least 1"), (1 <= self.clients <= 256, "--clients must be 1..256"),
+                  (self.keys >= 1, "--keys must be at least 1"), (1 <= self.shards <= 16, "--shards must be 1..16"),
+                  (1 <= self.replicas <= 9, "--replicas must be 1..9"),
+                  (self.datalet in ("memory", "lmdb"), "--datalet must be memory or lmdb"),
+                  (self.timeout > 0 and self.converge_s > 0, "timeouts must be positive")]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def strong(self) -> bool:
+        return self.mode.endswith("-sc")
+
+
+@dataclass
+class CheckResult:
+    spec: dict[str, Any]
+    outcomes: dict[str, int] = field(default_factory=dict)
+    faults: list[dict] = field(default_factory=list)
+    linearizable: bool | None = None  # None: not checked (eventual mode) or budget ran out
+    violations: list[str] = field(default_factory=list)
+    lost_acked_writes: int = 0
+    phantoms: int = 0
+    lost: list[str] = field(default_factory=list)
+    converged: bool = False
+    convergence_s: float = 0.0
+    digests: dict[str, Any] = field(default_factory=dict)
+    max_write_wait_s: float = 0.0
+    longest_write_outage_s: float = 0.0
+    error: str | None = None  # the run could not finish (a node would not restart ...)
+    duration_s: float = 0.0
+    history: str = ""
+
+    @property
+    def valid(self) -> bool:
+        strong_ok = self.linearizable is True if self.spec["mode"].endswith("-sc") else True
+        return (self.error is None and strong_ok and self.converged and self.lost_acked_writes == 0
+                and self.phantoms == 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "valid": self.valid}
+
+
+async def run_check(spec: CheckSpec, out_dir: Path, log: Callable[[str], None] = lambda _: None,
+                    progress: Callable[[int], None] = lambda _: None, clock: Clock | None = None) -> CheckResult:
+    clock = clock or RealClock()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = CheckResult(spec={**asdict(spec), "nemesis": list(spec.nemesis)})
+    history = History(clock)
+    cluster = ProcCluster(spec.mode, spec.datalet, spec.shards, spec.replicas, out_dir / "cluster",
+                          partitionable="partition" in spec.nemesis, clock=clock)
+    started = clock.now()
+    try:
+        log(f"starting a {spec.shards}x{spec.replicas} {spec.mode} cluster ({spec.datalet} datalet)")
+        await cluster.start()
+        workload = Workload(cluster.map, history, clock, ops=spec.ops, clients=spec.clients, keys=spec.keys,
+                            seed=spec.seed, timeout=spec.timeout, on_progress=progress)
+        nemesis = Nemesis(cluster, spec.nemesis, spec.seed, clock, log, hold=spec.hold, gap=spec.gap)
+        load_done = asyncio.Event()
+        nemesis_task = asyncio.get_running_loop().create_task(nemesis.run(load_done.is_set))
+        try:
+            await workload.run(keep_going=lambda: not (nemesis.covered or nemesis_task.done()))
+        finally:
+            load_done.set()
+        await nemesis_task  # finishes the fault in progress; a failure here (no restart) ends the run
+        result.faults = nemesis.journal
+        result.outcomes = dict(workload.outcomes)
+        log("healing every fault, then waiting for the replicas to converge")
+        await cluster.heal()
+        result.converged, result.convergence_s, result.digests = await converge(cluster, clock, spec.converge_s)
+        log("reading every key back")
+        final = await final_reads(cluster, history, workload.register_keys() + workload.once_keys,
+                                  every_replica=not spec.strong, timeout=spec.timeout)
+        verify(spec, history, final, result)
+    except (RuntimeError, OSError) as e:
+        result.error = f"{type(e).__name__}: {e}"
+    finally:
+        await cluster.stop()
+        result.duration_s = round(clock.now() - started, 3)
+        path = out_dir / HISTORY_FILE
+        history.write_jsonl(path)
+        result.history = str(path)
+        (out_dir / RESULT_FILE).write_text(json.dumps(result.as_dict(), indent=2))
+    return result
+
+
+def verify(spec: CheckSpec, history: History, final: dict[str, list[str | None]], result: CheckResult) -> None:
+    ops = operations(history)
+    if spec.strong:
+        report = check_history(history)
+        result.linearizable = report.linearizable
+        result.violations = [line for r in report.violations[:5] for line in r.explain()]
+        result.violations += [f"key {r.key!r}: search budget exhausted (unknown)" for r in report.unknown[:5]]
+    lost = lost_writes(ops, final)
+    result.lost_acked_writes, result.phantoms, result.lost = len(lost.lost), len(lost.phantoms), lost.explain()
+    result.max_write_wait_s, result.longest_write_outage_s = write_availability(history)
+
+
+def write_availability(history: History) -> tuple[float, float]:
+    """(longest time a write waited for any answer, longest time no write succeeded) in s."""
+    started: dict[int, float] = {}
+    waits, ok_times = [0.0], []
+    for e in history.events:
+        if e.process >= FINAL_PROCESS or e.f not in ("put", "del"):
+            continue
+        if e.type == "invoke":
+            started[e.process] = e.time
+        elif e.process in started:
+            waits.append(e.time - started.pop(e.process))
+            if e.type == "ok":
+                ok_times.append(e.time)
+    gaps = [b - a for a, b in zip(ok_times, ok_times[1:], strict=False)]
+    return round(max(waits), 4), round(max(gaps, default=0.0), 4)
+
+
+async def final_reads(cluster: ProcCluster, history: History, keys: list[bytes], every_replica: bool,
+                      timeout: float) -> dict[str, list[str | None]]:
+    """Read every key at its shard's read targets (every replica for eventual modes), recorded."""
+    smap = cluster.map
+    cls = controlet_class(smap.controlet)
+    final: dict[str, list[str | None]] = {}
+    process = FINAL_PROCESS
+    for shard, reps in enumerate(smap.shards):
+        targets = list(reps) if every_replica else list(cls.read_targets(reps))
+        mine = [k for k in keys if smap.shard_for(k) == shard]
+        for node in targets:
+            addr = smap.nodes[node]
+            try:
+                conn = await RespConnection.connect(addr.host, addr.port, timeout=timeout)
+            except (OSError, TimeoutError):
+                continue  # no final reads from this replica; convergence already failed for it
+            try:
+                for key in mine:
+                    process += 1
+                    history.invoke(process, "get", key)
+                    try:
+                        value = await asyncio.wait_for(conn.call(b"GET", key), timeout)
+                    except (OSError, TimeoutError, hiredis.ReplyError):
+                        history.complete(process, "fail", "get", key)
+                        break  # this replica does not answer: the rest would only time out too
+                    history.complete(process, "ok", "get", key, value)
+                    final.setdefault(key.decode(), []).append(None if value is None else value.decode())
+            finally:
+                await conn.close()
+    return final
