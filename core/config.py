@@ -9,25 +9,31 @@
     cfg = load_config(TrainConfig, path="train.toml", overrides={"steps": 50})
 
 Unknown keys are rejected with a message naming the key and the valid ones; values are
-checked against the field types (int, float, str, bool, Path, nested dataclasses, lists,
-tuples, Optional). Validation lives in each dataclass's __post_init__.
+checked against the field types by pydantic (a TypeAdapter over the frozen dataclass: int,
+float, str, bool, Path, Literal, nested dataclasses, lists, tuples, dicts, Optional), floats
+must be finite unless a field is Annotated with pydantic.AllowInfNan(). Validation beyond
+types lives in each dataclass's __post_init__.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import tomllib
-import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pydantic
+
+from mlsyskit.core.errors import UsageError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
-    """A config file or override that does not fit its dataclass."""
+class ConfigError(UsageError, ValueError):
+    """A config file or override that does not fit its dataclass (a usage error: exit 2)."""
 
 
 def require(condition: bool, message: str) -> None:
@@ -96,76 +102,81 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
+    """Build the dataclass `cls` from plain data (TOML tables, CLI overrides), type-checked by pydantic."""
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls} is not a dataclass")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown config key{'s' if len(unknown) > 1 else ''} "
-                          f"{', '.join(repr(where + k) for k in unknown)}; valid keys: {', '.join(sorted(fields))}")
-    kwargs = {name: _coerce(hints[name], value, f"{where}{name}") for name, value in data.items()}
+    _reject_unknown_keys(cls, data, where)
     try:
-        return cls(**kwargs)
-    except TypeError as e:
+        return _adapter(cls).validate_python(dict(data))
+    except pydantic.ValidationError as e:
+        raise ConfigError(_describe(e.errors()[0], where)) from None
+    except TypeError as e:  # e.g. a required field with no default and no value
         raise ConfigError(f"{cls.__name__}: {e}") from None
 
 
-def _coerce(tp: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(arg, value, where)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+@functools.cache
+def _adapter(cls: type) -> pydantic.TypeAdapter:
+    _finite_floats(cls)
+    return pydantic.TypeAdapter(cls)
+
+
+def _finite_floats(cls: type) -> None:
+    """Finite floats unless a field says otherwise (Annotated[float, pydantic.AllowInfNan()]).
+
+    pydantic reads a stdlib dataclass's config from `__pydantic_config__`; a class that sets
+    its own keeps it.
+    """
+    if "__pydantic_config__" not in vars(cls):
+        cls.__pydantic_config__ = pydantic.ConfigDict(allow_inf_nan=False)  # type: ignore[attr-defined]
+    for tp in typing.get_type_hints(cls).values():
+        for candidate in (tp, *typing.get_args(tp)):
+            if dataclasses.is_dataclass(candidate) and candidate is not cls:
+                _finite_floats(candidate)
+
+
+def _reject_unknown_keys(cls: type, data: Any, where: str) -> None:
+    """Unknown keys named with the valid ones, at any depth of nested dataclasses."""
+    if not isinstance(data, Mapping):
+        return
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise ConfigError(f"unknown config key{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(repr(where + str(k)) for k in unknown)}; valid keys: {', '.join(sorted(fields))}")
+    for name, value in data.items():
+        nested = _dataclass_in(hints[name])
+        if nested is not None and isinstance(value, Mapping):
+            _reject_unknown_keys(nested, value, f"{where}{name}.")
+
+
+def _dataclass_in(tp: Any) -> type | None:
     if dataclasses.is_dataclass(tp):
-        if dataclasses.is_dataclass(value):
-            return value
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected a table, got {value!r}")
-        return from_dict(tp, value, where + ".")
-    if origin in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        inner = args[0] if args else Any
-        items = [_coerce(inner, v, f"{where}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if origin is dict or tp is Any or origin is typing.Literal:
-        if origin is typing.Literal and value not in args:
-            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(repr, args))}")
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"{where}: expected true/false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int | str):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        try:
-            return int(value)
-        except ValueError:
-            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        try:
-            return float(value)
-        except ValueError:
-            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    if tp is Path:
-        if not isinstance(value, str | Path):
-            raise ConfigError(f"{where}: expected a path, got {value!r}")
-        return Path(value)
-    return value
+        return tp
+    for arg in typing.get_args(tp):  # Optional[Inner], Inner | None
+        if dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+_EXPECTED = {"int": "expected an integer", "bool": "expected true/false", "float": "expected a number",
+             "string": "expected a string", "dict": "expected a table", "list": "expected a list",
+             "tuple": "expected a list", "path": "expected a path", "dataclass": "expected a table"}
+
+
+def _describe(error: Mapping[str, Any], where: str) -> str:
+    """One pydantic error as a one-line message in this module's words."""
+    loc = [str(part) for part in error.get("loc", ()) if not str(part).startswith(("function-", "lax-", "json-"))]
+    name = where + ".".join(loc) if loc else where.rstrip(".")
+    kind = str(error.get("type", ""))
+    given = error.get("input")
+    if kind == "value_error" and "error" in error.get("ctx", {}):
+        return str(error["ctx"]["error"])
+    if kind == "finite_number":
+        return f"{name}: expected a finite number, got {given!r}"
+    if kind == "literal_error":
+        return f"{name}: {given!r} is not one of {error.get('ctx', {}).get('expected', '')}"
+    for prefix, words in _EXPECTED.items():
+        if kind.startswith(prefix + "_"):
+            return f"{name}: {words}, got {given!r}"
+    return f"{name}: {error.get('msg', 'bad value')} (got {given!r})"

@@ -1,74 +1,261 @@
 """One rich Console on stderr for humans; results go to stdout as tables or JSON.
 
-Progress bars are shown only when stderr is a terminal, so logs and CI stay clean.
+Nothing printed here is parsed as rich markup: messages, table cells and help texts contain
+user data (paths, job names, `[...]` syntax) that markup would mangle or crash on. Style is
+given with `style=`, never inline.
+
+Verbosity is set once per command (`set_verbosity`): `-q` silences progress and info,
+`-v` adds debug lines; warnings and errors always show.
 """
 from __future__ import annotations
 
 import json
+import math
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.measure import Measurement
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-err = Console(stderr=True)
-out = Console(soft_wrap=True)
+err = Console(stderr=True, markup=False, highlight=False)
+out = Console(soft_wrap=True, markup=False, highlight=False)
+
+_level = {"verbose": False, "quiet": False}
+
+
+def set_verbosity(verbose: bool = False, quiet: bool = False) -> None:
+    """Call first in a command: -v adds debug lines, -q keeps only warnings, errors and results."""
+    from mlsyskit.core.errors import UsageError
+
+    if verbose and quiet:
+        raise UsageError("--verbose and --quiet exclude each other")
+    _level["verbose"], _level["quiet"] = bool(verbose), bool(quiet)
+
+
+def is_quiet() -> bool:
+    return _level["quiet"]
+
+
+def is_verbose() -> bool:
+    return _level["verbose"]
 
 
 def log(message: str, *, style: str | None = None) -> None:
-    err.print(message, style=style, highlight=False)
+    """An info line on stderr (silenced by -q)."""
+    if not _level["quiet"]:
+        err.print(Text(str(message), style=style or ""))
+
+
+def debug(message: str) -> None:
+    """A detail line on stderr, shown only with -v."""
+    if _level["verbose"]:
+        err.print(Text(str(message), style="dim"))
+
+
+def warn(message: str) -> None:
+    """A warning on stderr; shown even with -q."""
+    err.print(Text.assemble(("warning: ", "bold yellow"), str(message)))
+
+
+def error_line(message: str) -> None:
+    err.print(Text.assemble(("error: ", "bold red"), str(message)))
+
+
+# ---------------------------------------------------------------- progress
+
+class Reporter:
+    """Progress of long work, by phase.
+
+    On a terminal: a rich bar labelled with the current phase. Without one (nohup, CI, a pipe):
+    a line when a phase starts and a progress line at least every `interval` seconds, so a log
+    shows the work is alive. With -q: nothing.
+    """
+
+    def __init__(self, *, terminal: bool | None = None, quiet: bool | None = None, interval: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic, console: Console | None = None) -> None:
+        self.console = console or err
+        self.quiet = _level["quiet"] if quiet is None else quiet
+        self.terminal = self.console.is_terminal if terminal is None else terminal
+        self.interval = interval
+        self.clock = clock
+        self._label = ""
+        self._unit = ""
+        self._total: float | None = None
+        self._completed = 0.0
+        self._note = ""
+        self._started = clock()
+        self._last_line = -math.inf
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+
+    # -- lifecycle
+    def __enter__(self) -> Reporter:
+        if self.terminal and not self.quiet:
+            self._bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.fields[note]}", markup=False),
+                                 console=self.console, transient=False)
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    # -- API
+    def phase(self, name: str) -> None:
+        """A phase with no count (profiling, populating tiers, loading ...)."""
+        self.start(name, total=None)
+
+    def start(self, label: str, total: float | None = None, unit: str = "") -> None:
+        self._flush_final()
+        self._label, self._unit, self._total, self._completed, self._note = label, unit, total, 0.0, ""
+        self._started = self.clock()
+        if self.quiet:
+            return
+        if self._bar is not None:
+            if self._task is not None:
+                self._bar.update(self._task, visible=False)
+            self._task = self._bar.add_task(label, total=total, note="")
+        else:
+            what = f" ({_count(total)} {unit})".rstrip() if total is not None else ""
+            self._line(f"{label}{what} ...")
+
+    def advance(self, n: float = 1, note: str = "") -> None:
+        self.update(completed=self._completed + n, note=note)
+
+    def update(self, completed: float | None = None, note: str = "") -> None:
+        if completed is not None:
+            self._completed = completed
+        if note:
+            self._note = note
+        if self.quiet:
+            return
+        if self._bar is not None and self._task is not None:
+            self._bar.update(self._task, completed=self._completed, note=self._note)
+        elif self.clock() - self._last_line >= self.interval:
+            self._line(self._status())
+
+    def _flush_final(self) -> None:
+        """A last line for a counted phase that ended between two periodic lines."""
+        if (not self.quiet and self._bar is None and self._total is not None and self._label
+                and self._completed > 0 and self._status() != self._last_status):
+            self._line(self._status())
+
+    def _status(self) -> str:
+        done = _count(self._completed)
+        of = f"/{_count(self._total)}" if self._total else ""
+        pct = f" ({100 * self._completed / self._total:.0f}%)" if self._total else ""
+        note = f"  {self._note}" if self._note else ""
+        unit = f" {self._unit}" if self._unit else ""
+        return f"{self._label} {done}{of}{unit}{pct}{note}  [{self.clock() - self._started:.0f} s]"
+
+    _last_status = ""
+
+    def _line(self, text: str) -> None:
+        self._last_line = self.clock()
+        self._last_status = text
+        self.console.print(Text(text))
+
+
+@contextmanager
+def reporter(**kwargs: Any) -> Iterator[Reporter]:
+    """`with reporter() as rep: rep.phase("profiling"); rep.start("train", total=N, unit="step")`."""
+    with Reporter(**kwargs) as rep:
+        try:
+            yield rep
+        finally:
+            rep._flush_final()
+
+
+def _count(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
 
 
 def progress(*, transient: bool = False) -> Progress:
-    """A progress bar on stderr, disabled when stderr is not a terminal."""
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=transient,
-        disable=not err.is_terminal,
-    )
+    """A bare rich progress bar on stderr, disabled when stderr is not a terminal or with -q.
+
+    Prefer `reporter()`, which also prints progress lines without a terminal.
+    """
+    return Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=err, transient=transient,
+                    disable=not err.is_terminal or _level["quiet"])
+
+
+# ---------------------------------------------------------------- tables
+
+SIGNIFICANT_DIGITS = 4
 
 
 def make_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
-    table = Table(title=title)
+    table = Table(title=Text(title) if title else None)
     for i, col in enumerate(columns):
-        table.add_column(col, justify="left" if i == 0 else "right")
+        table.add_column(Text(str(col)), justify="left" if i == 0 else "right", overflow="fold")
     for row in rows:
-        table.add_row(*(fmt(v) for v in row))
+        table.add_row(*(v if isinstance(v, Text) else Text(fmt(v)) for v in row))
     return table
 
 
 def fmt(value: Any) -> str:
+    """Numbers with SIGNIFICANT_DIGITS significant digits (integers whole, with separators)."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
-        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
-            return f"{value:.3e}"
-        return f"{value:,.3f}"
-    if isinstance(value, int) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            return str(value)
+        if value == 0:
+            return "0"
+        magnitude = math.floor(math.log10(abs(value)))
+        if magnitude >= 6 or magnitude < -3:
+            return f"{value:.{SIGNIFICANT_DIGITS - 1}e}"
+        decimals = max(0, SIGNIFICANT_DIGITS - 1 - magnitude)
+        return f"{value:,.{decimals}f}"
+    if isinstance(value, int):
         return f"{value:,}"
     return str(value)
 
 
+def emit_table(table: Table, console: Console | None = None) -> None:
+    """Print a table without ever cutting a cell: cells fold; a table too wide for the console
+    is printed as one vertical block per row (column: value) instead."""
+    console = console or out
+    for column in table.columns:
+        column.overflow = "fold"
+    needed = Measurement.get(console, console.options.update_width(10**6), table).maximum
+    if needed <= console.width or len(table.columns) <= 2:
+        console.print(table)
+        return
+    console.print(_vertical(table))
+
+
+def _vertical(table: Table) -> Table:
+    headers = [Text(c.header) if isinstance(c.header, str) else c.header for c in table.columns]
+    cells = [list(c.cells) for c in table.columns]
+    block = Table(title=table.title, show_header=False, box=None, padding=(0, 1))
+    block.add_column(justify="right", style="bold")
+    block.add_column(overflow="fold")
+    for r in range(table.row_count):
+        if r:
+            block.add_row("", "")
+        for h, col in zip(headers, cells, strict=True):
+            block.add_row(h, col[r] if r < len(col) else "")
+    return block
+
+
+# ---------------------------------------------------------------- JSON
+
 def emit_json(obj: Any) -> None:
-    """Machine-readable result on stdout (plain print: no rich markup or wrapping)."""
+    """Machine-readable result on stdout (plain write: no rich markup or wrapping)."""
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
     sys.stdout.flush()
-
-
-def emit_table(table: Table) -> None:
-    out.print(table)
 
 
 def _json_default(o: Any) -> Any:

@@ -65,7 +65,7 @@ def as_bytes_view(buf: Any) -> memoryview:
 
 
 def _torch_uint8() -> Any:
-    import torch
+    import torch  # caller-provided: reached only when the caller passed a torch tensor
 
     return torch.uint8
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -17,6 +18,21 @@ from rich.table import Table
 from mlsyskit.core.clock import Clock, RealClock
 
 SCHEMA_VERSION = 1
+
+
+def percentile(values: Sequence[float], q: float, *, presorted: bool = False) -> float:
+    """Nearest-rank percentile, q in [0, 100]; NaN when empty.
+
+    The one percentile rule of the suite: every tool's p50/p99 is an observed value, the
+    smallest one with at least q% of the observations at or below it.
+    """
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be in [0, 100], got {q}")
+    if not values:
+        return math.nan
+    ordered = values if presorted else sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return float(ordered[rank - 1])
 
 
 @dataclass
@@ -41,15 +57,10 @@ class Histogram:
 
     def percentile(self, q: float) -> float:
         """Nearest-rank percentile, q in [0, 100]; NaN when empty."""
-        if not 0 <= q <= 100:
-            raise ValueError(f"percentile must be in [0, 100], got {q}")
-        if not self.values:
-            return math.nan
         if not self._sorted:
             self.values.sort()
             self._sorted = True
-        rank = max(1, math.ceil(q / 100 * len(self.values)))
-        return self.values[rank - 1]
+        return percentile(self.values, q, presorted=True)
 
     def stats(self) -> dict[str, float]:
         if not self.values:
@@ -80,7 +91,9 @@ class Telemetry:
                   "kind": kind, **fields}
         self.seq += 1
         if self._log is not None:
+            # flushed per record, so a kill loses at most the record being written
             self._log.write(json.dumps(record, default=_jsonable) + "\n")
+            self._log.flush()
         return record
 
     def count(self, name: str, n: float = 1) -> None:

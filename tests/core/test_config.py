@@ -83,3 +83,37 @@ def test_sizes():
     with pytest.raises(ConfigError, match="cannot parse size"):
         parse_size("lots")
     assert format_size(3 * 1024**2) == "3.00 MiB"
+
+
+@dataclass(frozen=True)
+class Typed:
+    pair: tuple[int, str] = (1, "a")
+    counts: dict[str, int] = field(default_factory=dict)
+    rate: float = 1.0
+    inner: Inner | None = None
+
+
+def test_heterogeneous_tuple_dict_values_and_finite_floats():
+    assert load_config(Typed, overrides={"pair": [3, "b"]}).pair == (3, "b")
+    with pytest.raises(ConfigError, match="pair"):
+        load_config(Typed, overrides={"pair": ["x", "b"]})
+    assert load_config(Typed, overrides={"counts": {"a": 2}}).counts == {"a": 2}
+    with pytest.raises(ConfigError, match=r"counts\.a: expected an integer"):
+        load_config(Typed, overrides={"counts": {"a": "two"}})
+    for bad in ("nan", "inf", float("nan"), float("-inf")):
+        with pytest.raises(ConfigError, match="finite"):
+            load_config(Typed, overrides={"rate": bad})
+
+
+def test_optional_nested_dataclass_checks_unknown_keys():
+    assert load_config(Typed, overrides={"inner": {"rate": 2}}).inner == Inner(rate=2.0)
+    with pytest.raises(ConfigError, match="inner.speed"):
+        load_config(Typed, overrides={"inner": {"speed": 2}})
+
+
+def test_config_error_is_a_usage_error():
+    from mlsyskit.core.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        load_config(Outer, overrides={"steps": 0})
+    assert e.value.exit_code == 2

@@ -64,4 +64,4 @@ def test_emit_json_is_plain_json(capsys):
 
     emit_json({"a": np.arange(3), "b": 1.5})
     assert json.loads(capsys.readouterr().out) == {"a": [0, 1, 2], "b": 1.5}
-    assert fmt(1234567) == "1,234,567" and fmt(0.5) == "0.500"
+    assert fmt(1234567) == "1,234,567" and fmt(0.5) == "0.5000"
