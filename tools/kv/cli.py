@@ -1,16 +1,34 @@
-"""bespokv command line."""
+"""bespokv command line: cluster lifecycle, client commands, YCSB bench, the consistency checker.
+
+Client commands find the cluster from --host/--port (--host needs --port), else --data-dir's
+record, else MLSYSKIT_BESPOKV_ADDR=HOST:PORT, else the record under ./.bespokv; never a
+guessed port. Exit codes: 0 success, 1 runtime failure (unreachable, a failed check, an
+error from the cluster), 2 usage error.
+"""
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 from pathlib import Path
 
 import typer
 
-from mlsyskit.core.cli import fail, make_app, run_app
-from mlsyskit.core.config import ConfigError
-from mlsyskit.core.console import emit_json, emit_table, err, make_table, progress
+from mlsyskit.core.cli import (
+    config_option,
+    ensure_out_dir,
+    json_option,
+    load_command_config,
+    make_app,
+    out_option,
+    quiet_option,
+    run_app,
+    seed_option,
+    verbose_option,
+)
+from mlsyskit.core.console import emit_json, emit_table, log, make_table, reporter, set_verbosity
+from mlsyskit.core.errors import RuntimeFailure, UsageError
 from mlsyskit.tools.kv import processes
 from mlsyskit.tools.kv.client import KVError, SmartClient
 from mlsyskit.tools.kv.controlets import controlet_name
@@ -23,60 +41,79 @@ app = make_app(
     "consistency (strong / eventual), spoken to over the Redis protocol.",
 )
 
-DATA_DIR = typer.Option(Path(".bespokv"), "--data-dir", help="Where the cluster record, logs and data live.")
-HOST = typer.Option(None, "--host", help="Any node or the proxy (default: the recorded cluster's proxy).")
-PORT = typer.Option(None, "--port", help="Port for --host.")
+ADDR_ENV = "MLSYSKIT_BESPOKV_ADDR"
+DEFAULT_DATA_DIR = Path(".bespokv")
+DATA_DIR = typer.Option(None, "--data-dir", help="Where the cluster record, logs and data live (default .bespokv).")
+HOST = typer.Option(None, "--host", help="Any node or the proxy; needs --port.")
+PORT = typer.Option(None, "--port", help="Port of --host (default host 127.0.0.1).")
+
+
+def _data_dir(data_dir: Path | None) -> Path:
+    return data_dir if data_dir is not None else DEFAULT_DATA_DIR
 
 
 @app.command()
-def up(shards: int = typer.Option(1, "--shards", help="Number of shards S."),
-       replicas: int = typer.Option(1, "--replicas", help="Replicas per shard R."),
-       topology: str = typer.Option("ms", "--topology", help="ms (master-slave) or aa (active-active)."),
-       consistency: str = typer.Option("strong", "--consistency", help="strong or eventual."),
-       datalet: str = typer.Option("memory", "--datalet", help="memory, lmdb or redis."),
-       base_port: int = typer.Option(7000, "--base-port", help="Proxy on P, nodes on P+1..., redis datalets after."),
+def up(shards: int = typer.Option(None, "--shards", help="Number of shards S (default 1)."),
+       replicas: int = typer.Option(None, "--replicas", help="Replicas per shard R (default 1)."),
+       topology: str = typer.Option(None, "--topology", help="ms (master-slave, default) or aa (active-active)."),
+       consistency: str = typer.Option(None, "--consistency", help="strong (default) or eventual."),
+       datalet: str = typer.Option(None, "--datalet", help="memory (default), lmdb or redis."),
+       base_port: int = typer.Option(None, "--base-port",
+                                     help="Proxy on P, nodes on P+1..., redis datalets after (default 7000)."),
        data_dir: Path = DATA_DIR,
        foreground: bool = typer.Option(False, "--foreground", help="Stay attached; Ctrl-C stops the cluster."),
-       as_json: bool = typer.Option(False, "--json", help="Print the record as JSON.")) -> None:
-    """Start a cluster on loopback, wait until every process answers, print endpoints and status."""
-    spec = processes.ClusterSpec(shards=shards, replicas=replicas, controlet=controlet_name(topology, consistency),
-                                 datalet=datalet, base_port=base_port, data_dir=data_dir)
-    err.print(f"starting {shards}x{replicas} {spec.controlet} cluster on the {datalet} datalet ...")
+       config: Path = config_option(), as_json: bool = json_option(),
+       verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+    """Start a cluster on loopback, wait until every process answers, print endpoints and status.
+
+    Config file keys: shards, replicas, controlet (ms-sc, ms-ec, aa-sc, aa-ec), datalet, host,
+    base_port, data_dir."""
+    set_verbosity(verbose, quiet)
+    controlet = None
+    if topology is not None or consistency is not None:
+        controlet = controlet_name(topology or "ms", consistency or "strong")
+    spec = load_command_config(processes.ClusterSpec, config, {
+        "shards": shards, "replicas": replicas, "controlet": controlet, "datalet": datalet,
+        "base_port": base_port, "data_dir": data_dir})
+    log(f"starting {spec.shards}x{spec.replicas} {spec.controlet} cluster on the {spec.datalet} datalet ...")
     record = processes.up(spec)
     if as_json:
         emit_json(record)
     else:
         proxy = record["proxy"]
-        err.print(f"proxy (any Redis client): {proxy['host']}:{proxy['port']}   smart clients: BKV.SHARDMAP")
-        _status_table(data_dir)
+        log(f"proxy (any Redis client): {proxy['host']}:{proxy['port']}   smart clients: BKV.SHARDMAP")
+        _status_table(spec.data_dir)
     if foreground:
-        err.print("running in the foreground; Ctrl-C stops the cluster")
+        log("running in the foreground; Ctrl-C stops the cluster")
         stop_signals = {signal.SIGINT, signal.SIGTERM}
         signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # sigwait takes them, not the default action
         try:
             signal.sigwait(stop_signals)
         finally:
-            processes.down(data_dir)
+            processes.down(spec.data_dir)
 
 
 @app.command()
-def down(data_dir: Path = DATA_DIR) -> None:
+def down(data_dir: Path = DATA_DIR, verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Stop every process of the recorded cluster (data stays on disk)."""
-    stopped = processes.down(data_dir)
-    err.print(f"stopped {len(stopped)} processes")
+    set_verbosity(verbose, quiet)
+    stopped = processes.down(_data_dir(data_dir))
+    log(f"stopped {len(stopped)} processes")
 
 
 @app.command()
-def status(data_dir: Path = DATA_DIR,
-           as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON on stdout.")) -> None:
+def status(data_dir: Path = DATA_DIR, as_json: bool = json_option(),
+           verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Ping every node and show its role and counters (exit 1 if any is down)."""
-    rows = processes.status(data_dir)
+    set_verbosity(verbose, quiet)
+    rows = processes.status(_data_dir(data_dir))
     if as_json:
         emit_json(rows)
     else:
-        _status_table(data_dir, rows)
-    if not all(r["up"] for r in rows):
-        raise typer.Exit(1)
+        _status_table(_data_dir(data_dir), rows)
+    down_nodes = [r["name"] for r in rows if not r["up"]]
+    if down_nodes:
+        raise RuntimeFailure(f"not answering: {', '.join(down_nodes)}")
 
 
 def _status_table(data_dir: Path, rows: list | None = None) -> None:
@@ -86,133 +123,226 @@ def _status_table(data_dir: Path, rows: list | None = None) -> None:
                             r.get("role", "-"), r.get("commands", "-"), r.get("keys", "-")] for r in rows]))
 
 
-def _seed(data_dir: Path, host: str | None, port: int | None) -> tuple[str, int]:
-    if host is not None or port is not None:
-        return host or "127.0.0.1", port or 6379
-    proxy = processes.load_record(data_dir)["proxy"]
+# -- finding the cluster -------------------------------------------------------------
+def parse_addr(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"{what} wants HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def cluster_address(data_dir: Path | None, host: str | None, port: int | None) -> tuple[str, int]:
+    """--host/--port, else --data-dir's record, else $MLSYSKIT_BESPOKV_ADDR, else ./.bespokv's record."""
+    if host is not None and port is None:
+        raise UsageError("--host needs --port (bespokv has no default port)")
+    if port is not None:
+        if not 0 < port < 65536:
+            raise UsageError(f"--port must be 1..65535, got {port}")
+        return host or "127.0.0.1", port
+    if data_dir is None and os.environ.get(ADDR_ENV):
+        return parse_addr(os.environ[ADDR_ENV], ADDR_ENV)
+    proxy = processes.load_record(_data_dir(data_dir))["proxy"]
     return proxy["host"], proxy["port"]
 
 
-async def _with_client(data_dir: Path, host: str | None, port: int | None, fn):
-    h, p = _seed(data_dir, host, port)
+def fetch_map(host: str, port: int) -> ShardMap:
     try:
-        client = await SmartClient.connect(h, p)
+        return ShardMap.from_json(processes.sync_call(host, port, "BKV.SHARDMAP"))
     except OSError as e:
-        raise ConfigError(f"cannot reach bespokv at {h}:{p}: {e}") from None
-    try:
-        return await fn(client)
-    finally:
-        await client.close()
+        raise RuntimeFailure(f"cannot reach bespokv at {host}:{port}: {e}") from None
 
 
-def _kv(fn, data_dir: Path, host: str | None, port: int | None):
+def _kv(fn, data_dir: Path | None, host: str | None, port: int | None):
+    smap = fetch_map(*cluster_address(data_dir, host, port))
+
+    async def body():
+        client = SmartClient(smap, timeout=10.0)
+        try:
+            return await fn(client)
+        finally:
+            await client.close()
+
     try:
-        return asyncio.run(_with_client(data_dir, host, port, fn))
+        return asyncio.run(body())
     except KVError as e:
-        raise fail(str(e)) from None
+        raise RuntimeFailure(f"the cluster answered: {e}") from None
+    except TimeoutError:
+        raise RuntimeFailure("the cluster did not answer within 10 s") from None
     except OSError as e:  # the seed answered but the key's node did not (stopped, or not yet up)
-        raise fail(f"a node of the cluster is unreachable: {e}") from None
+        raise RuntimeFailure(f"a node of the cluster is unreachable: {e}") from None
 
 
 @app.command()
-def get(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT) -> None:
+def get(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT, as_json: bool = json_option(),
+        verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Print the value of KEY (exit 1 if it does not exist)."""
+    set_verbosity(verbose, quiet)
     value = _kv(lambda c: c.get(key.encode()), data_dir, host, port)
+    text = None if value is None else value.decode(errors="backslashreplace")
+    if as_json:
+        emit_json({"key": key, "value": text})
+    elif text is not None:
+        typer.echo(text)
     if value is None:
-        err.print("(nil)")
-        raise typer.Exit(1)
-    typer.echo(value.decode(errors="backslashreplace"))
+        raise RuntimeFailure(f"(nil): no key {key!r}")
 
 
 @app.command()
-def put(key: str, value: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT) -> None:
+def put(key: str, value: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT,
+        as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Set KEY to VALUE."""
+    set_verbosity(verbose, quiet)
     _kv(lambda c: c.put(key.encode(), value.encode()), data_dir, host, port)
-    typer.echo("OK")
+    if as_json:
+        emit_json({"key": key, "ok": True})
+    else:
+        typer.echo("OK")
 
 
 @app.command("del")
-def delete(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT) -> None:
+def delete(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT, as_json: bool = json_option(),
+           verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Delete KEY; prints 1 if it existed, else 0."""
+    set_verbosity(verbose, quiet)
     existed = _kv(lambda c: c.delete(key.encode()), data_dir, host, port)
-    typer.echo("1" if existed else "0")
+    if as_json:
+        emit_json({"key": key, "existed": existed})
+    else:
+        typer.echo("1" if existed else "0")
 
 
 @app.command()
-def bench(workload: str = typer.Option("ycsb-a", "--workload", help="ycsb-a, ycsb-b, ycsb-c or ycsb-f."),
-          keys: int = typer.Option(10_000, "--keys", help="Key space size (loaded before the measured run)."),
-          ops: int = typer.Option(20_000, "--ops", help="Operations in the measured run."),
-          zipf: float = typer.Option(0.99, "--zipf", help="Zipfian theta (0 = uniform)."),
-          value_size: int = typer.Option(32, "--value-size", help="Bytes per value."),
-          clients: int = typer.Option(16, "--clients", help="Concurrent client connections."),
-          window: int = typer.Option(1, "--window", help="Operations each client keeps outstanding."),
-          seed: int = typer.Option(0, "--seed", help="Seed of the operation mix and key choice."),
+def shardmap(data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT,
+             verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+    """Print the shard map (epoch, controlet, datalet, replicas per shard, node addresses) as JSON."""
+    set_verbosity(verbose, quiet)
+    typer.echo(json.dumps(fetch_map(*cluster_address(data_dir, host, port)).to_dict(), indent=2))
+
+
+@app.command()
+def bench(workload: str = typer.Option(None, "--workload", help="ycsb-a (default), ycsb-b, ycsb-c or ycsb-f."),
+          keys: int = typer.Option(None, "--keys", help="Key space size, loaded before the measured run (10000)."),
+          ops: int = typer.Option(None, "--ops", help="Operations in the measured run (20000)."),
+          zipf: float = typer.Option(None, "--zipf", help="Zipfian theta, 0 = uniform (0.99)."),
+          value_size: int = typer.Option(None, "--value-size", help="Bytes per value (32)."),
+          clients: int = typer.Option(None, "--clients", help="Concurrent client connections (16)."),
+          window: int = typer.Option(None, "--window", help="Operations each client keeps outstanding (1)."),
+          seed: int = typer.Option(None, "--seed", help="Seed of the operation mix and key choice (0)."),
           redis: str = typer.Option(None, "--redis", help="Bench Redis instead: host:port[,host:port...] "
                                                           "(primary first, then its replicas)."),
           wait: int = typer.Option(0, "--wait", help="With --redis: WAIT for this many replicas after writes."),
           primary_reads: bool = typer.Option(False, "--primary-reads",
                                              help="With --redis: read at the primary only (default: spread)."),
           data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT,
-          as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout.")) -> None:
-    """YCSB-style load: throughput and p50/p99/p999 latency (load phase, then the measured run)."""
+          config: Path = config_option(), as_json: bool = json_option(),
+          verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+    """YCSB-style load: throughput and p50/p99/p999 latency (load phase, then the measured run).
+
+    Config file keys: name, keys, ops, zipf, value_size, clients, seed, load, window."""
     from mlsyskit.tools.kv import ycsb
 
-    w = ycsb.Workload(name=workload, keys=keys, ops=ops, zipf=zipf, value_size=value_size, clients=clients,
-                      seed=seed, window=window)
+    set_verbosity(verbose, quiet)
+    w = load_command_config(ycsb.Workload, config, {
+        "name": workload, "keys": keys, "ops": ops, "zipf": zipf, "value_size": value_size,
+        "clients": clients, "seed": seed, "window": window})
     if redis:
-        try:
-            endpoints = [(h, int(p)) for h, p in (e.rsplit(":", 1) for e in redis.split(","))]
-        except ValueError:
-            raise fail(f"--redis wants host:port[,host:port...], got {redis!r}") from None
+        endpoints = [parse_addr(e, "--redis") for e in redis.split(",")]
         make, target = ycsb.redis_target_factory(endpoints, wait, not primary_reads), f"redis {redis}"
     else:
-        h, p = _seed(data_dir, host, port)
-        try:
-            text = processes.sync_call(h, p, "BKV.SHARDMAP")
-        except OSError as e:
-            raise fail(f"cannot reach bespokv at {h}:{p}: {e}") from None
-        smap = ShardMap.from_json(text)
+        smap = fetch_map(*cluster_address(data_dir, host, port))
 
         async def make(s: int):
             return await ycsb.bespokv_target(smap, s)
         target = f"bespokv {smap.controlet}/{smap.datalet} {len(smap.shards)}x{len(smap.shards[0])}"
-    with progress() as bar:
-        task = bar.add_task(f"{workload} on {target}", total=ops)
+    with reporter() as rep:
+        rep.start(f"{w.name} on {target}", total=w.ops, unit="op")
         try:
-            result = asyncio.run(ycsb.run_workload(w, make, on_progress=lambda i: bar.update(task, completed=i)))
+            result = asyncio.run(ycsb.run_workload(w, make, on_progress=lambda i: rep.update(completed=i)))
         except OSError as e:  # refused at connect, or a server went away mid-run
-            raise fail(f"bench against {target} failed: {e}") from None
-        bar.update(task, completed=ops)
+            raise RuntimeFailure(f"bench against {target} failed: {e}") from None
+        rep.update(completed=w.ops)
     result["target"] = target
     if as_json:
         emit_json(result)
     else:
-        emit_table(make_table(f"{workload} on {target}", ["ops/s", "p50 ms", "p99 ms", "p999 ms", "errors"],
+        emit_table(make_table(f"{w.name} on {target}", ["ops/s", "p50 ms", "p99 ms", "p999 ms", "errors"],
                               [[result["ops_per_s"], result["p50_ms"], result["p99_ms"], result["p999_ms"],
                                 result["errors"]]]))
+
+
+@app.command()
+def check(mode: str = typer.Option(None, "--mode", help="Controlet under test: ms-sc (default), ms-ec, aa-sc, aa-ec."),
+          nemesis: str = typer.Option(None, "--nemesis",
+                                      help="Faults, comma-separated: kill, pause, partition, restart, or none "
+                                           "(default all four)."),
+          ops: int = typer.Option(None, "--ops", help="At least this many operations; the run also lasts "
+                                                      "until every requested fault has happened (2000)."),
+          clients: int = typer.Option(None, "--clients", help="Concurrent clients (10)."),
+          keys: int = typer.Option(None, "--keys", help="Register keys the clients share (10)."),
+          shards: int = typer.Option(None, "--shards", help="Shards (1)."),
+          replicas: int = typer.Option(None, "--replicas", help="Replicas per shard (3)."),
+          datalet: str = typer.Option(None, "--datalet", help="memory (default; a killed node restarts empty) "
+                                                              "or lmdb."),
+          timeout: float = typer.Option(None, "--timeout", help="Seconds a client waits for an answer (2.5)."),
+          history: Path = typer.Option(None, "--history", dir_okay=False,
+                                       help="Re-check a saved history.jsonl instead of running a cluster."),
+          seed: int = seed_option(),
+          out: Path = out_option("history.jsonl (every operation), result.json (the verdict), "
+                                 "cluster/ (node logs); default bespokv-check/MODE-seedS"),
+          config: Path = config_option(), as_json: bool = json_option(),
+          verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+    """Jepsen-style consistency check: clients with unique values, a nemesis, then heal and verify.
+
+    Strong modes must be linearizable (Wing-Gong-Lowe per key) with every acknowledged write
+    readable; eventual modes must converge within 5 s of quiescence; no mode may lose an
+    acknowledged write. Exit 1 when a check fails. Config file keys: the option names
+    (nemesis as a list), plus hold and gap (min, max seconds of a fault and between faults)."""
+    from mlsyskit.tools.kv.check import report
+    from mlsyskit.tools.kv.check.nemesis import parse_faults
+    from mlsyskit.tools.kv.check.runner import CheckSpec, recheck, run_check
+
+    set_verbosity(verbose, quiet)
+    if history is not None:
+        if not history.is_file():
+            raise UsageError(f"--history {history}: no such file")
+        result = recheck(history, mode or "ms-sc")
+        report.emit(result, as_json)
+        report.raise_if_invalid(result)
+        return
+    try:
+        faults = parse_faults(nemesis) if nemesis is not None else None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    spec = load_command_config(CheckSpec, config, {
+        "mode": mode, "nemesis": faults, "ops": ops, "clients": clients, "keys": keys, "seed": seed,
+        "shards": shards, "replicas": replicas, "datalet": datalet, "timeout": timeout})
+    out_dir = ensure_out_dir(out if out is not None else Path("bespokv-check") / f"{spec.mode}-seed{spec.seed}")
+    log(f"bespokv check --mode {spec.mode} --nemesis {','.join(spec.nemesis) or 'none'} --seed {spec.seed} "
+        f"(rerun with this seed to replay the schedule)")
+    with reporter() as rep:
+        rep.phase("starting the cluster")
+        ticks = {"started": False}
+
+        def progress(done: int) -> None:
+            if not ticks["started"]:
+                ticks["started"] = True
+                rep.start(f"operations (at least {spec.ops})", total=None, unit="op")
+            rep.update(completed=done)
+        result = asyncio.run(run_check(spec, out_dir, log=log, progress=progress))
+    report.emit(result, as_json)
+    report.raise_if_invalid(result)
 
 
 @app.command(hidden=True)
 def node(node_id: str, data_dir: Path = DATA_DIR) -> None:
     """Run one node of the recorded cluster (started by `up`)."""
-    processes.serve_node(data_dir, node_id)
+    processes.serve_node(_data_dir(data_dir), node_id)
 
 
 @app.command(hidden=True)
 def proxy(data_dir: Path = DATA_DIR) -> None:
     """Run the recorded cluster's proxy (started by `up`)."""
-    processes.serve_node(data_dir, None)
-
-
-@app.command()
-def shardmap(data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT) -> None:
-    """Print the shard map (epoch, controlet, datalet, replicas per shard, node addresses) as JSON."""
-    h, p = _seed(data_dir, host, port)
-    try:
-        text = processes.sync_call(h, p, "BKV.SHARDMAP")
-    except OSError as e:
-        raise fail(f"cannot reach bespokv at {h}:{p}: {e}") from None
-    typer.echo(json.dumps(json.loads(text), indent=2))
+    processes.serve_node(_data_dir(data_dir), None)
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import hiredis
 
 from mlsyskit.core.clock import Clock, RealClock
+from mlsyskit.core.config import require
 from mlsyskit.tools.kv.check.linearizability import check_history, operations
 from mlsyskit.tools.kv.check.nemesis import FAULTS, Nemesis
 from mlsyskit.tools.kv.check.procs import ProcCluster
@@ -50,16 +51,15 @@ class CheckSpec:
     gap: tuple[float, float] = (0.3, 1.0)  # quiet time between faults, s
 
     def __post_init__(self) -> None:
-        checks = [(self.mode in MODES, f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}"),
-                  (all(f in FAULTS for f in self.nemesis), f"--nemesis takes {', '.join(FAULTS)}"),
-                  (self.ops >= 1, "--ops must be at least 1"), (1 <= self.clients <= 256, "--clients must be 1..256"),
-                  (self.keys >= 1, "--keys must be at least 1"), (1 <= self.shards <= 16, "--shards must be 1..16"),
-                  (1 <= self.replicas <= 9, "--replicas must be 1..9"),
-                  (self.datalet in ("memory", "lmdb"), "--datalet must be memory or lmdb"),
-                  (self.timeout > 0 and self.converge_s > 0, "timeouts must be positive")]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        require(self.mode in MODES, f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        require(all(f in FAULTS for f in self.nemesis), f"--nemesis takes {', '.join(FAULTS)} (or none)")
+        require(self.ops >= 1 and self.keys >= 1, "--ops and --keys must be at least 1")
+        require(1 <= self.clients <= 256, "--clients must be 1..256")
+        require(1 <= self.shards <= 16 and 1 <= self.replicas <= 9, "--shards must be 1..16, --replicas 1..9")
+        require(self.datalet in ("memory", "lmdb"), "--datalet must be memory or lmdb")
+        require(self.timeout > 0 and self.converge_s > 0, "--timeout and converge_s must be positive")
+        require(0 < self.hold[0] <= self.hold[1] and 0 <= self.gap[0] <= self.gap[1],
+                "hold and gap are (min, max) seconds with min <= max")
 
     @property
     def strong(self) -> bool:
@@ -76,7 +76,7 @@ class CheckResult:
     lost_acked_writes: int = 0
     phantoms: int = 0
     lost: list[str] = field(default_factory=list)
-    converged: bool = False
+    converged: bool | None = False  # None: not observable (a history re-checked offline)
     convergence_s: float = 0.0
     digests: dict[str, Any] = field(default_factory=dict)
     max_write_wait_s: float = 0.0
@@ -88,7 +88,7 @@ class CheckResult:
     @property
     def valid(self) -> bool:
         strong_ok = self.linearizable is True if self.spec["mode"].endswith("-sc") else True
-        return (self.error is None and strong_ok and self.converged and self.lost_acked_writes == 0
+        return (self.error is None and strong_ok and self.converged is not False and self.lost_acked_writes == 0
                 and self.phantoms == 0)
 
     def as_dict(self) -> dict[str, Any]:
@@ -124,9 +124,9 @@ async def run_check(spec: CheckSpec, out_dir: Path, log: Callable[[str], None] =
         await cluster.heal()
         result.converged, result.convergence_s, result.digests = await converge(cluster, clock, spec.converge_s)
         log("reading every key back")
-        final = await final_reads(cluster, history, workload.register_keys() + workload.once_keys,
-                                  every_replica=not spec.strong, timeout=spec.timeout)
-        verify(spec, history, final, result)
+        await final_reads(cluster, history, workload.register_keys() + workload.once_keys,
+                          every_replica=not spec.strong, timeout=spec.timeout)
+        verify(spec.strong, history, result)
     except (RuntimeError, OSError) as e:
         result.error = f"{type(e).__name__}: {e}"
     finally:
@@ -139,16 +139,35 @@ async def run_check(spec: CheckSpec, out_dir: Path, log: Callable[[str], None] =
     return result
 
 
-def verify(spec: CheckSpec, history: History, final: dict[str, list[str | None]], result: CheckResult) -> None:
+def verify(strong: bool, history: History, result: CheckResult) -> None:
+    """Linearizability (strong modes), lost and phantom writes, write availability; into result."""
     ops = operations(history)
-    if spec.strong:
+    if strong:
         report = check_history(history)
         result.linearizable = report.linearizable
         result.violations = [line for r in report.violations[:5] for line in r.explain()]
         result.violations += [f"key {r.key!r}: search budget exhausted (unknown)" for r in report.unknown[:5]]
-    lost = lost_writes(ops, final)
+    lost = lost_writes(ops, final_values(history))
     result.lost_acked_writes, result.phantoms, result.lost = len(lost.lost), len(lost.phantoms), lost.explain()
     result.max_write_wait_s, result.longest_write_outage_s = write_availability(history)
+
+
+def final_values(history: History) -> dict[str, list[str | None]]:
+    """What the final reads (after heal and quiescence) returned, per key."""
+    final: dict[str, list[str | None]] = {}
+    for e in history.events:
+        if e.process > FINAL_PROCESS and e.type == "ok":
+            final.setdefault(e.key, []).append(e.value)
+    return final
+
+
+def recheck(path: Path, mode: str) -> CheckResult:
+    """Verify a saved history again (no cluster): linearizability, lost and phantom writes."""
+    result = CheckResult(spec={"mode": mode, "replayed": str(path)}, converged=None, history=str(path))
+    history = History.read_jsonl(Path(path))
+    result.outcomes = {k: v for k, v in history.counts().items() if k != "invoke"}
+    verify(mode.endswith("-sc"), history, result)
+    return result
 
 
 def write_availability(history: History) -> tuple[float, float]:
@@ -169,11 +188,10 @@ def write_availability(history: History) -> tuple[float, float]:
 
 
 async def final_reads(cluster: ProcCluster, history: History, keys: list[bytes], every_replica: bool,
-                      timeout: float) -> dict[str, list[str | None]]:
+                      timeout: float) -> None:
     """Read every key at its shard's read targets (every replica for eventual modes), recorded."""
     smap = cluster.map
     cls = controlet_class(smap.controlet)
-    final: dict[str, list[str | None]] = {}
     process = FINAL_PROCESS
     for shard, reps in enumerate(smap.shards):
         targets = list(reps) if every_replica else list(cls.read_targets(reps))
@@ -194,7 +212,5 @@ async def final_reads(cluster: ProcCluster, history: History, keys: list[bytes],
                         history.complete(process, "fail", "get", key)
                         break  # this replica does not answer: the rest would only time out too
                     history.complete(process, "ok", "get", key, value)
-                    final.setdefault(key.decode(), []).append(None if value is None else value.decode())
             finally:
                 await conn.close()
-    return final
