@@ -11,6 +11,7 @@ from mlsyskit.core.cli import fail, make_app, run_app
 from mlsyskit.core.config import ConfigError
 from mlsyskit.core.console import emit_json, emit_table, log, make_table, progress
 from mlsyskit.tools.sched.cluster import ClusterSpec
+from mlsyskit.tools.sched.daemon.commands import register as register_daemon_commands
 from mlsyskit.tools.sched.experiment import Run, WorkloadSource, report, run_one
 from mlsyskit.tools.sched.metrics import downsample, jcts
 from mlsyskit.tools.sched.policies import POLICIES, PolicyOptions
@@ -209,6 +210,9 @@ def list_policies(as_json: bool = typer.Option(False, "--json", help="JSON inste
     table = make_table("policies", ["name", "what it does"], described.items())
     table.columns[1].justify = "left"
     emit_table(table)
+
+
+register_daemon_commands(app)
 
 
 def main() -> None:

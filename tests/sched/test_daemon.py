@@ -1,0 +1,210 @@
+"""The marble daemon end to end: `marble serve` with the local executor as a subprocess, jobs
+submitted through the CLI, the daemon SIGKILLed mid-run and restarted."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mlsyskit.tools.sched.daemon.client import DaemonClient, Endpoint
+
+MARBLE = [sys.executable, "-c", "from mlsyskit.tools.sched.cli import main; main()"]
+CLUSTER = """
+[[nodes]]
+name = "n0"
+gpus = 4
+logical = true
+
+[[nodes]]
+name = "n1"
+gpus = 4
+logical = true
+"""
+# Each job records its own view: which devices it saw and when it ran (wall clock, ns).
+JOB = ('echo "start $MARBLE_JOB_ID $MARBLE_PLACEMENT $(date +%s%N)" >> {markers}; sleep {secs}; '
+       'echo "end $MARBLE_JOB_ID $(date +%s%N)" >> {markers}')
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def marble(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    res = subprocess.run([*MARBLE, *args], capture_output=True, text=True, timeout=60)
+    if check:
+        assert res.returncode == 0, (args, res.stdout, res.stderr)
+    return res
+
+
+class Daemon:
+    def __init__(self, tmp: Path, *extra: str) -> None:
+        self.tmp, self.state = tmp, tmp / "state"
+        (tmp / "cluster.toml").write_text(CLUSTER)
+        self.extra = extra
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.err = (self.tmp / f"serve-{time.monotonic_ns()}.err").open("w")
+        self.proc = subprocess.Popen([*MARBLE, "serve", "--cluster", str(self.tmp / "cluster.toml"), "--state-dir",
+                                      str(self.state), "--poll-interval", "0.1", *self.extra],
+                                     stdout=subprocess.DEVNULL, stderr=self.err)
+        pid = self.proc.pid
+
+        def ready():
+            assert self.proc.poll() is None, (self.tmp / self.err.name).read_text()
+            try:
+                return json.loads((self.state / "daemon.json").read_text())["pid"] == pid
+            except (OSError, ValueError, KeyError):
+                return False
+        wait_for(ready, 60, "the daemon to serve")
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.err.close()
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return marble(*args, "--state-dir", str(self.state), check=check)
+
+    def jobs(self) -> list[dict]:
+        return json.loads(self.cli("status", "--json").stdout)
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = Daemon(tmp_path)
+    d.start()
+    yield d
+    d.stop()
+    kill_leftover_jobs(d.state)
+
+
+def kill_leftover_jobs(state: Path) -> None:
+    """Every job process group this test started is gone afterwards."""
+    for pid_file in state.glob("jobs/*/pid"):
+        try:
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+        except (ProcessLookupError, ValueError, PermissionError):
+            pass
+
+
+def parse_markers(path: Path) -> dict[int, dict]:
+    runs: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        job = int(parts[1])
+        if parts[0] == "start":
+            assert job not in runs, f"job {job} started twice"
+            devices = {}
+            for entry in parts[2].split(";"):
+                node, ids = entry.split(":")
+                devices[node] = {int(i) for i in ids.split(",")}
+            runs[job] = {"devices": devices, "start": int(parts[3]), "end": None}
+        else:
+            runs[job]["end"] = int(parts[2])
+    return runs
+
+
+def check_no_gpu_shared(runs: dict[int, dict], node_devices: dict[str, set[int]]) -> int:
+    """Concurrent jobs hold disjoint GPUs; every id belongs to its node. Returns the peak overlap seen."""
+    peak = 0
+    for a, ra in runs.items():
+        for node, ids in ra["devices"].items():
+            assert ids <= node_devices[node], (a, node, ids)
+        overlapping = 0
+        for b, rb in runs.items():
+            if a < b and ra["start"] < rb["end"] and rb["start"] < ra["end"]:
+                overlapping += 1
+                for node in ra["devices"].keys() & rb["devices"].keys():
+                    assert not ra["devices"][node] & rb["devices"][node], (a, b, node)
+        peak = max(peak, overlapping)
+    return peak
+
+
+def test_twenty_jobs_survive_a_sigkilled_daemon_none_lost_none_run_twice(daemon, tmp_path):
+    markers = tmp_path / "markers.txt"
+    apps = ["cifar10", "ncf", "bert", "deepspeech2"]
+    client = DaemonClient(Endpoint.resolve(daemon.state))  # one process submits quickly, so jobs overlap
+    for i in range(20):
+        client.call("submit", {"job": {"cmd": JOB.format(markers=markers, secs=1.0 + 0.25 * (i % 4)),
+                                       "app": apps[i % 4], "gpus": 1 + i % 4, "name": f"job{i}"}})
+    # Kill the daemon once several jobs have run and others are still running or queued.
+    wait_for(lambda: markers.exists() and markers.read_text().count("end ") >= 4, 120, "4 jobs to end")
+    daemon.kill9()
+    assert markers.read_text().count("start ") < 20, "the kill came too late to test recovery"
+    daemon.start()
+    wait_for(lambda: all(j["state"] == "done" for j in daemon.jobs()), 180, "all jobs done")
+    jobs = daemon.jobs()
+    assert len(jobs) == 20 and all(j["exit_code"] == 0 for j in jobs)
+    runs = parse_markers(markers)
+    assert sorted(runs) == [j["id"] for j in jobs] and all(r["end"] for r in runs.values())
+    peak = check_no_gpu_shared(runs, {"n0": {0, 1, 2, 3}, "n1": {4, 5, 6, 7}})
+    assert peak >= 1, "no two jobs ever ran together: the test did not exercise sharing"
+    for j in jobs:  # the daemon's own record agrees with what the job saw
+        held = {{"0": "n0", "1": "n1"}[n]: set(ids) for n, ids in j["gpus"].items()}
+        assert held == runs[j["id"]]["devices"], (j, runs[j["id"]])
+
+
+def test_cancel_logs_nodes_and_errors(daemon, tmp_path):
+    child_pid = tmp_path / "child.pid"
+    long = daemon.cli("submit", "--cmd", f"echo begun; sleep 300 & echo $! > {child_pid}; wait", "--app", "ncf",
+                      "--gpus", "4").stdout.strip()
+    wait_for(lambda: daemon.cli("logs", long).stdout.startswith("begun"), 60, "the job's output")
+    nodes = json.loads(daemon.cli("nodes", "--json").stdout)
+    assert sum(n["used"] for n in nodes) >= 1
+    grandchild = int(wait_for(lambda: child_pid.exists() and child_pid.read_text().strip(), 30, "the child pid"))
+    daemon.cli("cancel", long)
+    wait_for(lambda: daemon.jobs()[0]["state"] == "cancelled", 60, "the cancel")
+    wait_for(lambda: not Path(f"/proc/{grandchild}").exists() or "Z" in Path(f"/proc/{grandchild}/stat").read_text()
+             .rsplit(")", 1)[1].split()[0], 30, "the job's whole process group to die")
+    assert daemon.cli("logs", long, "-f").stdout == "begun\n"   # -f returns once the job has ended
+    failing = daemon.cli("submit", "--cmd", "exit 3", "--app", "ncf", "--gpus", "1").stdout.strip()
+    wait_for(lambda: daemon.jobs()[-1]["state"] == "failed", 60, "the failing job")
+    assert daemon.jobs()[-1]["exit_code"] == 3 and failing == str(daemon.jobs()[-1]["id"])
+    # usage errors (exit 2) name the field; runtime failures (exit 1) say what failed
+    bad = daemon.cli("submit", "--cmd", "true", "--app", "gpt", "--gpus", "1", check=False)
+    assert bad.returncode == 2 and "app: unknown application 'gpt'" in bad.stderr
+    bad = daemon.cli("submit", "--cmd", "true", "--app", "ncf", "--gpus", "2", "--min-gpus", "3", check=False)
+    assert bad.returncode == 2 and "min_gpus" in bad.stderr
+    bad = daemon.cli("cancel", "999", check=False)
+    assert bad.returncode == 2 and "no job 999" in bad.stderr
+    job_toml = tmp_path / "job.toml"
+    job_toml.write_text('cmd = "true"\napp = "ncf"\ngpus = "four"\n')
+    bad = daemon.cli("submit", str(job_toml), check=False)
+    assert bad.returncode == 2 and "gpus" in bad.stderr and "Traceback" not in bad.stderr
+    job_toml.write_text('cmd = "true"\napp = "ncf"\ngpus = 1\nqueue = "x"\n')
+    bad = daemon.cli("submit", str(job_toml), check=False)
+    assert bad.returncode == 2 and "'queue'" in bad.stderr
+    (tmp_path / "forged").write_text("not-the-token\n")
+    bad = daemon.cli("status", "--token-file", str(tmp_path / "forged"), check=False)
+    assert bad.returncode == 1 and "bad or missing token" in bad.stderr
+
+
+def test_a_second_daemon_on_the_same_state_is_refused(daemon, tmp_path):
+    second = subprocess.run([*MARBLE, "serve", "--cluster", str(tmp_path / "cluster.toml"), "--state-dir",
+                             str(daemon.state)], capture_output=True, text=True, timeout=60)
+    assert second.returncode == 1 and "another marble daemon holds" in second.stderr
+
+
+def test_no_daemon_is_a_runtime_failure(tmp_path):
+    res = marble("status", "--state-dir", str(tmp_path / "none"), check=False)
+    assert res.returncode == 1 and "no marble daemon found" in res.stderr

@@ -1,0 +1,1 @@
+"""marble daemon: job specs, job store, the policy adapter, the scheduling loop and its gRPC service."""

@@ -1,0 +1,228 @@
+"""The daemon's commands on the `marble` app: serve, submit, status, queue, cancel, logs, nodes.
+
+Clients find the daemon through its state directory (daemon.json + token, written by `serve`),
+or --addr/--token-file/--tls-ca; MLSYSKIT_MARBLE_STATE_DIR and MLSYSKIT_MARBLE_ADDR set them for
+every command.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from mlsyskit.core.cli import json_option, quiet_option, verbose_option
+from mlsyskit.core.clock import RealClock
+from mlsyskit.core.console import emit_json, emit_table, log, make_table, set_verbosity
+from mlsyskit.core.errors import RuntimeFailure, UsageError
+from mlsyskit.core.rpc import ServerTls
+from mlsyskit.tools.sched.daemon.client import DaemonClient, Endpoint, default_state_dir
+from mlsyskit.tools.sched.daemon.jobstore import JobStore
+from mlsyskit.tools.sched.daemon.scheduler import Scheduler
+from mlsyskit.tools.sched.daemon.service import DaemonFiles, ensure_token, lock_state_dir, run_daemon
+from mlsyskit.tools.sched.daemon.specs import job_from_mapping, load_cluster
+from mlsyskit.tools.sched.executors import EXECUTORS
+from mlsyskit.tools.sched.policies import POLICIES, PolicyOptions, create_policy
+from mlsyskit.tools.sched.throughput import ThroughputModel
+
+
+class WallClock(RealClock):
+    """Seconds since the epoch: job times in the store must mean the same after a restart."""
+
+    def now(self) -> float:
+        return time.time()
+
+
+def _state_dir_option() -> Any:
+    return typer.Option(None, "--state-dir", envvar="MLSYSKIT_MARBLE_STATE_DIR",
+                        help="The daemon's folder (job table, logs, token, daemon.json); "
+                             "default $XDG_STATE_HOME/marble or ~/.local/state/marble.")
+
+
+def _client(state_dir: Path | None, addr: str | None, token_file: Path | None, tls_ca: Path | None) -> DaemonClient:
+    return DaemonClient(Endpoint.resolve(state_dir or default_state_dir(), addr, token_file, tls_ca))
+
+
+def _addr_option() -> Any:
+    return typer.Option(None, "--addr", envvar="MLSYSKIT_MARBLE_ADDR", help="HOST:PORT of the daemon (default: daemon.json).")
+
+
+def _token_option() -> Any:
+    return typer.Option(None, "--token-file", help="The daemon's shared secret (default: from daemon.json).")
+
+
+def _ca_option() -> Any:
+    return typer.Option(None, "--tls-ca", help="CA that signed the daemon's TLS certificate (default: from daemon.json).")
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else datetime.fromtimestamp(t).strftime("%H:%M:%S")
+
+
+def _where(job: dict) -> str:
+    return " ".join(f"{n}:{','.join(map(str, ids))}" for n, ids in job["gpus"].items()) or "-"
+
+
+def _jobs_table(title: str, jobs: list[dict]) -> None:
+    rows = [[j["id"], j["name"], j["state"], j["app"], j["gpus_requested"], sum(len(v) for v in j["gpus"].values()),
+             _where(j), _when(j["submitted"]), _when(j["started"]), _when(j["ended"]),
+             "-" if j["exit_code"] is None else j["exit_code"], j["reason"] or ""] for j in jobs]
+    emit_table(make_table(title, ["id", "name", "state", "app", "asked", "held", "node:gpu ids", "submitted",
+                                  "started", "ended", "exit", "reason"], rows))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def serve(
+        cluster: Path = typer.Option(..., "--cluster", help="cluster.toml: [[nodes]] with name, gpus, host, devices, logical."),
+        executor: str = typer.Option("local", "--executor", help=f"How jobs run: {', '.join(EXECUTORS.names())}."),
+        policy: str = typer.Option("marble", "--policy",
+                                   help=f"Scheduling policy (the simulator's): {', '.join(POLICIES.names())}. "
+                                        "Preempting policies cannot preempt real jobs here."),
+        efficiency_threshold: float = typer.Option(0.5, "--efficiency-threshold", help="marble: least gain per added GPU."),
+        state_dir: Path | None = _state_dir_option(),
+        addr: str = typer.Option("127.0.0.1:0", "--listen", help="Address to serve on (port 0: any free port)."),
+        token_file: Path | None = typer.Option(None, "--token-file", help="Shared secret (default: made in the state dir)."),
+        tls: bool = typer.Option(False, "--tls", help="Serve TLS with a self-signed CA made in the state dir."),
+        tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Server certificate (PEM); with --tls-key."),
+        tls_key: Path | None = typer.Option(None, "--tls-key", help="Server key (PEM)."),
+        poll_interval: float = typer.Option(0.5, "--poll-interval", min=0.05, max=60.0, help="Seconds between job checks."),
+        verbose: bool = verbose_option(), quiet: bool = quiet_option(),
+    ) -> None:
+        """Run the scheduler daemon: a job table that survives restarts, the policy, an executor."""
+        set_verbosity(verbose, quiet)
+        spec = load_cluster(cluster)
+        files = DaemonFiles((state_dir or default_state_dir()).absolute())
+        try:
+            files.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"cannot create --state-dir {files.state_dir}: {e.strerror}") from None
+        lock_fd = lock_state_dir(files)
+        token = ensure_token(files, token_file)
+        server_tls, ca = _server_tls(files, tls, tls_cert, tls_key)
+        if server_tls is None and not addr.startswith(("127.", "localhost", "[::1]")):
+            raise UsageError(f"--listen {addr} is not loopback: serve it with --tls or --tls-cert/--tls-key")
+        model = ThroughputModel()
+        chosen = create_policy(policy, model, PolicyOptions(efficiency_threshold=efficiency_threshold))
+        scheduler = Scheduler(spec, JobStore(files.db), EXECUTORS.get(executor)(), chosen, model, WallClock(),
+                              files.state_dir, log=log)
+        info = {"policy": policy, "executor": executor, "nodes": len(spec.nodes), "gpus_per_node": spec.gpus_per_node,
+                "pid": os.getpid()}
+        try:
+            asyncio.run(run_daemon(scheduler, files, addr, token, server_tls, ca, poll_interval, info, log))
+        finally:
+            scheduler.store.close()
+            os.close(lock_fd)
+
+    @app.command()
+    def submit(
+        job_file: Path | None = typer.Argument(None, help="job.toml (cmd, app, gpus, min_gpus, max_gpus, name, ...)."),
+        cmd: str | None = typer.Option(None, "--cmd", help="Shell command to run."),
+        app_name: str | None = typer.Option(None, "--app", help="Application the throughput model knows (marble model)."),
+        gpus: int | None = typer.Option(None, "--gpus", help="GPUs the job asks for."),
+        min_gpus: int | None = typer.Option(None, "--min-gpus", help="Fewest GPUs it can run on (default 1)."),
+        max_gpus: int | None = typer.Option(None, "--max-gpus", help="Most GPUs it can use (default --gpus)."),
+        name: str | None = typer.Option(None, "--name", help="A name to show."),
+        batch_size: int | None = typer.Option(None, "--batch-size", help="Global batch (default: per app)."),
+        workdir: Path | None = typer.Option(None, "--workdir", help="Working directory (default: this one)."),
+        state_dir: Path | None = _state_dir_option(), addr: str | None = _addr_option(),
+        token_file: Path | None = _token_option(), tls_ca: Path | None = _ca_option(), as_json: bool = json_option(),
+    ) -> None:
+        """Queue a job from job.toml or flags (flags override the file)."""
+        from mlsyskit.core.config import load_toml
+
+        data: dict[str, Any] = dict(load_toml(job_file)) if job_file else {}
+        flags = {"cmd": cmd, "app": app_name, "gpus": gpus, "min_gpus": min_gpus, "max_gpus": max_gpus, "name": name,
+                 "batch_size": batch_size}
+        data.update({k: v for k, v in flags.items() if v is not None})
+        data.setdefault("workdir", str((workdir or Path.cwd()).absolute()))
+        job_from_mapping(data, where=str(job_file) if job_file else "job")  # field errors before any network
+        job = _client(state_dir, addr, token_file, tls_ca).call("submit", {"job": data})
+        if as_json:
+            emit_json(job)
+        else:
+            log(f"job {job['id']} queued ({job['name']})")
+            sys.stdout.write(f"{job['id']}\n")
+
+    @app.command()
+    def status(job: int | None = typer.Argument(None, help="Job id (default: all jobs)."),
+               state_dir: Path | None = _state_dir_option(), addr: str | None = _addr_option(),
+               token_file: Path | None = _token_option(), tls_ca: Path | None = _ca_option(),
+               as_json: bool = json_option()) -> None:
+        """Jobs and their state, GPUs, times and exit codes."""
+        jobs = _client(state_dir, addr, token_file, tls_ca).call("status", {"job": job})["jobs"]
+        emit_json(jobs) if as_json else _jobs_table("marble jobs", jobs)
+
+    @app.command()
+    def queue(state_dir: Path | None = _state_dir_option(), addr: str | None = _addr_option(),
+              token_file: Path | None = _token_option(), tls_ca: Path | None = _ca_option(),
+              as_json: bool = json_option()) -> None:
+        """Jobs waiting or holding GPUs."""
+        jobs = _client(state_dir, addr, token_file, tls_ca).call("queue")["jobs"]
+        emit_json(jobs) if as_json else _jobs_table("marble queue", jobs)
+
+    @app.command()
+    def cancel(job: int = typer.Argument(..., help="Job id."), state_dir: Path | None = _state_dir_option(),
+               addr: str | None = _addr_option(), token_file: Path | None = _token_option(),
+               tls_ca: Path | None = _ca_option(), as_json: bool = json_option()) -> None:
+        """Cancel a job: a queued one at once, a running one by stopping its processes."""
+        doc = _client(state_dir, addr, token_file, tls_ca).call("cancel", {"job": job})
+        emit_json(doc) if as_json else log(f"job {job}: {doc['state']}")
+
+    @app.command()
+    def logs(job: int = typer.Argument(..., help="Job id."),
+             follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
+             state_dir: Path | None = _state_dir_option(), addr: str | None = _addr_option(),
+             token_file: Path | None = _token_option(), tls_ca: Path | None = _ca_option()) -> None:
+        """A job's output (stdout and stderr together)."""
+        client = _client(state_dir, addr, token_file, tls_ca)
+        offset = 0
+        while True:
+            chunk = client.call("logs", {"job": job, "offset": offset})
+            sys.stdout.buffer.write(chunk["data"])
+            sys.stdout.flush()
+            offset = chunk["offset"]
+            if not follow or chunk["ended"]:
+                break
+            if not chunk["data"]:
+                time.sleep(0.5)  # polling for new output, not synchronising
+
+    @app.command()
+    def nodes(state_dir: Path | None = _state_dir_option(), addr: str | None = _addr_option(),
+              token_file: Path | None = _token_option(), tls_ca: Path | None = _ca_option(),
+              as_json: bool = json_option()) -> None:
+        """Nodes, their GPUs and which job holds each."""
+        rows = _client(state_dir, addr, token_file, tls_ca).call("nodes")["nodes"]
+        if as_json:
+            emit_json(rows)
+            return
+        emit_table(make_table("marble nodes", ["node", "host", "gpus", "used", "free", "device: job"],
+                              [[r["node"], r["host"], r["gpus"], r["used"], r["free"],
+                                " ".join(f"{d}:{j if j is not None else '-'}" for d, j in r["devices"].items())]
+                               for r in rows]))
+
+    del serve, submit, status, queue, cancel, logs, nodes
+
+
+def _server_tls(files: DaemonFiles, tls: bool, cert: Path | None, key: Path | None):
+    if (cert is None) != (key is None):
+        raise UsageError("--tls-cert and --tls-key go together")
+    if cert is not None:
+        return ServerTls.from_files(cert, key), None
+    if not tls:
+        return None, None
+    from mlsyskit.core.rpc_tls import make_self_signed
+
+    try:
+        made = make_self_signed(files.tls_dir)
+    except RuntimeError as e:
+        raise RuntimeFailure(str(e)) from None
+    return ServerTls.from_files(made.server_cert, made.server_key), made.ca
+
+
+__all__ = ["register"]

@@ -1,0 +1,143 @@
+"""The daemon's job table in SQLite (core MetaStore, WAL, synchronous=FULL): every transition is one
+guarded UPDATE (`WHERE state IN (...)`), so a job leaves `queued` at most once and is never launched twice,
+and an acknowledged submit survives a crash.
+
+States: queued -> launching -> running -> done | failed | cancelled | lost
+        queued -> cancelled;  launching -> queued (a launch that provably never started, after a crash)
+        running -> cancelling -> cancelled
+`launching` is written before the executor starts anything, so a crash in between is visible on restart.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlsyskit.core.errors import UsageError
+from mlsyskit.core.storage import MetaStore
+from mlsyskit.tools.sched.daemon.specs import JobRequest
+
+QUEUED, LAUNCHING, RUNNING, CANCELLING = "queued", "launching", "running", "cancelling"
+DONE, FAILED, CANCELLED, LOST = "done", "failed", "cancelled", "lost"
+ACTIVE = (LAUNCHING, RUNNING, CANCELLING)        # states that hold GPUs
+FINAL = (DONE, FAILED, CANCELLED, LOST)
+
+_DDL = """CREATE TABLE IF NOT EXISTS marble_jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, request TEXT NOT NULL, state TEXT NOT NULL,
+    submitted REAL NOT NULL, started REAL, ended REAL, placement TEXT, shape TEXT, gpus TEXT, handle TEXT,
+    exit_code INTEGER, reason TEXT NOT NULL DEFAULT '', run_dir TEXT)"""
+_COLUMNS = "id, name, request, state, submitted, started, ended, placement, shape, gpus, handle, exit_code, reason, run_dir"
+
+
+class UnknownJobError(UsageError):
+    pass
+
+
+@dataclass(frozen=True)
+class Job:
+    id: int
+    name: str
+    request: JobRequest
+    state: str
+    submitted: float
+    started: float | None
+    ended: float | None
+    placement: tuple[tuple[int, int], ...]   # ((node index, GPUs held), ...) as the policy decided
+    shape: tuple[int, ...]                   # GPUs computed on per node (may be fewer than held: fifo)
+    gpus: dict[int, tuple[int, ...]]         # node index -> device ids held
+    handle: str | None
+    exit_code: int | None
+    reason: str
+    run_dir: str | None
+
+    @property
+    def held(self) -> int:
+        return sum(len(ids) for ids in self.gpus.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "state": self.state, "app": self.request.app,
+                "cmd": self.request.cmd, "gpus_requested": self.request.gpus, "submitted": self.submitted,
+                "started": self.started, "ended": self.ended, "placement": [list(p) for p in self.placement],
+                "shape": list(self.shape), "gpus": {str(k): list(v) for k, v in self.gpus.items()},
+                "handle": self.handle, "exit_code": self.exit_code, "reason": self.reason, "run_dir": self.run_dir}
+
+
+def _row(r: tuple) -> Job:
+    req = JobRequest(**json.loads(r[2]))
+    gpus = {int(k): tuple(v) for k, v in json.loads(r[9]).items()} if r[9] else {}
+    return Job(r[0], r[1], req, r[3], r[4], r[5], r[6], tuple(tuple(p) for p in json.loads(r[7] or "[]")),
+               tuple(json.loads(r[8] or "[]")), gpus, r[10], r[11], r[12], r[13])
+
+
+class JobStore:
+    def __init__(self, path: str | Path) -> None:
+        self.db = MetaStore(path, synchronous="FULL")
+        self.db.ensure_table(_DDL)
+        with self.db.transaction():
+            if self.db.get("marble", "instance", None) is None:
+                self.db.put("marble", "instance", secrets.token_hex(4))
+
+    @property
+    def instance(self) -> str:
+        """A random id of this store (names Slurm jobs, so a restarted daemon finds its own)."""
+        return self.db.get("marble", "instance")
+
+    def add(self, request: JobRequest, now: float) -> int:
+        with self.db.transaction():
+            self.db.execute("INSERT INTO marble_jobs (name, request, state, submitted) VALUES (?, ?, ?, ?)",
+                            (request.display_name, json.dumps(request.as_dict()), QUEUED, now))
+            return self.db.query("SELECT last_insert_rowid()")[0][0]
+
+    def get(self, job_id: int) -> Job:
+        rows = self.db.query(f"SELECT {_COLUMNS} FROM marble_jobs WHERE id=?", (job_id,))
+        if not rows:
+            raise UnknownJobError(f"no job {job_id}")
+        return _row(rows[0])
+
+    def jobs(self, states: tuple[str, ...] | None = None) -> list[Job]:
+        if states is None:
+            rows = self.db.query(f"SELECT {_COLUMNS} FROM marble_jobs ORDER BY id")
+        else:
+            marks = ",".join("?" * len(states))
+            rows = self.db.query(f"SELECT {_COLUMNS} FROM marble_jobs WHERE state IN ({marks}) ORDER BY id", states)
+        return [_row(r) for r in rows]
+
+    def _move(self, job_id: int, from_states: tuple[str, ...], sets: dict[str, Any]) -> bool:
+        """One guarded transition; False when the job was not in `from_states` (nothing changes)."""
+        assign = ", ".join(f"{k}=?" for k in sets)
+        marks = ",".join("?" * len(from_states))
+        n = self.db.execute(f"UPDATE marble_jobs SET {assign} WHERE id=? AND state IN ({marks})",
+                            (*sets.values(), job_id, *from_states))
+        return n == 1
+
+    def mark_launching(self, job_id: int, placement, shape, gpus: dict[int, tuple[int, ...]], run_dir: str,
+                       now: float) -> bool:
+        return self._move(job_id, (QUEUED,), {"state": LAUNCHING, "started": now,
+                                               "placement": json.dumps([list(p) for p in placement]),
+                                               "shape": json.dumps(list(shape)),
+                                               "gpus": json.dumps({str(k): list(v) for k, v in gpus.items()}),
+                                               "run_dir": run_dir})
+
+    def mark_running(self, job_id: int, handle: str) -> bool:
+        return self._move(job_id, (LAUNCHING,), {"state": RUNNING, "handle": handle})
+
+    def requeue(self, job_id: int, reason: str) -> bool:
+        """A launch that never started (checked by the executor) goes back to the queue, GPUs released."""
+        return self._move(job_id, (LAUNCHING,), {"state": QUEUED, "started": None, "placement": None, "shape": None,
+                                                  "gpus": None, "run_dir": None, "reason": reason})
+
+    def mark_cancelling(self, job_id: int) -> bool:
+        return self._move(job_id, (LAUNCHING, RUNNING), {"state": CANCELLING})
+
+    def cancel_queued(self, job_id: int, now: float) -> bool:
+        return self._move(job_id, (QUEUED,), {"state": CANCELLED, "ended": now, "reason": "cancelled while queued"})
+
+    def finish(self, job_id: int, state: str, now: float, exit_code: int | None, reason: str) -> bool:
+        if state not in FINAL:
+            raise ValueError(f"{state} is not a final state")
+        return self._move(job_id, ACTIVE, {"state": state, "ended": now, "exit_code": exit_code, "reason": reason})
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,208 @@
+"""The daemon's scheduling loop, without the network: submit, cancel, recover after a crash, and
+`step()` (follow the jobs that hold GPUs, then let the policy start queued ones).
+
+Every decision reads the clock it is given (tests drive a VirtualClock and call `step()` directly).
+Device ids are picked here, lowest free first per node, from what the job table says is held, and
+checked disjoint before anything starts: a GPU is held from `launching` until the job's processes
+are gone, so no two jobs ever share one. One lock serialises all of it (RPC threads and the loop).
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from mlsyskit.core.clock import Clock
+from mlsyskit.core.errors import UsageError
+from mlsyskit.tools.sched.daemon import adapter
+from mlsyskit.tools.sched.daemon.jobstore import (
+    ACTIVE,
+    CANCELLED,
+    CANCELLING,
+    DONE,
+    FAILED,
+    FINAL,
+    LAUNCHING,
+    LOST,
+    QUEUED,
+    RUNNING,
+    Job,
+    JobStore,
+)
+from mlsyskit.tools.sched.daemon.specs import ClusterConfig, JobRequest
+from mlsyskit.tools.sched.executors.base import EXITED, Executor, ExecutorError, Launch, NodeSlice
+from mlsyskit.tools.sched.executors.base import RUNNING as EXEC_RUNNING
+from mlsyskit.tools.sched.policies.base import Policy
+from mlsyskit.tools.sched.throughput import ThroughputModel
+
+
+class Scheduler:
+    def __init__(self, cluster: ClusterConfig, store: JobStore, executor: Executor, policy: Policy,
+                 model: ThroughputModel, clock: Clock, state_dir: Path, *, cancel_grace_s: float = 10.0,
+                 log: Callable[[str], None] = lambda msg: None) -> None:
+        if len(cluster.nodes) > 1 and executor.one_machine and any(n.devices for n in cluster.nodes):
+            ids = [d for n in cluster.nodes for d in n.devices]
+            if len(set(ids)) != len(ids):
+                raise UsageError("nodes: on one machine (local executor) nodes must not list the same device ids")
+        self.cluster, self.store, self.executor, self.policy, self.model = cluster, store, executor, policy, model
+        self.clock, self.state_dir, self.cancel_grace_s, self.log = clock, Path(state_dir), cancel_grace_s, log
+        self.lock = threading.RLock()
+        self._cancel_deadline: dict[int, float] = {}
+        self._said: set[str] = set()
+
+    # ---- requests ----------------------------------------------------------------------------------
+    def submit(self, request: JobRequest) -> Job:
+        self.model.check_app(request.app)
+        if request.min_gpus > len(self.cluster.nodes) * self.cluster.gpus_per_node:
+            raise UsageError(f"min_gpus: {request.min_gpus} is more GPUs than the cluster has "
+                             f"({len(self.cluster.nodes) * self.cluster.gpus_per_node})")
+        with self.lock:
+            job_id = self.store.add(request, self.clock.now())
+            self.log(f"job {job_id} ({request.display_name}) queued: {request.gpus} GPU(s), app {request.app}")
+            return self.store.get(job_id)
+
+    def cancel(self, job_id: int) -> Job:
+        with self.lock:
+            job = self.store.get(job_id)
+            if job.state == QUEUED:
+                self.store.cancel_queued(job_id, self.clock.now())
+            elif job.state == RUNNING and self.store.mark_cancelling(job_id):
+                self._cancel_deadline[job_id] = self.clock.now() + self.cancel_grace_s
+                self._signal(job, force=False)
+            elif job.state in FINAL:
+                raise UsageError(f"job {job_id} has already ended ({job.state})")
+            self.log(f"job {job_id} cancel requested")
+            return self.store.get(job_id)
+
+    # ---- the loop ------------------------------------------------------------------------------------
+    def recover(self) -> None:
+        """After a restart: jobs whose launch was cut short are found (running) or queued again."""
+        with self.lock:
+            for job in self.store.jobs((LAUNCHING,)):
+                launch = self.launch_of(job)
+                try:
+                    handle = self.executor.recover(launch)
+                except ExecutorError as e:
+                    self.store.finish(job.id, LOST, self.clock.now(), None, f"after a daemon restart: {e}")
+                    continue
+                if handle is None:
+                    self.store.requeue(job.id, "its launch was cut short by a daemon restart before it started; "
+                                               "queued again")
+                    self.log(f"job {job.id}: launch never started; queued again")
+                else:
+                    self.store.mark_running(job.id, handle)
+                    self.log(f"job {job.id}: re-attached after a daemon restart")
+            for job in self.store.jobs((RUNNING, CANCELLING)):
+                self.log(f"job {job.id} ({job.state}) re-attached: {self.executor.name} handle {job.handle}")
+
+    def step(self) -> None:
+        with self.lock:
+            for job in self.store.jobs(ACTIVE):
+                self._follow(job)
+            self._schedule()
+
+    def _follow(self, job: Job) -> None:
+        now = self.clock.now()
+        if job.handle is None:  # launching: only seen after a crash, handled by recover()
+            return
+        try:
+            status = self.executor.poll(self.launch_of(job), job.handle)
+        except ExecutorError as e:
+            self._say(f"job {job.id}: cannot poll ({e}); will retry")
+            return
+        if job.state == CANCELLING:
+            if status.kind != EXEC_RUNNING:
+                self.store.finish(job.id, CANCELLED, now, status.exit_code, "cancelled by request")
+                self._cancel_deadline.pop(job.id, None)
+                self.log(f"job {job.id} cancelled")
+            elif now >= self._cancel_deadline.setdefault(job.id, now + self.cancel_grace_s):
+                self._signal(job, force=True)
+            return
+        if status.kind == EXEC_RUNNING:
+            return
+        if status.kind == EXITED:
+            state = DONE if status.exit_code == 0 else FAILED
+            self.store.finish(job.id, state, now, status.exit_code, "" if state == DONE else
+                              f"exit status {status.exit_code}")
+            self.log(f"job {job.id} {state} (exit {status.exit_code})")
+        else:
+            self.store.finish(job.id, LOST, now, None, status.reason)
+            self.log(f"job {job.id} lost: {status.reason}")
+
+    def _signal(self, job: Job, force: bool) -> None:
+        try:
+            self.executor.cancel(self.launch_of(job), job.handle, force)
+        except ExecutorError as e:
+            self._say(f"job {job.id}: cancel failed ({e}); will retry")
+
+    def _schedule(self) -> None:
+        jobs = self.store.jobs((QUEUED, *ACTIVE))
+        if not any(j.state == QUEUED for j in jobs):
+            return
+        now = self.clock.now()
+        result = adapter.plan(self.policy, self.cluster, jobs, self.model, now)
+        for why in result.ignored:
+            self._say(why)
+        held = {node: set() for node in range(len(self.cluster.nodes))}
+        for job in jobs:
+            for node, ids in job.gpus.items():
+                if job.state in ACTIVE:
+                    held[node].update(ids)
+        for start in result.starts:
+            self._start(start, held, now)
+
+    def _start(self, start: adapter.PlannedStart, held: dict[int, set[int]], now: float) -> None:
+        gpus: dict[int, tuple[int, ...]] = {}
+        for node, count in start.placement:
+            free = [d for d in self.cluster.devices(node, self.executor.one_machine) if d not in held[node]]
+            if len(free) < count:  # the policy planned on the same table, so this is a bug: refuse, loudly
+                raise RuntimeError(f"node {node} has {len(free)} free device ids, the plan needs {count}")
+            gpus[node] = tuple(free[:count])
+        run_dir = self.state_dir / "jobs" / str(start.job_id)
+        if not self.store.mark_launching(start.job_id, start.placement, start.shape, gpus, str(run_dir), now):
+            return
+        for node, ids in gpus.items():
+            held[node].update(ids)
+        job = self.store.get(start.job_id)
+        launch = self.launch_of(job)
+        try:
+            handle = self.executor.launch(launch)
+        except ExecutorError as e:
+            self.store.finish(job.id, FAILED, self.clock.now(), None, f"could not start: {e}")
+            self.log(f"job {job.id} could not start: {e}")
+            return
+        self.store.mark_running(job.id, handle)
+        where = " ".join(f"{s.node}:{','.join(map(str, s.visible))}" for s in launch.nodes)
+        self.log(f"job {job.id} started on {where} ({self.executor.name} handle {handle})")
+
+    # ---- views ---------------------------------------------------------------------------------------
+    def launch_of(self, job: Job) -> Launch:
+        slices = []
+        for (node, _), computed in zip(job.placement, job.shape, strict=False):
+            spec = self.cluster.nodes[node]
+            ids = job.gpus.get(node, ())
+            slices.append(NodeSlice(spec.name, spec.slurm_host, ids, ids[:computed]))
+        run_dir = Path(job.run_dir) if job.run_dir else self.state_dir / "jobs" / str(job.id)
+        env = dict(job.request.env)
+        if any(self.cluster.nodes[node].logical for node, _ in job.placement):
+            env["MARBLE_LOGICAL_GPUS"] = "1"
+        return Launch(job.id, job.name, job.request.cmd, run_dir, job.request.workdir, env, tuple(slices),
+                      f"marble-{self.store.instance}-{job.id}")
+
+    def nodes(self) -> list[dict]:
+        with self.lock:
+            jobs = self.store.jobs(ACTIVE)
+        rows = []
+        for i, spec in enumerate(self.cluster.nodes):
+            used = {d: j.id for j in jobs for d in j.gpus.get(i, ())}
+            devices = self.cluster.devices(i, self.executor.one_machine)
+            rows.append({"node": spec.name, "host": spec.slurm_host, "gpus": spec.gpus, "logical": spec.logical,
+                         "used": len(used), "free": spec.gpus - len(used),
+                         "devices": {str(d): used.get(d) for d in devices}})
+        return rows
+
+    def _say(self, message: str) -> None:
+        """Log a repeating message once."""
+        if message not in self._said:
+            self._said.add(message)
+            self.log(message)
