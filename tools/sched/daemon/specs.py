@@ -13,7 +13,7 @@ Field errors name the field (`gpus: expected an integer`); unknown fields name t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,11 @@ class ClusterConfig:
 
 def load_cluster(path: str | Path) -> ClusterConfig:
     raw = load_toml(path)
+    valid = {f.name for f in fields(NodeConfig)}
+    for i, node in enumerate(raw.get("nodes", []) if isinstance(raw.get("nodes"), list) else []):
+        unknown = sorted(set(node) - valid) if isinstance(node, dict) else []
+        if unknown:  # core's check does not look inside lists of tables
+            raise ConfigError(f"{path}: nodes[{i}]: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(valid))}")
     try:
         return from_dict(ClusterConfig, raw)
     except ConfigError as e:
