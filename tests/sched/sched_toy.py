@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from mlsyskit.tools.sched.cluster import ClusterSpec, FreeMap
 from mlsyskit.tools.sched.profiles import AppProfile, Row
-from mlsyskit.tools.sched.state import ClusterState, JobRecord, JobSpec
+from mlsyskit.tools.sched.state import ClusterState, JobSpec, JobView, estimated_remaining
 from mlsyskit.tools.sched.throughput import ThroughputModel
 
 BATCH = 60
@@ -37,21 +37,31 @@ def job(job_id: int, app: str, gpus: int, work: float, arrival: float = 0.0) -> 
     return JobSpec(job_id, f"{app}-{job_id}", app, arrival, gpus, BATCH, work)
 
 
-def state_with(spec: ClusterSpec, queued: list[JobSpec], now: float = 0.0) -> ClusterState:
+def state_with(spec: ClusterSpec, queued: list[JobSpec], now: float = 0.0,
+               history: dict[str, list[float]] | None = None) -> ClusterState:
+    """A state with `queued` waiting; `history[app]` = sizes (samples) of finished jobs of `app`,
+    which is all a policy knows about how long a job will run."""
     state = ClusterState(spec, FreeMap(spec), now=now)
+    for app, sizes in (history or {}).items():
+        for size in sizes:
+            state.history.add(app, size)
     for j in queued:
-        state.queue[j.job_id] = JobRecord(j, since=now)
+        view = JobView.of(j)
+        view.since = now
+        state.queue[j.job_id] = view
     return state
 
 
-def run_job(state: ClusterState, model: ThroughputModel, spec: JobSpec, placement, shape=None) -> JobRecord:
-    """Put a job in `state` as running since state.now on `placement` (bookkeeping as the simulator does)."""
-    rec = JobRecord(spec, since=state.now, placement=tuple(placement), started_before=True,
-                    first_start=state.now)
-    rec.shape = tuple(sorted(shape or [g for _, g in placement], reverse=True))
-    rec.rate = model.rate(spec.app, rec.shape, spec.batch_size)
-    rec.end_estimate = state.now + spec.work / rec.rate
-    state.free.take(rec.placement)
-    state.running[spec.job_id] = rec
-    state.by_end.add((rec.end_estimate, spec.job_id))
-    return rec
+def run_job(state: ClusterState, model: ThroughputModel, spec: JobSpec, placement, shape=None) -> JobView:
+    """Put a job in `state` as running since state.now on `placement` (bookkeeping as the simulator
+    does, with an exact rate measurement)."""
+    view = JobView.of(spec)
+    view.since, view.first_start, view.started_before = state.now, state.now, True
+    view.placement = tuple(placement)
+    view.shape = tuple(sorted(shape or [g for _, g in placement], reverse=True))
+    view.measured_rate = model.rate(spec.app, view.shape, spec.batch_size)
+    view.est_end = state.now + estimated_remaining(state.history, view, state.now, view.measured_rate) / view.measured_rate
+    state.free.take(view.placement)
+    state.running[spec.job_id] = view
+    state.by_end.add((view.est_end, spec.job_id))
+    return view

@@ -66,11 +66,15 @@ def test_fifo_gives_whole_nodes_and_is_strict():
 
 
 def test_backfill_lets_only_a_job_that_ends_before_the_reservation_pass():
-    state = state_with(TWO_NODES, [], now=0.0)
-    run_job(state, MODEL, job(9, "lin", 6, 10.0 * 6 * 100), [(0, 6)])   # node 0 busy until t=100
-    for j in (job(1, "lin", 12, 1000), job(2, "lin", 6, 60.0 * 500), job(3, "lin", 6, 60.0 * 50)):
+    # What the policy knows of run times comes from finished jobs of each application (history):
+    # lin jobs did 6000 samples (100 s on 6 GPUs), flat ones 22 x 500 (500 s), sub ones 37 x 50 (50 s).
+    history = {"lin": [6000.0], "flat": [22.0 * 500], "sub": [37.0 * 50]}
+    state = state_with(TWO_NODES, [], now=0.0, history=history)
+    run_job(state, MODEL, job(9, "lin", 6, 6000.0), [(0, 6)])   # node 0 busy until t=100 (estimated)
+    for j in (job(1, "dip", 12, 1000), job(2, "flat", 6, 1e9), job(3, "sub", 6, 1e9)):
         state.queue[j.job_id] = state_with(TWO_NODES, [j]).queue[j.job_id]
     # head (12 GPUs) waits for t=100; job 2 would run 500 s on node 1 -> delays the head; job 3 runs 50 s
+    # (their true work, 1e9 samples, is not known to the policy and does not matter)
     assert list(starts(create_policy("backfill", MODEL).decide(state))) == [3]
     assert list(starts(create_policy("fifo", MODEL).decide(state))) == []
 
@@ -96,14 +100,16 @@ def test_marble_best_fit_fills_the_fuller_node_first():
 
 
 def test_marble_starts_small_when_that_beats_waiting():
-    # lin asks 6 (efficient at 6) but only 4 are free; the 2 busy GPUs free at t=1e5.
-    state = state_with(ONE_NODE, [job(1, "lin", 6, 60.0 * 1000)])
-    run_job(state, MODEL, job(9, "lin", 2, 20.0 * 1e5), [(0, 2)])
+    # lin asks 6 (efficient at 6) but only 4 are free; finished lin jobs did 60000 samples, so this
+    # one is expected to as well. The 2 busy GPUs hold a flat job expected to end at t=1e5.
+    history = {"lin": [60.0 * 1000], "flat": [18.0 * 1e5]}
+    state = state_with(ONE_NODE, [job(1, "lin", 6, 1.0)], history=history)
+    run_job(state, MODEL, job(9, "flat", 2, 1.0), [(0, 2)])
     # now on 4 GPUs: 60000/40 = 1500 s; waiting: 1e5 + 1000 s -> start small
     assert starts(create_policy("marble", MODEL).decide(state))[1].shape == (4,)
-    # if the busy GPUs free at t=10, waiting (10 + 1000 s) beats 1500 s on 4 GPUs
-    state = state_with(ONE_NODE, [job(1, "lin", 6, 60.0 * 1000)])
-    run_job(state, MODEL, job(9, "lin", 2, 20.0 * 10), [(0, 2)])
+    # if the busy GPUs are expected to free at t=10, waiting (10 + 1000 s) beats 1500 s on 4 GPUs
+    state = state_with(ONE_NODE, [job(1, "lin", 6, 1.0)], history={"lin": [60.0 * 1000], "flat": [18.0 * 10]})
+    run_job(state, MODEL, job(9, "flat", 2, 1.0), [(0, 2)])
     assert starts(create_policy("marble", MODEL).decide(state)) == {}
 
 
@@ -133,16 +139,17 @@ def test_marble_elastic_grows_a_shrunken_job_when_gpus_free_up():
 
 
 def test_marble_elastic_does_not_grow_into_gpus_a_waiting_job_is_promised():
-    state = state_with(ONE_NODE, [job(2, "lin", 2, 60.0 * 1000)], now=0.0)
-    run_job(state, MODEL, job(1, "lin", 6, 60.0 * 10000), [(0, 4)])    # ends at t=15000
+    history = {"lin": [60.0 * 10000], "dip": [1e7]}    # sizes of finished jobs: all the policy knows
+    state = state_with(ONE_NODE, [job(2, "flat", 2, 1.0)], now=0.0, history=history)
+    run_job(state, MODEL, job(1, "lin", 6, 1.0), [(0, 4)])    # expected to end at t=15000
     state.restart_cost = 30.0
     # the waiting job fits (2 free GPUs) and starts; nothing is left to grow into
     d = create_policy("marble-elastic", MODEL).decide(state)
     assert [type(a) for a in d.actions] == [Start]
-    # job 3 (6 GPUs, 1e5 s of work) would take 3e5 s on the 2 free GPUs, so it waits and holds a
-    # reservation at t=15000 when job 1 ends; growing job 1 (it then ends at 10030) is harmless
-    state = state_with(ONE_NODE, [job(3, "lin", 6, 60.0 * 100000)], now=0.0)
-    run_job(state, MODEL, job(1, "lin", 6, 60.0 * 10000), [(0, 4)])
+    # job 3 (dip, p* = 4, 1e7 samples) would take 1e7/19 s on the 2 free GPUs, so it waits and
+    # holds a reservation at t=15000 when job 1 ends; growing job 1 (it then ends at 10030) is harmless
+    state = state_with(ONE_NODE, [job(3, "dip", 6, 1.0)], now=0.0, history=history)
+    run_job(state, MODEL, job(1, "lin", 6, 1.0), [(0, 4)])
     state.restart_cost = 30.0
     assert [type(a) for a in create_policy("marble-elastic", MODEL).decide(state).actions] == [Resize]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.sched.cluster import ClusterSpec
+from mlsyskit.tools.sched.ground_truth import ModelWithError
 from mlsyskit.tools.sched.metrics import aggregate, summarize, timing
 from mlsyskit.tools.sched.policies import PolicyOptions, create_policy
 from mlsyskit.tools.sched.simulator import SimResult, Simulator
@@ -74,10 +75,14 @@ class Run:
 
 def run_one(source: WorkloadSource, spec: ClusterSpec, policy: str, seed: int, model: ThroughputModel,
             options: PolicyOptions, restart_cost: float, events_path: Path | None = None,
-            on_finish: Callable[[int], None] | None = None, jobs: list[JobSpec] | None = None) -> Run:
+            on_finish: Callable[[int], None] | None = None, jobs: list[JobSpec] | None = None,
+            model_error: float = 0.0) -> Run:
+    """One replay. `model` is the ground truth; the policy gets it off by `model_error` (mean
+    relative error of its fitted model, seeded by `seed`), and sees jobs only as JobViews."""
     jobs = jobs if jobs is not None else source.load(model, seed, spec)
-    sim = Simulator(spec, create_policy(policy, model, options), model, jobs, restart_cost=restart_cost,
-                    on_finish=on_finish)
+    fitted = ModelWithError(model, model_error, seed)
+    sim = Simulator(spec, create_policy(policy, fitted, options), model, jobs, restart_cost=restart_cost,
+                    on_finish=on_finish, seed=seed)
     if events_path is not None:
         sim.telemetry = Telemetry(clock=sim.loop.clock, log_path=events_path, run_id=f"{policy}-seed{seed}")
     try:
@@ -88,7 +93,7 @@ def run_one(source: WorkloadSource, spec: ClusterSpec, policy: str, seed: int, m
 
 
 def report(runs: list[Run], source: WorkloadSource, spec: ClusterSpec, options: PolicyOptions,
-           restart_cost: float) -> dict:
+           restart_cost: float, model_error: float = 0.0) -> dict:
     """The deterministic JSON document: per policy, every seed's summary and their mean."""
     policies: dict[str, dict] = {}
     for run in runs:
@@ -97,6 +102,7 @@ def report(runs: list[Run], source: WorkloadSource, spec: ClusterSpec, options: 
     for entry in policies.values():
         entry["mean"] = aggregate(list(entry["seeds"].values()))
     return {"workload": source.label, "cluster": str(spec), "restart_cost_s": restart_cost,
+            "model_error": model_error,
             "options": {"efficiency_threshold": options.efficiency_threshold,
                         "pressure_threshold": options.pressure_threshold,
                         "backfill_depth": options.backfill_depth,

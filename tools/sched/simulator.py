@@ -4,7 +4,11 @@ Events: job arrivals (all jobs arriving at one instant are queued together), job
 and policy wake-ups. After any of them one decision runs at the same virtual time; its actions
 are applied one by one, and every GPU taken must be free (FreeMap raises otherwise), so a policy
 can never allocate more GPUs than exist. All per-event work is incremental: queue and running
-sets are insertion-ordered dicts, end times a sorted list, free GPUs bucketed by node.
+sets are insertion-ordered dicts, end estimates a sorted list, free GPUs bucketed by node.
+
+Ground truth (true work, true rate, loss curves) lives in `JobRecord`s and `ground_truth`; the
+policy sees `JobView`s only (see state.py): reported progress, measured rate, loss reports and
+the history of finished jobs.
 """
 from __future__ import annotations
 
@@ -16,9 +20,22 @@ from dataclasses import dataclass, field
 from mlsyskit.core.sim import EventHandle, EventLoop
 from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.sched.cluster import ClusterSpec, FreeMap
+from mlsyskit.tools.sched.ground_truth import LossCurve, loss_curve, measured_rate, noisy_loss
 from mlsyskit.tools.sched.policies.base import Policy
-from mlsyskit.tools.sched.state import ClusterState, JobRecord, JobSpec, Preempt, Resize, Start
+from mlsyskit.tools.sched.state import (
+    ClusterState,
+    JobRecord,
+    JobSpec,
+    JobView,
+    Preempt,
+    Resize,
+    Start,
+    estimated_remaining,
+)
 from mlsyskit.tools.sched.throughput import ThroughputModel
+
+LOSS_REPORT_S = 300.0    # a running job reports its loss at most this often (seconds)
+MAX_LOSS_REPORTS = 64    # older reports are thinned to every other one beyond this
 
 
 class PolicyError(RuntimeError):
@@ -42,29 +59,51 @@ class SimResult:
     events: int = 0
 
 
+def check_jobs(jobs: list[JobSpec], spec: ClusterSpec) -> None:
+    """Refuse a trace the replay could not run faithfully (ValueError naming a culprit)."""
+    if not jobs:
+        raise ValueError("the workload has no jobs")
+    too_big = [j.name for j in jobs if j.gpus > spec.total_gpus]
+    if too_big:
+        raise ValueError(f"{len(too_big)} job(s) ask for more GPUs than the cluster has ({spec.total_gpus}), "
+                         f"e.g. {too_big[0]}")
+    # A NaN arrival would never compare as due (the replay would spin); infinite work never ends.
+    bad = [j.name for j in jobs if not (math.isfinite(j.arrival) and 0 < j.work < math.inf)]
+    if bad:
+        raise ValueError(f"{len(bad)} job(s) have a non-finite arrival or no finite positive work, e.g. {bad[0]}")
+    names: set[str] = set()
+    ids: set[int] = set()
+    for j in jobs:
+        if j.name in names or j.job_id in ids:
+            raise ValueError(f"duplicate job name or id: {j.name} (id {j.job_id}); every job needs its own")
+        names.add(j.name)
+        ids.add(j.job_id)
+
+
 class Simulator:
     def __init__(self, spec: ClusterSpec, policy: Policy, model: ThroughputModel, jobs: list[JobSpec],
                  restart_cost: float = 30.0, telemetry: Telemetry | None = None,
-                 on_finish: Callable[[int], None] | None = None) -> None:
-        if not jobs:
-            raise ValueError("the workload has no jobs")
-        too_big = [j.name for j in jobs if j.gpus > spec.total_gpus]
-        if too_big:
-            raise ValueError(f"{len(too_big)} job(s) ask for more GPUs than the cluster has ({spec.total_gpus}), "
-                             f"e.g. {too_big[0]}")
-        # A NaN arrival would never compare as due (the replay would spin); infinite work never ends.
-        bad = [j.name for j in jobs if not (math.isfinite(j.arrival) and 0 < j.work < math.inf)]
-        if bad:
-            raise ValueError(f"{len(bad)} job(s) have a non-finite arrival or no finite positive work, e.g. {bad[0]}")
+                 on_finish: Callable[[int], None] | None = None, seed: int = 0, rate_noise: float = 0.03) -> None:
+        check_jobs(jobs, spec)
+        if not (math.isfinite(restart_cost) and restart_cost >= 0):
+            raise ValueError(f"restart cost must be a finite number of seconds >= 0, got {restart_cost}")
+        if not 0 <= rate_noise < 0.5:
+            raise ValueError(f"rate noise must be in [0, 0.5), got {rate_noise}")
         for j in jobs:
             model.check_app(j.app)
         self.spec, self.policy, self.model = spec, policy, model
+        self.seed, self.rate_noise = seed, rate_noise
         self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.job_id))
         self.loop = EventLoop()
         self.state = ClusterState(spec, FreeMap(spec), restart_cost=restart_cost)
         self.telemetry = telemetry or Telemetry(clock=self.loop.clock)
         self.on_finish = on_finish
         self.records = {j.job_id: JobRecord(j) for j in self.jobs}
+        self.curves: dict[int, LossCurve] = {j.job_id: loss_curve(seed, j) for j in self.jobs}
+        self.views = {j.job_id: JobView.of(j, self.curves[j.job_id].target) for j in self.jobs}
+        self._wants_losses = bool(getattr(policy, "wants_loss_reports", False))
+        self._last_report: dict[int, float] = {}
+        self._released: dict[int, object] = {}     # placement a resized job gave back, for its event
         self.finish: dict[int, float] = {}
         self._next_arrival = 0
         self._completion: dict[int, EventHandle] = {}
@@ -94,9 +133,10 @@ class Simulator:
         now = self.loop.now()
         while self._next_arrival < len(self.jobs) and self.jobs[self._next_arrival].arrival <= now:
             spec = self.jobs[self._next_arrival]
-            rec = self.records[spec.job_id]
-            rec.since = now
-            self.state.queue[spec.job_id] = rec
+            self.records[spec.job_id].since = now
+            view = self.views[spec.job_id]
+            view.since = now
+            self.state.queue[spec.job_id] = view
             self._next_arrival += 1
         if self._next_arrival < len(self.jobs):
             self.loop.schedule_at(self.jobs[self._next_arrival].arrival, self._arrive)
@@ -104,9 +144,11 @@ class Simulator:
 
     def _complete(self, job_id: int) -> None:
         now = self.loop.now()
-        rec = self.state.running[job_id]
+        rec = self.records[job_id]
         self._stop(rec, now)
         rec.done = rec.spec.work
+        self.views[job_id].progress = rec.spec.work
+        self.state.history.add(rec.spec.app, rec.spec.work)   # the scheduler learns a finished job's size
         self.finish[job_id] = now
         self.telemetry.event("finish", job=rec.spec.name, jct=now - rec.spec.arrival)
         if self.on_finish is not None:
@@ -122,6 +164,10 @@ class Simulator:
         self._decision_pending = False
         now = self.loop.now()
         self.state.now = now
+        if self._wants_losses:
+            for job_id in self.state.running:
+                if now - self._last_report.get(job_id, -math.inf) >= LOSS_REPORT_S:
+                    self._report_loss(self.records[job_id], now)
         t0 = time.perf_counter()
         decision = self.policy.decide(self.state)
         self.decision_ms.append((time.perf_counter() - t0) * 1e3)
@@ -144,18 +190,33 @@ class Simulator:
         else:
             self.timeline.append(sample)
 
+    def _report_loss(self, rec: JobRecord, now: float) -> None:
+        """The job reports (samples processed, loss), as a training script logs it."""
+        view, done = self.views[rec.spec.job_id], rec.done_at(now)
+        reports = view.loss_reports
+        if reports and reports[-1][0] >= done:
+            return
+        reports.append((done, noisy_loss(self.seed, rec.spec, self.curves[rec.spec.job_id], done, len(reports))))
+        if len(reports) > MAX_LOSS_REPORTS:
+            view.loss_reports = reports[::-2][::-1]   # keep the newest and every other one before it
+        self._last_report[rec.spec.job_id] = now
+
     # ---- actions ------------------------------------------------------------------------------
     def _release(self, action: Preempt | Resize, now: float) -> None:
         rec = self.records.get(action.job_id)
         if rec is None or action.job_id not in self.state.running:
             raise PolicyError(f"{self.policy.name}: {type(action).__name__.lower()} of job {action.job_id}, "
                               "which is not running")
+        released = rec.placement
         self._stop(rec, now)
         rec.restarts += 1
+        self.views[action.job_id].restarts = rec.restarts
         if isinstance(action, Preempt):
-            self.state.queue[action.job_id] = rec
+            self.state.queue[action.job_id] = self.views[action.job_id]
             self.counters["preemptions"] += 1
-            self.telemetry.event("preempt", job=rec.spec.name)
+            self.telemetry.event("preempt", job=rec.spec.name, released=released)
+        else:
+            self._released[action.job_id] = released
 
     def _apply(self, action: Start | Preempt | Resize, now: float) -> None:
         rec = self.records.get(action.job_id)
@@ -173,7 +234,8 @@ class Simulator:
         elif isinstance(action, Resize):
             self._run(rec, action.placement, action.shape, now, restart=True)
             self.counters["resizes"] += 1
-            self.telemetry.event("resize", job=rec.spec.name, placement=action.placement)
+            self.telemetry.event("resize", job=rec.spec.name, placement=action.placement,
+                                 released=self._released.pop(action.job_id))
         else:
             raise PolicyError(f"{self.policy.name}: unknown action {action!r}")
 
@@ -191,13 +253,19 @@ class Simulator:
         if rec.first_start is None:
             rec.first_start = now
         rec.started_before = True
-        end = rec.busy_until + rec.remaining(rec.busy_until) / rec.rate
-        rec.end_estimate = end
-        self.state.running[rec.spec.job_id] = rec
-        self.state.by_end.add((end, rec.spec.job_id))
+        rec.end = rec.busy_until + rec.remaining(rec.busy_until) / rec.rate
         job_id = rec.spec.job_id
-        self._completion[job_id] = self.loop.schedule_at(end, lambda: self._complete(job_id))
+        self._completion[job_id] = self.loop.schedule_at(rec.end, lambda: self._complete(job_id))
         self._effective_now += self._speedup(rec)
+        # What the scheduler sees: a measured rate, and its own estimate of the end.
+        view = self.views[job_id]
+        view.placement, view.shape, view.since, view.busy_until = placement, shape, now, rec.busy_until
+        view.first_start, view.started_before = rec.first_start, True
+        view.measured_rate = measured_rate(self.seed, rec.spec, rec.restarts, rec.rate, self.rate_noise)
+        left = estimated_remaining(self.state.history, view, now, view.measured_rate)
+        view.est_end = rec.busy_until + left / view.measured_rate
+        self.state.running[job_id] = view
+        self.state.by_end.add((view.est_end, job_id))
 
     def _stop(self, rec: JobRecord, now: float) -> None:
         """Settle progress and release GPUs of a running job."""
@@ -208,10 +276,15 @@ class Simulator:
         rec.since = now
         self.state.free.give(rec.placement)
         self._completion.pop(rec.spec.job_id).cancel()
-        self.state.by_end.remove((rec.end_estimate, rec.spec.job_id))
+        view = self.views[rec.spec.job_id]
+        self.state.by_end.remove((view.est_end, rec.spec.job_id))
         del self.state.running[rec.spec.job_id]
         self._effective_now -= self._speedup(rec)
-        rec.placement, rec.shape, rec.rate, rec.end_estimate = (), (), 0.0, float("inf")
+        if self._wants_losses and rec.done < rec.spec.work:
+            self._report_loss(rec, now)
+        view.progress, view.attained, view.since = rec.done, rec.attained, now   # the job's step counter
+        view.placement, view.shape, view.measured_rate, view.est_end = (), (), 0.0, math.inf
+        rec.placement, rec.shape, rec.rate, rec.end = (), (), 0.0, math.inf
 
     def _speedup(self, rec: JobRecord) -> float:
         return rec.rate / self.model.rate(rec.spec.app, (1,), rec.spec.batch_size)

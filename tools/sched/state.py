@@ -1,10 +1,15 @@
-"""What a policy sees and what it returns.
+"""What a policy sees and what it returns, kept apart from the simulator's ground truth.
 
-The simulator (and, on the roadmap, the scheduler daemon) owns the state and updates it
-incrementally; a policy reads it and returns actions. Policies must not mutate it.
+A trace entry (`JobSpec`) carries the job's true work; only the simulator reads it. A policy sees
+a `ClusterState` whose jobs are `JobView`s: what a real scheduler knows about a job (the request,
+its placement, elapsed time, attained service, samples processed as the job reports them, its
+throughput as measured with noise, its loss reports) and never its true work or true rate. The
+simulator (or the scheduler daemon) owns the state and updates it incrementally; a policy reads
+it and returns actions. Policies must not mutate it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
@@ -12,9 +17,14 @@ from sortedcontainers import SortedList
 from mlsyskit.tools.sched.cluster import ClusterSpec, FreeMap, Placement
 from mlsyskit.tools.sched.profiles import Shape
 
+# Without any history a job is expected to run this long (Slurm's DefaultTime plays this role).
+DEFAULT_RUNTIME_S = 3600.0
+
 
 @dataclass(frozen=True)
 class JobSpec:
+    """One job of a trace. `work` is ground truth: only the simulator reads it."""
+
     job_id: int
     name: str
     app: str
@@ -26,20 +36,20 @@ class JobSpec:
 
 @dataclass
 class JobRecord:
-    """Mutable progress of one job; owned by the simulator."""
+    """The simulator's true progress of one job (never handed to a policy)."""
 
     spec: JobSpec
     done: float = 0.0               # samples processed up to `since`
-    attained: float = 0.0           # GPU-seconds held up to `since` (Tiresias' service)
+    attained: float = 0.0           # GPU-seconds held up to `since`
     since: float = 0.0
-    placement: Placement = ()       # GPUs held (may exceed the shape for exclusive nodes)
-    shape: Shape = ()               # GPUs the job computes on
-    rate: float = 0.0               # samples/s on `shape`
+    placement: Placement = ()
+    shape: Shape = ()
+    rate: float = 0.0               # true samples/s on `shape`
     busy_until: float = 0.0         # checkpoint-restart in progress until then (no progress)
     first_start: float | None = None
-    started_before: bool = False    # a later start pays the restart cost
+    started_before: bool = False
     restarts: int = 0
-    end_estimate: float = float("inf")
+    end: float = math.inf           # true end while running
 
     @property
     def held_gpus(self) -> int:
@@ -53,22 +63,101 @@ class JobRecord:
     def remaining(self, now: float) -> float:
         return max(0.0, self.spec.work - self.done_at(now))
 
+
+class JobView:
+    """What a scheduler knows about one job. It has no true work and no true rate: `progress` is
+    the samples the job reported (exact when it stopped last; extrapolated with the measured rate
+    while it runs), `measured_rate` the samples/s measured on its current shape (with noise)."""
+
+    __slots__ = ("job_id", "name", "app", "arrival", "gpus", "batch_size", "target_loss", "placement", "shape",
+                 "since", "busy_until", "first_start", "started_before", "restarts", "attained", "progress",
+                 "measured_rate", "est_end", "loss_reports")
+
+    def __init__(self, job_id: int, name: str, app: str, arrival: float, gpus: int, batch_size: int,
+                 target_loss: float = 0.0) -> None:
+        self.job_id, self.name, self.app, self.arrival = job_id, name, app, arrival
+        self.gpus, self.batch_size, self.target_loss = gpus, batch_size, target_loss
+        self.placement: Placement = ()
+        self.shape: Shape = ()
+        self.since = arrival
+        self.busy_until = 0.0
+        self.first_start: float | None = None
+        self.started_before = False
+        self.restarts = 0
+        self.attained = 0.0         # GPU-seconds held up to `since` (Tiresias' service)
+        self.progress = 0.0         # samples processed up to `since`, as reported
+        self.measured_rate = 0.0    # samples/s measured on `shape` (0 while waiting)
+        self.est_end = math.inf     # the scheduler's estimate of the end while running
+        self.loss_reports: list[tuple[float, float]] = []  # (samples processed, training loss)
+
+    @classmethod
+    def of(cls, spec: JobSpec, target_loss: float = 0.0) -> JobView:
+        return cls(spec.job_id, spec.name, spec.app, spec.arrival, spec.gpus, spec.batch_size, target_loss)
+
+    @property
+    def held_gpus(self) -> int:
+        return sum(g for _, g in self.placement)
+
+    def progress_at(self, now: float) -> float:
+        if not self.placement:
+            return self.progress
+        return self.progress + self.measured_rate * max(0.0, now - max(self.since, self.busy_until))
+
     def attained_at(self, now: float) -> float:
         return self.attained + self.held_gpus * (now - self.since) if self.placement else self.attained
+
+    def elapsed_at(self, now: float) -> float:
+        """Seconds since the job first started (0 before)."""
+        return 0.0 if self.first_start is None else now - self.first_start
+
+    def __repr__(self) -> str:
+        return f"JobView({self.name}, {self.app}, gpus={self.gpus}, shape={self.shape})"
+
+
+class WorkHistory:
+    """Samples processed by finished jobs, per application: what a scheduler learns from the jobs
+    it has run. The estimate of a job's total work is the median over finished jobs of its
+    application that did more than it has done so far (3Sigma-style prediction from history)."""
+
+    def __init__(self) -> None:
+        self.by_app: dict[str, SortedList] = {}
+
+    def add(self, app: str, samples: float) -> None:
+        self.by_app.setdefault(app, SortedList()).add(samples)
+
+    def total_work(self, app: str, progress: float) -> float | None:
+        done = self.by_app.get(app)
+        if not done:
+            return None
+        i = done.bisect_right(progress)
+        if i == len(done):
+            return None  # it already did more than any finished job of its kind
+        return done[(i + len(done)) // 2]
+
+
+def estimated_remaining(history: WorkHistory, job: JobView, now: float, fallback_rate: float) -> float:
+    """Samples left by the history's estimate; without one, the job is expected to run as long
+    again as it has (at least DEFAULT_RUNTIME_S at `fallback_rate` samples/s)."""
+    progress = job.progress_at(now)
+    total = history.total_work(job.app, progress)
+    if total is None:
+        return max(progress, DEFAULT_RUNTIME_S * fallback_rate)
+    return total - progress
 
 
 @dataclass
 class ClusterState:
-    """Everything a policy may read. `queue` keeps (re)entry order; `by_end` holds
-    (end estimate, job_id) of running jobs, earliest first."""
+    """Everything a policy may read. `queue` keeps (re)entry order; `by_end` holds (estimated
+    end, job_id) of running jobs, earliest first (estimates already passed count as now)."""
 
     spec: ClusterSpec
     free: FreeMap
     now: float = 0.0
-    queue: dict[int, JobRecord] = field(default_factory=dict)
-    running: dict[int, JobRecord] = field(default_factory=dict)
+    queue: dict[int, JobView] = field(default_factory=dict)
+    running: dict[int, JobView] = field(default_factory=dict)
     by_end: SortedList = field(default_factory=SortedList)
     restart_cost: float = 0.0
+    history: WorkHistory = field(default_factory=WorkHistory)
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,15 @@ class Backfill(Policy):
         for job in state.queue.values():
             if free.whole_free_nodes() == 0:
                 break
-            need = nodes_for(job.spec.gpus, gpn)
-            shape = exclusive_shape(job.spec.gpus, gpn)
+            need = nodes_for(job.gpus, gpn)
+            shape = exclusive_shape(job.gpus, gpn)
             if shadow is not None:
                 scanned += 1
                 if scanned > self.options.backfill_depth:
                     break
                 if need > free.whole_free_nodes():
                     continue
-                ends_in_time = state.now + runtime(self.model, job, shape, state.now, state.restart_cost) <= shadow
+                ends_in_time = state.now + runtime(self.model, state, job, shape) <= shadow
                 if not ends_in_time and need > extra:
                     continue
                 if not ends_in_time:
@@ -45,5 +45,5 @@ class Backfill(Policy):
                 shadow, extra = node_shadow(state, free.whole_free_nodes(), need)
                 continue
             free.take(placement)
-            actions.append(Start(job.spec.job_id, placement, shape))
+            actions.append(Start(job.job_id, placement, shape))
         return Decision(tuple(actions))

@@ -1,8 +1,24 @@
 """The policy interface, its options, and the registry that maps CLI names to classes.
 
-A policy is a pure function of (cluster state, time) -> actions: `decide` reads the state the
-caller owns and returns a Decision; it keeps no hidden schedule of its own (memo tables of
-pure functions of job specs are allowed). The simulator and a future daemon call it the same way.
+A policy is created with a throughput model (the scheduler's fitted model, with its error; never
+the simulator's truth) and options, and answers `decide(state) -> Decision`:
+
+- `state` (state.ClusterState, owned by the caller, read-only for the policy): `spec` (nodes x
+  GPUs), `free` (FreeMap), `now`, `queue` and `running` (job id -> JobView, in (re)entry order),
+  `by_end` ((estimated end, job id) of running jobs, earliest first), `restart_cost` and
+  `history` (sizes of finished jobs per application, for run-time estimates).
+- a `JobView` is what a scheduler observes of a job: the request (app, gpus asked, global
+  batch, arrival, target loss), placement and shape, first start, restarts, `attained_at(now)`
+  (GPU-seconds), `progress_at(now)` (samples reported), `measured_rate` (samples/s measured
+  with noise on the current shape) and `loss_reports` ((samples, loss) pairs). It has no true
+  work and no true rate.
+- the Decision lists `Start(job, placement, shape)`, `Preempt(job)`, `Resize(job, placement,
+  shape)` and an optional `wake_at`; the caller applies all releases before all starts.
+
+A policy may keep memo tables and its own event bookkeeping (optimus remembers when it last
+re-planned, tiresias keeps a priority index); the simulator and the scheduler daemon call it the
+same way, once per decision, with the same kind of state. A policy that wants loss reports
+refreshed before each decision sets `wants_loss_reports = True`.
 """
 from __future__ import annotations
 

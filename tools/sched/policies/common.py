@@ -1,31 +1,42 @@
-"""Helpers shared by several policies: runtime estimates and EASY reservations."""
+"""Helpers shared by several policies: runtime estimates and EASY reservations.
+
+Estimates use only what a scheduler observes (state.py): a job's reported progress, the history
+of finished jobs' sizes and the policy's (fitted, imperfect) throughput model.
+"""
 from __future__ import annotations
 
 import math
 
 from mlsyskit.tools.sched.profiles import Shape
-from mlsyskit.tools.sched.state import ClusterState, JobRecord
-from mlsyskit.tools.sched.throughput import ThroughputModel, compact_shape
+from mlsyskit.tools.sched.state import ClusterState, JobView, estimated_remaining
+from mlsyskit.tools.sched.throughput import compact_shape
 
 
-def runtime(model: ThroughputModel, job: JobRecord, shape: Shape, now: float, restart_cost: float) -> float:
-    """Seconds until `job` would finish if started now on `shape` (oracle remaining work, as
-    simulators of LSF/EASY use user runtime estimates)."""
-    rate = model.rate(job.spec.app, shape, job.spec.batch_size)
-    return job.remaining(now) / rate + (restart_cost if job.started_before else 0.0)
+def remaining_work(model, state: ClusterState, job: JobView) -> float:
+    """Estimated samples left (history of finished jobs; see state.estimated_remaining)."""
+    fallback = model.rate(job.app, compact_shape(job.gpus, state.spec.gpus_per_node), job.batch_size)
+    return estimated_remaining(state.history, job, state.now, fallback)
+
+
+def runtime(model, state: ClusterState, job: JobView, shape: Shape, work: float | None = None) -> float:
+    """Estimated seconds until `job` finishes if started now on `shape` (restart cost included)."""
+    left = remaining_work(model, state, job) if work is None else work
+    rate = model.rate(job.app, shape, job.batch_size)
+    return left / rate + (state.restart_cost if job.started_before else 0.0)
 
 
 def gpu_shadow(state: ClusterState, free_now: int, need: int) -> tuple[float, int]:
     """EASY reservation on GPU counts: the earliest time `need` GPUs are free as running jobs end
-    (jobs started in this same decision are ignored: they hold GPUs longer, so this errs early only
-    for them), and how many GPUs are spare at that time."""
+    by the scheduler's estimates (an estimate already passed counts as now; jobs started in this
+    same decision are ignored: they hold GPUs longer, so this errs early only for them), and how
+    many GPUs are spare at that time."""
     avail = free_now
     if avail >= need:
         return state.now, avail - need
     for end, job_id in state.by_end:
         avail += state.running[job_id].held_gpus
         if avail >= need:
-            return end, avail - need
+            return max(end, state.now), avail - need
     return math.inf, 0
 
 
@@ -37,7 +48,7 @@ def node_shadow(state: ClusterState, free_nodes: int, need_nodes: int) -> tuple[
     for end, job_id in state.by_end:
         avail += len(state.running[job_id].placement)
         if avail >= need_nodes:
-            return end, avail - need_nodes
+            return max(end, state.now), avail - need_nodes
     return math.inf, 0
 
 

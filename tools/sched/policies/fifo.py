@@ -22,9 +22,9 @@ class Fifo(Policy):
         free = state.free.copy()
         actions = []
         for job in state.queue.values():
-            placement = free.whole_nodes(nodes_for(job.spec.gpus, gpn))
+            placement = free.whole_nodes(nodes_for(job.gpus, gpn))
             if placement is None:
                 break
             free.take(placement)
-            actions.append(Start(job.spec.job_id, placement, exclusive_shape(job.spec.gpus, gpn)))
+            actions.append(Start(job.job_id, placement, exclusive_shape(job.gpus, gpn)))
         return Decision(tuple(actions))

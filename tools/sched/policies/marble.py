@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from mlsyskit.tools.sched.cluster import FreeMap, Placement
 from mlsyskit.tools.sched.policies.base import Policy, register
-from mlsyskit.tools.sched.policies.common import gpu_shadow, runtime
+from mlsyskit.tools.sched.policies.common import gpu_shadow, remaining_work, runtime
 from mlsyskit.tools.sched.profiles import Shape
-from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobRecord, Start
+from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Start
 from mlsyskit.tools.sched.throughput import ThroughputModel, compact_shape
 
 
@@ -70,9 +70,9 @@ class Marble(Policy):
         super().__init__(model, options)
         self._sizes: dict[tuple[str, int, int, int, float], list[Shape]] = {}
 
-    def shapes_for(self, job: JobRecord, gpus_per_node: int, threshold: float | None = None) -> list[Shape]:
+    def shapes_for(self, job: JobView, gpus_per_node: int, threshold: float | None = None) -> list[Shape]:
         thr = self.options.efficiency_threshold if threshold is None else threshold
-        key = (job.spec.app, job.spec.batch_size, job.spec.gpus, gpus_per_node, thr)
+        key = (job.app, job.batch_size, job.gpus, gpus_per_node, thr)
         shapes = self._sizes.get(key)
         if shapes is None:
             shapes = sized_shapes(self.model, *key)
@@ -123,16 +123,17 @@ class Marble(Policy):
             if shadow is not None and not in_time:
                 extra -= sum(shape)
             free.take(placement)
-            actions.append(Start(job.spec.job_id, placement, shape))
+            actions.append(Start(job.job_id, placement, shape))
         return actions, shadow, extra
 
-    def _choose(self, state: ClusterState, free: FreeMap, job: JobRecord, shapes: list[Shape],
+    def _choose(self, state: ClusterState, free: FreeMap, job: JobView, shapes: list[Shape],
                 shadow: float | None, extra: int, waits: dict[tuple[int, int], float]
                 ) -> tuple[Placement, Shape, bool] | None:
         """The largest shape (at most p*) that fits now and respects the reservation; a smaller
         shape than p* only if it finishes the job sooner than waiting for p* would."""
-        now, cost = state.now, state.restart_cost
+        now = state.now
         target = shapes[-1]
+        work: float | None = None
         finish_wait = None
         widest = free.max_free()
         for gpus in range(min(len(shapes), free.total), 0, -1):  # shapes[p - 1] has p GPUs
@@ -142,7 +143,9 @@ class Marble(Policy):
             placement = free.fit(shape)
             if placement is None:
                 continue
-            run = runtime(self.model, job, shape, now, cost)
+            if work is None:
+                work = remaining_work(self.model, state, job)
+            run = runtime(self.model, state, job, shape, work)
             in_time = shadow is None or now + run <= shadow
             if not in_time and gpus > extra:
                 continue
@@ -151,7 +154,7 @@ class Marble(Policy):
                     key = (sum(target), free.total)
                     if key not in waits:
                         waits[key] = gpu_shadow(state, free.total, sum(target))[0]
-                    finish_wait = waits[key] + runtime(self.model, job, target, now, cost)
+                    finish_wait = waits[key] + runtime(self.model, state, job, target, work)
                 if now + run >= finish_wait:
                     return None
             return placement, shape, in_time

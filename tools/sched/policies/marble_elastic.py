@@ -10,6 +10,7 @@ without progress.
 from __future__ import annotations
 
 from mlsyskit.tools.sched.policies.base import register
+from mlsyskit.tools.sched.policies.common import remaining_work
 from mlsyskit.tools.sched.policies.marble import Marble
 from mlsyskit.tools.sched.state import Action, ClusterState, Decision, Resize
 
@@ -38,9 +39,11 @@ class MarbleElastic(Marble):
             if placement is None:
                 free.take(job.placement)
                 continue
-            remaining = job.remaining(now)
-            current = remaining / job.rate
-            grown = cost + remaining / self.model.rate(job.spec.app, target, job.spec.batch_size)
+            # The measured rate gives the level, the model the gain of the larger shape.
+            remaining = remaining_work(self.model, state, job)
+            current = remaining / job.measured_rate
+            model_now = self.model.rate(job.app, job.shape, job.batch_size)
+            grown = cost + remaining / (job.measured_rate * self.model.rate(job.app, target, job.batch_size) / model_now)
             harmless = shadow is None or now + grown <= shadow or added <= spare
             if current - grown <= self.options.grow_min_gain * cost or not harmless:
                 free.take(job.placement)
@@ -48,5 +51,5 @@ class MarbleElastic(Marble):
             if shadow is not None and now + grown > shadow:
                 spare -= added
             free.take(placement)
-            actions.append(Resize(job.spec.job_id, placement, target))
+            actions.append(Resize(job.job_id, placement, target))
         return Decision(tuple(actions))

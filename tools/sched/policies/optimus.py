@@ -1,48 +1,74 @@
 """optimus: greedy allocation by marginal gain in remaining time (Peng et al., EuroSys'18).
 
-Optimus sizes jobs from a GPU-count scaling model (here the throughput model on a compact layout).
-Every job first gets one GPU in arrival order while GPUs last; then, one GPU at a time, the job
-whose estimated remaining time drops most from one more GPU gets it, up to what it asked for.
-Every `optimus_interval` seconds all jobs are re-allocated this way and running jobs whose count
-changed are checkpoint-restarted (paying the restart cost); between re-allocations only waiting
-jobs share the free GPUs. Tasks are placed on the fewest nodes with free GPUs (most-free first),
-without regard to how a job's speed depends on the per-node split.
+Optimus sizes jobs from a GPU-count scaling model (here the policy's fitted throughput model on a
+compact layout) and estimates each job's remaining work online by fitting its loss curve
+(`loss_fit`; before three loss reports, or when the fit cannot say, from the history of
+finished jobs). Every job first gets one GPU in arrival order while GPUs last; then, one GPU at
+a time, the job whose estimated remaining time drops most from one more GPU gets it, up to what
+it asked for.
+
+Re-allocation is driven by events: on an arrival or a completion at least `optimus_interval`
+seconds after the last full re-allocation, all jobs are re-allocated and running jobs whose
+count changed are checkpoint-restarted; in between only waiting jobs share the free GPUs, and
+the policy asks to be woken when the interval has passed if jobs still wait. A full
+re-allocation that changes nothing waits for the next event, so a very long job alone (or a
+queue that cannot move) costs no periodic wake-ups. Each job is placed on the layout the
+allocation assumed (compact, best fit), else on the fewest nodes with free GPUs.
 """
 from __future__ import annotations
 
 import heapq
 import math
 
+from mlsyskit.tools.sched.cluster import FreeMap, Placement
+from mlsyskit.tools.sched.policies import loss_fit
 from mlsyskit.tools.sched.policies.base import Policy, register
-from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobRecord, Preempt, Resize, Start
+from mlsyskit.tools.sched.policies.common import remaining_work
+from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Preempt, Resize, Start
 from mlsyskit.tools.sched.throughput import compact_shape
 
 
 @register
 class Optimus(Policy):
     name = "optimus"
-    description = "greedy marginal gain in remaining time, count-based model, periodic re-allocation"
+    description = "greedy marginal gain in remaining time (loss-curve fit), count-based model, event-driven re-allocation"
+    wants_loss_reports = True
 
-    def _remaining_time(self, job: JobRecord, gpus: int, gpn: int, now: float) -> float:
-        if gpus == 0:
-            return math.inf
-        return job.remaining(now) / self.model.rate(job.spec.app, compact_shape(gpus, gpn), job.spec.batch_size)
+    def __init__(self, model, options=None) -> None:
+        super().__init__(model, options)
+        self._last_plan: float | None = None
+        self._fits: dict[int, tuple[int, float, float | None]] = {}   # job -> (reports, last progress, total)
 
-    def allocate(self, jobs: list[JobRecord], gpus: int, gpn: int, now: float) -> dict[int, int]:
+    def remaining_work(self, state: ClusterState, job: JobView) -> float:
+        reports = job.loss_reports
+        cached = self._fits.get(job.job_id)
+        if cached is None or cached[0] != len(reports) or cached[1] != (reports[-1][0] if reports else 0.0):
+            total = loss_fit.total_work(reports, job.target_loss) if job.target_loss > 0 else None
+            cached = (len(reports), reports[-1][0] if reports else 0.0, total)
+            self._fits[job.job_id] = cached
+        total, progress = cached[2], job.progress_at(state.now)
+        if total is not None and total > progress:
+            return total - progress
+        return remaining_work(self.model, state, job)
+
+    def allocate(self, state: ClusterState, jobs: list[JobView], gpus: int) -> dict[int, int]:
         """Greedy GPU counts per job id for `jobs` (in priority order) sharing `gpus` GPUs."""
+        gpn = state.spec.gpus_per_node
         counts: dict[int, int] = {}
+        work: dict[int, float] = {}
         for job in jobs:
             if gpus == 0:
                 break
-            counts[job.spec.job_id] = 1
+            counts[job.job_id] = 1
+            work[job.job_id] = self.remaining_work(state, job)
             gpus -= 1
-        by_id = {j.spec.job_id: j for j in jobs}
-        heap = []
-        for job_id, k in counts.items():
-            job = by_id[job_id]
-            if k < job.spec.gpus:
-                gain = self._remaining_time(job, k, gpn, now) - self._remaining_time(job, k + 1, gpn, now)
-                heap.append((-gain, job_id))
+        by_id = {j.job_id: j for j in jobs}
+
+        def gain(job: JobView, k: int) -> float:
+            left = work[job.job_id]
+            return left / self._rate(job, k, gpn) - left / self._rate(job, k + 1, gpn)
+
+        heap = [(-gain(by_id[i], 1), i) for i in counts if by_id[i].gpus > 1]
         heapq.heapify(heap)
         while gpus > 0 and heap:
             neg_gain, job_id = heapq.heappop(heap)
@@ -51,50 +77,63 @@ class Optimus(Policy):
             counts[job_id] += 1
             gpus -= 1
             job, k = by_id[job_id], counts[job_id]
-            if k < job.spec.gpus:
-                gain = self._remaining_time(job, k, gpn, now) - self._remaining_time(job, k + 1, gpn, now)
-                heapq.heappush(heap, (-gain, job_id))
+            if k < job.gpus:
+                heapq.heappush(heap, (-gain(job, k), job_id))
         return counts
+
+    def _rate(self, job: JobView, gpus: int, gpn: int) -> float:
+        return self.model.rate(job.app, compact_shape(gpus, gpn), job.batch_size) if gpus else math.inf
 
     def decide(self, state: ClusterState) -> Decision:
         now, gpn = state.now, state.spec.gpus_per_node
         interval = self.options.optimus_interval
-        next_round = (math.floor(now / interval) + 1) * interval
-        on_round = math.isclose(now % interval, 0.0, abs_tol=1e-6) or math.isclose(now % interval, interval)
-        wake = next_round if (state.queue or state.running) else None
         free = state.free.copy()
         actions: list[Action] = []
-        if on_round and state.running:
-            jobs = sorted([*state.running.values(), *state.queue.values()], key=lambda j: (j.spec.arrival, j.spec.job_id))
-            counts = self.allocate(jobs, state.spec.total_gpus, gpn, now)
-            changed = []
-            for job_id, job in state.running.items():
-                if counts.get(job_id, 0) != job.held_gpus:
-                    free.give(job.placement)
-                    changed.append(job)
+        due = self._last_plan is None or now - self._last_plan >= interval
+        if due and state.running:
+            self._last_plan = now
+            jobs = sorted([*state.running.values(), *state.queue.values()], key=lambda j: (j.arrival, j.job_id))
+            counts = self.allocate(state, jobs, state.spec.total_gpus)
+            changed = [j for i, j in state.running.items() if counts.get(i, 0) != j.held_gpus]
             for job in changed:
-                k = counts.get(job.spec.job_id, 0)
-                placement = free.spread(k) if k else None
+                free.give(job.placement)
+            for job in changed:
+                k = counts.get(job.job_id, 0)
+                placement = _place(free, k, gpn) if k else None
                 if placement is None:
-                    actions.append(Preempt(job.spec.job_id))
+                    actions.append(Preempt(job.job_id))
                     continue
                 free.take(placement)
-                actions.append(Resize(job.spec.job_id, placement, _shape(placement)))
-            waiting = [j for j in state.queue.values() if counts.get(j.spec.job_id, 0) > 0]
+                actions.append(Resize(job.job_id, placement, _shape(placement)))
+            waiting = [j for j in state.queue.values() if counts.get(j.job_id, 0) > 0]
         else:
             if not state.queue or free.total == 0:
-                return Decision((), wake)
+                return Decision((), self._wake(state, now, interval))
+            if self._last_plan is None:
+                self._last_plan = now
             waiting = list(state.queue.values())[: free.total]
-            counts = self.allocate(waiting, free.total, gpn, now)
+            counts = self.allocate(state, waiting, free.total)
         for job in waiting:
-            k = counts.get(job.spec.job_id, 0)
-            placement = free.spread(k) if k else None
+            k = counts.get(job.job_id, 0)
+            placement = _place(free, k, gpn) if k else None
             if placement is None:
                 continue
             free.take(placement)
-            actions.append(Start(job.spec.job_id, placement, _shape(placement)))
-        return Decision(tuple(actions), wake)
+            actions.append(Start(job.job_id, placement, _shape(placement)))
+        if due and state.running and not actions:
+            return Decision()   # nothing to change: the next arrival or completion re-plans
+        return Decision(tuple(actions), self._wake(state, now, interval))
+
+    def _wake(self, state: ClusterState, now: float, interval: float) -> float | None:
+        """Jobs wait: re-plan when the interval has passed (sooner events re-plan anyway)."""
+        if not state.queue or self._last_plan is None:
+            return None
+        return max(now, self._last_plan) + interval if now - self._last_plan < interval else None
 
 
-def _shape(placement) -> tuple[int, ...]:
+def _place(free: FreeMap, gpus: int, gpn: int) -> Placement | None:
+    return free.fit(compact_shape(gpus, gpn)) or free.spread(gpus)
+
+
+def _shape(placement: Placement) -> tuple[int, ...]:
     return tuple(sorted((g for _, g in placement), reverse=True))

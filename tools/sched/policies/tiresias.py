@@ -13,7 +13,7 @@ import bisect
 import math
 
 from mlsyskit.tools.sched.policies.base import Policy, register
-from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobRecord, Preempt, Start
+from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Preempt, Start
 from mlsyskit.tools.sched.throughput import compact_shape
 
 
@@ -28,20 +28,20 @@ class Tiresias(Policy):
     def decide(self, state: ClusterState) -> Decision:
         now, gpn = state.now, state.spec.gpus_per_node
         thresholds = self.options.tiresias_thresholds
-        jobs: list[tuple[int, float, int, JobRecord]] = []
+        jobs: list[tuple[int, float, int, JobView]] = []
         for job in state.queue.values():
-            jobs.append((self.level(job.attained), job.spec.arrival, job.spec.job_id, job))
+            jobs.append((self.level(job.attained), job.arrival, job.job_id, job))
         for job in state.running.values():
-            jobs.append((self.level(job.attained_at(now)), job.spec.arrival, job.spec.job_id, job))
+            jobs.append((self.level(job.attained_at(now)), job.arrival, job.job_id, job))
         jobs.sort(key=lambda t: t[:3])
         capacity = state.spec.total_gpus
-        admitted: list[JobRecord] = []
+        admitted: list[JobView] = []
         keep: set[int] = set()
         for _, _, job_id, job in jobs:
             if capacity <= 0:
                 break
-            if job.spec.gpus <= capacity:
-                capacity -= job.spec.gpus
+            if job.gpus <= capacity:
+                capacity -= job.gpus
                 if job_id in state.running:
                     keep.add(job_id)
                 else:
@@ -54,12 +54,12 @@ class Tiresias(Policy):
                     actions.append(Preempt(job_id))
                     free.give(job.placement)
             for job in admitted:
-                shape = compact_shape(job.spec.gpus, gpn)
-                placement = free.fit(shape) or free.spread(job.spec.gpus)
+                shape = compact_shape(job.gpus, gpn)
+                placement = free.fit(shape) or free.spread(job.gpus)
                 if placement is None:
                     continue
                 free.take(placement)
-                actions.append(Start(job.spec.job_id, placement, tuple(sorted((g for _, g in placement),
+                actions.append(Start(job.job_id, placement, tuple(sorted((g for _, g in placement),
                                                                               reverse=True))))
         wake = math.inf
         for job in state.running.values():
