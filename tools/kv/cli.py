@@ -286,7 +286,7 @@ def check(mode: str = typer.Option(None, "--mode", help="Controlet under test: m
           timeout: float = typer.Option(None, "--timeout", help="Seconds a client waits for an answer (2.5)."),
           history: Path = typer.Option(None, "--history", dir_okay=False,
                                        help="Re-check a saved history.jsonl instead of running a cluster."),
-          seed: int = seed_option(),
+          seed: int = seed_option(None, "Master seed of the workload and the nemesis schedule (0)."),
           out: Path = out_option("history.jsonl (every operation), result.json (the verdict), "
                                  "cluster/ (node logs); default bespokv-check/MODE-seedS"),
           config: Path = config_option(), as_json: bool = json_option(),

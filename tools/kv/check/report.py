@@ -40,13 +40,13 @@ def raise_if_invalid(result) -> None:
         reasons.append(result.error)
     if result.linearizable is False:
         reasons.append("not linearizable")
-    elif result.linearizable is None and result.spec["mode"].endswith("-sc"):
+    elif result.linearizable is None and result.spec["mode"].endswith("-sc") and not result.error:
         reasons.append("linearizability unknown (search budget)")
     if result.lost_acked_writes:
         reasons.append(f"{result.lost_acked_writes} acknowledged writes lost")
     if result.phantoms:
         reasons.append(f"{result.phantoms} phantom values")
-    if result.converged is False:
+    if result.converged is False and not result.error:
         reasons.append("replicas did not converge")
     seed = result.spec.get("seed")
     raise RuntimeFailure(f"check failed: {'; '.join(reasons)}" + (f" (seed {seed})" if seed is not None else ""))

@@ -1,0 +1,105 @@
+"""`bespokv check` end to end: every mode under kill, pause and partition (short histories),
+the verdict's exit codes, and a tampered history that the re-check must reject."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mlsyskit.tools.kv.check.runner import FINAL_PROCESS, CheckSpec
+from mlsyskit.tools.kv.history import Event, History
+from tests.conftest import VENV_BIN
+
+BESPOKV = [sys.executable, "-m", "mlsyskit.tools.kv.cli"]
+SHORT = ["--ops", "200", "--clients", "4", "--keys", "4"]
+
+
+def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "COLUMNS": "200", **{k: os.environ[k] for k in ("PYTHONPATH",)
+                                                                     if k in os.environ}}
+    return subprocess.run([*BESPOKV, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+# Modes whose data path (issue 14 items 2-5) does not survive these faults yet: the check
+# finds it, so the test is expected to fail until the fix lands (and passes after).
+NOT_YET = {
+    "ms-sc": "a killed/partitioned chain replica misses writes and never catches up (issue 14 item 2)",
+    "ms-ec": "replication gaps are counted, never repaired (issue 14 item 2)",
+    "aa-sc": "a restarted replica serves reads before catching up (issue 14 item 2)",
+    "aa-ec": "no anti-entropy: replicas that missed LWW messages stay diverged (issue 14 item 2)",
+}
+
+
+@pytest.mark.parametrize("mode", ["ms-sc", "ms-ec", "aa-sc", "aa-ec"])
+def test_check_passes_under_kill_pause_and_partition(mode: str, tmp_path, request) -> None:
+    out = cli("check", "--mode", mode, "--nemesis", "kill,pause,partition", *SHORT, "--seed", "1",
+              "--out", str(tmp_path), "--json", "-q")
+    assert out.returncode in (0, 1), out.stderr
+    result = json.loads(out.stdout)
+    # the run itself must be real: every requested fault happened and operations succeeded
+    assert {f["fault"] for f in result["faults"]} == {"kill", "pause", "partition"}
+    assert result["outcomes"]["ok"] >= 200 and result["error"] is None
+    assert (tmp_path / "history.jsonl").stat().st_size > 0
+    assert json.loads((tmp_path / "result.json").read_text())["valid"] == result["valid"]
+    if not result["valid"]:
+        request.applymarker(pytest.mark.xfail(reason=NOT_YET[mode], strict=False))
+    assert out.returncode == 0 and result["valid"], "\n".join(result["violations"] + result["lost"])
+
+
+def test_check_without_faults_is_valid_and_a_tampered_history_is_rejected(tmp_path) -> None:
+    out = cli("check", "--mode", "ms-sc", "--nemesis", "none", *SHORT, "--out", str(tmp_path), "--json", "-q")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["valid"] and result["linearizable"] is True and result["outcomes"]["ok"] == 200
+    path = tmp_path / "history.jsonl"
+    assert cli("check", "--history", str(path), "--mode", "ms-sc", "-q").returncode == 0
+
+    # Make one final read return a value that an acknowledged later write had overwritten.
+    history = History.read_jsonl(path)
+    puts = {}
+    for e in history.events:
+        if e.type == "ok" and e.f == "put" and e.process < FINAL_PROCESS:
+            puts.setdefault(e.key, []).append(e.value)
+    key = next(k for k, values in puts.items() if len(values) >= 2)
+    stale = puts[key][0]
+    events = [Event(e.process, e.type, e.f, e.key, stale, e.time)
+              if e.process > FINAL_PROCESS and e.type == "ok" and e.key == key else e for e in history.events]
+    history.events = events
+    tampered = tmp_path / "tampered.jsonl"
+    history.write_jsonl(tampered)
+    bad = cli("check", "--history", str(tampered), "--mode", "ms-sc", "--json")
+    assert bad.returncode == 1
+    verdict = json.loads(bad.stdout)
+    assert verdict["linearizable"] is False and verdict["lost_acked_writes"] >= 1
+    assert "check failed: not linearizable" in bad.stderr and f"key {key!r}" in bad.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--mode", "xx-sc"], "--mode must be one of"),
+    (["--nemesis", "kill,flood"], "unknown nemesis flood"),
+    (["--clients", "0"], "--clients must be 1..256"),
+    (["--history", "/nonexistent/history.jsonl"], "no such file"),
+])
+def test_check_usage_errors_exit_2(args: list[str], message: str) -> None:
+    out = cli("check", *args)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_check_reads_its_settings_from_a_config_file(tmp_path) -> None:
+    config = tmp_path / "check.toml"
+    config.write_text('mode = "aa-ec"\nnemesis = []\nops = 50\nclients = 2\nkeys = 2\nseed = 9\n')
+    out = cli("check", "--config", str(config), "--ops", "60", "--out", str(tmp_path / "o"), "--json", "-q")
+    assert out.returncode == 0, out.stderr
+    spec = json.loads(out.stdout)["spec"]
+    assert (spec["mode"], spec["ops"], spec["clients"], spec["seed"]) == ("aa-ec", 60, 2, 9)
+    config.write_text('mode = "aa-ec"\nflavour = 1\n')
+    bad = cli("check", "--config", str(config))
+    assert bad.returncode == 2 and "flavour" in bad.stderr
+
+
+def test_spec_refuses_bad_values() -> None:
+    with pytest.raises(ValueError, match="hold and gap"):
+        CheckSpec(hold=(2.0, 1.0))
