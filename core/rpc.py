@@ -31,6 +31,10 @@ log = logging.getLogger("mlsyskit.rpc")
 StatusCode = grpc.StatusCode
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _TOKEN_KEY = "authorization"
+# codes a lost or restarted peer produces (refused, reset, torn-down stream, a server killed mid-call):
+# worth reconnecting after; anything else is an answer that a retry would only repeat
+TRANSPORT_FAILURES = frozenset({StatusCode.UNAVAILABLE, StatusCode.INTERNAL, StatusCode.CANCELLED,
+                                StatusCode.DEADLINE_EXCEEDED, StatusCode.UNKNOWN, StatusCode.ABORTED})
 
 
 class RpcError(Exception):
@@ -40,10 +44,6 @@ class RpcError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-    @property
-    def code_name(self) -> str:
-        return self.code.name
 
     def __str__(self) -> str:
         return f"{self.message} [{self.code.name}]"
@@ -103,10 +103,22 @@ def _message_options(max_message_bytes: int) -> list[tuple[str, int]]:
 
 @dataclass(frozen=True)
 class CallContext:
-    """What a handler may want to know about the call it serves."""
+    """What a handler may want to know about the call it serves.
+
+    `identity` is the common name (CN) of the client certificate that the TLS handshake verified
+    against the server's client CA, or None without mutual TLS: a name the caller proved, not one
+    it claims in a payload.
+    """
 
     method: str
     peer: str
+    identity: str | None = None
+
+
+def _identity(context: grpc.aio.ServicerContext) -> str | None:
+    auth = context.auth_context() or {}
+    names = auth.get("x509_common_name") or []
+    return names[0].decode("utf-8", "replace") if len(names) == 1 else None
 
 
 UnaryHandler = Callable[[Any, CallContext], Awaitable[Any]]
@@ -194,7 +206,7 @@ class RpcServer:
         except CodecError as e:
             log.warning("refused %s from %s: %s", method, context.peer(), e)
             await context.abort(StatusCode.INVALID_ARGUMENT, str(e))
-        return payload, CallContext(method, context.peer())
+        return payload, CallContext(method, context.peer(), _identity(context))
 
     def _wrap_unary(self, method: str, fn: UnaryHandler):
         async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -217,7 +229,7 @@ class RpcServer:
     def _wrap_bidi(self, method: str, fn: BidiHandler):
         async def handle(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
             await self._authorize(method, context)  # before anything the client sent is decoded
-            call = CallContext(method, context.peer())
+            call = CallContext(method, context.peer(), _identity(context))
 
             async def decoded() -> AsyncIterator[Any]:
                 async for request in requests:

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from mlsyskit.core.errors import UsageError
 from mlsyskit.core.rpc import ClientTls, RpcClient, RpcError, RpcServer, ServerTls, StatusCode
-from mlsyskit.core.rpc_tls import make_self_signed
+from mlsyskit.core.rpc_tls import issue_certs
 from tests.conftest import free_port
 
 
@@ -17,7 +18,7 @@ def make_echo_server(**kwargs) -> RpcServer:
     server = RpcServer(**kwargs)
 
     async def echo(payload, call):
-        return {"echo": payload, "method": call.method}
+        return {"echo": payload, "method": call.method, "identity": call.identity}
 
     async def count(payload, call):
         for i in range(payload["n"]):
@@ -105,16 +106,17 @@ def test_bidirectional_call_interleaves_and_refuses_garbage_and_bad_tokens():
 
 
 def test_echo_over_tls_with_token(tmp_path):
-    files = make_self_signed(tmp_path)
+    files = issue_certs(tmp_path)
 
     async def main():
         server = make_echo_server(token="t", tls=ServerTls.from_files(files.server_cert, files.server_key))
         port = await server.start()
         try:
             async with RpcClient(f"127.0.0.1:{port}", token="t", tls=ClientTls.from_files(files.ca)) as client:
-                assert (await client.call("echo", {"x": 1}, timeout=5))["echo"] == {"x": 1}
+                reply = await client.call("echo", {"x": 1}, timeout=5)
+                assert reply["echo"] == {"x": 1} and reply["identity"] is None  # no client certificate asked
             # a client that does not trust the server's CA cannot connect at all
-            other = make_self_signed(tmp_path / "other")
+            other = issue_certs(tmp_path / "other")
             async with RpcClient(f"127.0.0.1:{port}", token="t", tls=ClientTls.from_files(other.ca)) as client:
                 with pytest.raises(RpcError) as info:
                     await client.call("echo", {}, timeout=5)
@@ -126,17 +128,18 @@ def test_echo_over_tls_with_token(tmp_path):
     run(main())
 
 
-def test_mutual_tls_requires_a_client_certificate(tmp_path):
-    files = make_self_signed(tmp_path)
+def test_mutual_tls_requires_a_client_certificate_and_names_the_caller(tmp_path):
+    files = issue_certs(tmp_path, client_ids=["7"])
 
     async def main():
         tls = ServerTls.from_files(files.server_cert, files.server_key, client_ca=files.ca)
         server = make_echo_server(tls=tls)
         port = await server.start()
         try:
-            with_cert = ClientTls.from_files(files.ca, files.client_cert, files.client_key)
+            with_cert = ClientTls.from_files(files.ca, *files.client("7"))
             async with RpcClient(f"localhost:{port}", tls=with_cert) as client:
-                assert (await client.call("echo", 7, timeout=5))["echo"] == 7
+                reply = await client.call("echo", 7, timeout=5)
+                assert reply["echo"] == 7 and reply["identity"] == "7"  # the certificate's CN, not a claim
             async with RpcClient(f"localhost:{port}", tls=ClientTls.from_files(files.ca)) as client:
                 with pytest.raises(RpcError) as info:
                     await client.call("echo", 7, timeout=5)
@@ -244,3 +247,42 @@ def test_port_in_use_fails_clearly():
             await first.stop()
 
     run(main())
+
+
+def test_issue_certs_extends_the_same_ca_and_keeps_keys_private(tmp_path):
+    first = issue_certs(tmp_path, client_ids=["0"], hosts=["fl.example"], ips=["127.0.0.1", "::1"], days=2)
+    ca = first.ca.read_bytes()
+    second = issue_certs(tmp_path, client_ids=["1"])
+    assert second.ca.read_bytes() == ca  # client 0's pair stays valid
+    for path in (first.server_key, *first.client("0"), *second.client("1"), tmp_path / "ca.key"):
+        assert path.exists()
+    for key in tmp_path.glob("*.key"):
+        assert key.stat().st_mode & 0o777 == 0o600
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(second.client("1")[0].read_bytes())
+    assert cert.subject.rfc4514_string() == "CN=1"
+    with pytest.raises(UsageError, match="client id"):
+        issue_certs(tmp_path, client_ids=["a/b"])
+    with pytest.raises(UsageError, match="--days"):
+        issue_certs(tmp_path, days=0)
+
+
+def test_speaks_tls_tells_tls_from_plaintext_from_nothing(tmp_path):
+    from mlsyskit.core.rpc_tls import speaks_tls
+
+    files = issue_certs(tmp_path, client_ids=["0"])
+
+    async def main():
+        plain = make_echo_server()
+        tls = make_echo_server(tls=ServerTls.from_files(files.server_cert, files.server_key))
+        mutual = make_echo_server(tls=ServerTls.from_files(files.server_cert, files.server_key, client_ca=files.ca))
+        ports = [await s.start() for s in (plain, tls, mutual)]
+        try:
+            return [await asyncio.to_thread(speaks_tls, "127.0.0.1", p) for p in ports]
+        finally:
+            for s in (plain, tls, mutual):
+                await s.stop()
+
+    assert run(main()) == [False, True, True]
+    assert speaks_tls("127.0.0.1", free_port()) is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from mlsyskit.core.rpc_tls import make_self_signed
+from mlsyskit.core.rpc_tls import issue_certs
 from mlsyskit.core.storage import MetaStore
 from mlsyskit.tools.fl.incentive.ledger import Ledger
 from tests.conftest import free_port, wait_for_port
@@ -40,7 +40,7 @@ def books(run_dir):
 
 
 def test_ten_client_processes_five_tiff_rounds_with_tls_and_token(proc_manager, tmp_path):
-    tls = make_self_signed(tmp_path / "tls")
+    tls = issue_certs(tmp_path / "tls")
     (tmp_path / "token").write_text("fl-secret\n")
     port = free_port()
     server = start_server(proc_manager, port, tmp_path / "run", "--clients", "10", "--per-round", "5",

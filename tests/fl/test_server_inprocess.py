@@ -188,7 +188,7 @@ def test_real_transport_and_simulation_give_the_same_job(tmp_path):
     same clients, reach the same accuracy and write the same ledger (they differ only in transport)."""
     from mlsyskit.tools.fl.simulator import Simulation
 
-    config = JobConfig(strategy="tiff", rounds=3, per_round=2, seed=4, round_timeout_s=60.0,
+    config = JobConfig(strategy="tiff", rounds=3, per_round=2, seed=4, round_timeout_s=60.0, min_clients=4,
                        data=DataSpec(num_clients=4, seed=4))
     attacks = {1: "label-flip"}
 

@@ -2,21 +2,31 @@
 
 The client asks the server for the job (dataset, partition, seed), rebuilds its own partition,
 trains its local-only baseline once (the consumer's reference for the utility ratio) and then
-follows the server's task stream. If the server goes away (restart) it reconnects for up to
-`reconnect_s`; a refused token or a bad request ends it with a clear error.
+follows the server's task stream on one `session` call.
+
+Any transport failure (refused, reset, a stream torn down by a server killed mid-call: UNAVAILABLE,
+INTERNAL, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED) sends it back to reconnect, after a capped
+exponential backoff with full jitter, and it resumes with whatever server then listens (a server
+restarted from its run directory re-opens the uncommitted round). It gives up only after
+`reconnect_s` without any message from a server. An answer (bad token, wrong certificate, a
+refused request) ends it at once with the server's reason. A TLS mismatch is named as such.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
+import random
 from dataclasses import dataclass
 
 import numpy as np
 
 from mlsyskit.core.clock import Clock, RealClock
-from mlsyskit.core.rpc import ClientTls, RpcClient, RpcError, StatusCode
+from mlsyskit.core.rpc import TRANSPORT_FAILURES, ClientTls, RpcClient, RpcError, StatusCode
+from mlsyskit.core.rpc_tls import speaks_tls
 from mlsyskit.core.sim import Seeds
+from mlsyskit.tools.fl.backoff import Backoff
 from mlsyskit.tools.fl.config import DataSpec, TrainSpec
 from mlsyskit.tools.fl.data import load_client
 from mlsyskit.tools.fl.model import evaluate
@@ -27,44 +37,60 @@ log = logging.getLogger("mlsyskit.fl.client")
 
 
 class ClientStopped(Exception):
-    """The client cannot continue (refused, misconfigured); the message says why."""
+    """The client cannot continue (refused, misconfigured, no server for too long); the message says why."""
 
 
 @dataclass
 class ClientSummary:
     rounds_trained: int = 0
+    accepted: int = 0  # final verdicts after the server's round checks, not provisional receipts
     rejected: int = 0
+    tokens_earned: float = 0.0
+    balance: float | None = None
+    reconnects: int = 0
     evaluated: bool = False
     done: bool = False
 
 
 class FlClient:
     def __init__(self, address: str, client_id: int, *, dataset: str | None = None, attack: str = "none",
-                 token: str | None = None, tls: ClientTls | None = None, reconnect_s: float = 30.0,
+                 token: str | None = None, tls: ClientTls | None = None, reconnect_s: float = 60.0,
+                 backoff_initial_s: float = 0.1, backoff_max_s: float = 5.0, jitter_seed: int | None = None,
                  clock: Clock | None = None, exit_after_round: int | None = None, freeze_heap: bool = False) -> None:
         self.address = address
         self.client_id = client_id
         self.dataset = dataset
         self.attack = attack
         self.reconnect_s = reconnect_s
+        self.tls = tls
         self.clock = clock or RealClock()
+        self.backoff = Backoff(backoff_initial_s, backoff_max_s,
+                               random.Random(client_id if jitter_seed is None else jitter_seed))
         self.exit_after_round = exit_after_round  # fault injection for tests: vanish mid-round
         self.freeze_heap = freeze_heap  # freeze_startup_heap() once ready (the CLI paused GC at start-up)
         self.rpc = RpcClient(address, token=token, tls=tls, timeout=60.0)
         self.summary = ClientSummary()
+        self._spec: DataSpec | None = None
         self._data = None
         self._local_only: float | None = None
+        self._last_contact = self.clock.now()
+        self._trained: tuple[tuple, dict] | None = None  # (task key, update): a re-sent task is not retrained
 
     async def _prepare(self) -> None:
         job = await self.rpc.call("job", {})
+        self._touch()
         spec = DataSpec(**job["data"])
         if self.dataset is not None and self.dataset != spec.dataset:
             raise ClientStopped(f"the server runs dataset {spec.dataset!r}, not {self.dataset!r}")
-        try:
-            self._data, self.num_features, self.num_classes = load_client(spec, self.client_id)
-        except ValueError as e:
-            raise ClientStopped(str(e)) from None
+        if self._spec is not None and spec != self._spec:
+            raise ClientStopped("the server now runs a different job (its data spec changed); start afresh")
         self.train_spec = TrainSpec(**job["train"])
+        if self._data is None:
+            try:
+                self._data, self.num_features, self.num_classes = load_client(spec, self.client_id)
+            except ValueError as e:
+                raise ClientStopped(str(e)) from None
+            self._spec = spec
         if self._local_only is None:
             seed = Seeds(spec.seed).seed(f"local-only:{self.client_id}") % (2**31)
             self._local_only = await asyncio.to_thread(local_only_accuracy, self._data, self.train_spec,
@@ -72,25 +98,53 @@ class FlClient:
             if self.freeze_heap:
                 freeze_startup_heap()
 
+    def _touch(self) -> None:
+        self._last_contact = self.clock.now()
+        self.backoff.reset()
+
     async def run(self) -> ClientSummary:
         single_threaded()
+        self._last_contact = self.clock.now()
         try:
             while not self.summary.done:
                 try:
-                    await self.rpc.connect(self.reconnect_s)
-                except RpcError as e:
-                    raise ClientStopped(e.message) from None
-                try:
                     await self._prepare()
                     await self._follow()
+                    if self.summary.done:
+                        break
+                    failure = RpcError(StatusCode.UNAVAILABLE, f"{self.address} ended the session")
                 except RpcError as e:
-                    if e.code not in (StatusCode.UNAVAILABLE, StatusCode.CANCELLED):
+                    if e.code not in TRANSPORT_FAILURES:
                         raise ClientStopped(e.message) from None
-                    log.warning("client %d lost the server (%s); reconnecting", self.client_id, e.message)
-                await self.rpc.close()  # a fresh channel for the next attempt
+                    failure = e
+                await self._before_retry(failure)
         finally:
             await self.rpc.close()
         return self.summary
+
+    async def _before_retry(self, failure: RpcError) -> None:
+        """Close the channel, name a TLS mismatch, give up after reconnect_s of silence, else back off."""
+        await self.rpc.close()  # a fresh channel: gRPC's own reconnect backoff would otherwise pile on ours
+        if "connection refused" not in failure.message:
+            await self._check_tls_matches()
+        silent = self.clock.now() - self._last_contact
+        if silent > self.reconnect_s:
+            raise ClientStopped(f"no server at {self.address} for {silent:.0f}s (--reconnect {self.reconnect_s:g}); "
+                                f"last error: {failure.message}")
+        delay = self.backoff.next_delay()
+        self.summary.reconnects += 1
+        log.warning("client %d lost the server (%s); reconnecting in %.2fs", self.client_id, failure.message, delay)
+        await self.clock.asleep(delay)
+
+    async def _check_tls_matches(self) -> None:
+        host, _, port = self.address.rpartition(":")
+        tls = await asyncio.to_thread(speaks_tls, host.strip("[]"), int(port))
+        if tls is True and self.tls is None:
+            raise ClientStopped(f"the server at {self.address} expects TLS and this client sent plaintext: "
+                                "give --tls-ca (and --tls-cert/--tls-key, or --certs DIR, if it asks for client certificates)")
+        if tls is False and self.tls is not None:
+            raise ClientStopped(f"the server at {self.address} does not speak TLS: drop the --tls-* options "
+                                "(or start the server with a certificate)")
 
     async def _follow(self) -> None:
         hello = {"client_id": self.client_id, "num_samples": self._data.num_samples,
@@ -99,11 +153,15 @@ class FlClient:
         try:
             await session.send(hello)
             async for task in session:
+                self._touch()
                 kind = task.get("type")
                 if kind == "train":
+                    log.info("round %s: selected; training", task["round"])
                     await session.send(self._train(task))
                 elif kind == "receipt":
                     self._receipt(task)
+                elif kind == "round_end":
+                    self._round_end(task)
                 elif kind == "evaluate":
                     await self._evaluate(task)
                 elif kind == "done":
@@ -113,6 +171,10 @@ class FlClient:
             session.cancel()
 
     def _train(self, task: dict) -> dict:
+        key = (task["round"], task["seed"], _digest(task["weights"]), repr(sorted(task["train"].items())))
+        if self._trained is not None and self._trained[0] == key:
+            log.info("round %s: the same task again (server restarted); re-sending the update", task["round"])
+            return self._trained[1]
         spec = TrainSpec(**task["train"])
         # inline, not in a worker thread: the client has nothing else to do meanwhile, and the hop to a
         # thread and back cost ~0.15 ms of CPU per round (gRPC keepalive pings are answered by its core)
@@ -122,16 +184,47 @@ class FlClient:
             log.error("client %d: crashing in round %d (fault injection)", self.client_id, task["round"])
             os._exit(3)  # like a kill: no goodbye, the server sees the connection drop
         self.summary.rounds_trained += 1
-        return {"client_id": self.client_id, "round": task["round"], "weights": result.weights,
-                "metrics": result.metrics()}
+        update = {"client_id": self.client_id, "round": task["round"], "weights": result.weights,
+                  "metrics": result.metrics()}
+        self._trained = (key, update)
+        return update
 
     def _receipt(self, receipt: dict) -> None:
-        if not receipt.get("accepted"):
-            self.summary.rejected += 1
+        """The server's first answer to an update: received, or refused with a reason (final then)."""
+        if receipt.get("accepted"):
+            log.info("round %s: update received; round checks pending", receipt.get("round"))
+        else:
             log.warning("round %s: update rejected: %s", receipt.get("round"), receipt.get("reason"))
+
+    def _round_end(self, message: dict) -> None:
+        """The round's verdict for this client (after every check) and its balance."""
+        self.summary.balance = message.get("balance")
+        status = message.get("status")
+        paid = float(message.get("paid", 0.0))
+        self.summary.tokens_earned += paid
+        if status == "valid":
+            self.summary.accepted += 1
+            log.info("round %s: update accepted%s; paid %.4g tokens; balance %.6g", message["round"],
+                     "" if message.get("aggregated", True) else " but not aggregated", paid, self.summary.balance)
+        elif status in ("rejected", "failed"):
+            self.summary.rejected += status == "rejected"
+            log.warning("round %s: update %s: %s; paid 0; balance %.6g", message["round"], status,
+                        message.get("reason"), self.summary.balance)
+        else:
+            log.info("round %s: not selected; balance %.6g", message["round"], self.summary.balance)
 
     async def _evaluate(self, task: dict) -> None:
         acc = evaluate({k: np.asarray(v) for k, v in task["weights"].items()}, self._data.x_test,
                        self._data.y_test)["accuracy"]
         await self.rpc.call("evaluate", {"client_id": self.client_id, "accuracy": acc})
         self.summary.evaluated = True
+        log.info("final model: accuracy %.4f on this client's test split (reported)", acc)
+
+
+def _digest(weights: dict) -> str:
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        array = np.ascontiguousarray(weights[name])
+        h.update(f"{name}:{array.dtype}:{array.shape}".encode())
+        h.update(array.tobytes())
+    return h.hexdigest()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from mlsyskit.core.config import from_dict, require
+from mlsyskit.core.config import require
 
 DATASETS = ("digits", "mnist1d", "synthetic")
 PARTITIONS = ("iid", "dirichlet", "shards")
@@ -96,7 +96,9 @@ class JobConfig:
     strategy: str = "tiff"
     rounds: int = 10
     per_round: int = 5
-    min_clients: int = 0  # wait for this many registrations before round 1; 0 = data.num_clients
+    min_clients: int = 2  # connected clients a round needs (as Flower's min_available_clients); the job goes on
+    # while at least this many are connected (capped at data.num_clients)
+    fill_timeout_s: float = 5.0  # then wait up to this long for per_round connected clients before selecting
     round_timeout_s: float = 30.0  # per-round deadline for updates (virtual seconds in simulation)
     max_update_bytes: int = 16 * 1024 * 1024
     max_norm_ratio: float = 10.0  # an update whose delta norm exceeds this x the round median is rejected
@@ -110,21 +112,19 @@ class JobConfig:
         require(self.rounds >= 1, "rounds must be at least 1")
         require(1 <= self.per_round <= self.data.num_clients,
                 f"per_round must be in [1, clients={self.data.num_clients}], got {self.per_round}")
-        require(0 <= self.min_clients <= self.data.num_clients, "min_clients must be in [0, clients]")
+        require(self.min_clients >= 1, f"min_clients must be at least 1, got {self.min_clients}")
+        require(self.fill_timeout_s >= 0, "fill_timeout_s must be non-negative")
         require(self.round_timeout_s > 0, "round_timeout_s must be positive")
         require(self.max_update_bytes > 0, "max_update_bytes must be positive")
         require(self.max_norm_ratio > 1, "max_norm_ratio must exceed 1")
 
     @property
     def wait_for(self) -> int:
-        return self.min_clients or self.data.num_clients
+        """Connected clients a round needs."""
+        return min(self.min_clients, self.data.num_clients)
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    @classmethod
-    def from_mapping(cls, data: dict) -> JobConfig:
-        return from_dict(cls, data)
 
 
 def check_address(address: str, option: str) -> str | None:

@@ -3,16 +3,23 @@
 RPC methods (msgpack payloads, weights as raw arrays):
   job      unary   -> the DataSpec and TrainSpec, so a client can load its partition
   session  bidi    what fl-client uses: its first message registers (as `join`), later ones are its
-                   updates (as `submit`); the server sends the `join` tasks plus a
-                   {"type": "receipt", round, accepted, reason} per update. One call for the whole job,
-                   so a round costs two messages per client instead of a message and a unary call.
+                   updates (as `submit`); the server sends the `join` tasks, a
+                   {"type": "receipt", round, accepted, reason} per update (received or refused at once) and,
+                   to every connected client after each round, {"type": "round_end", round, balance, and for
+                   the selected: status, reason, aggregated, paid}: the verdict after every check, the truth
+                   to print. One call for the whole job.
   join     stream  register (num_samples, local-only accuracy) and receive tasks:
                    {"type": "train", round, weights, train, seed} | {"type": "evaluate", weights} | {"type": "done"}
   submit   unary   a round's update + metrics -> {"accepted", "reason"}
-  evaluate unary   the consumer's accuracy of the final model on its own test split
+  evaluate unary   the consumer's accuracy of the final model on its own test split (once, when asked)
   status   unary   round, registered and connected clients
-A client whose `join` stream drops is counted as failed in the open round (and can rejoin).
-Rounds end when every selected client has reported or dropped, or at the deadline.
+
+Identity: with mutual TLS (a client CA) every call that names a client id must come from the
+certificate with that id as its common name; the token alone does not make anyone a client.
+A round begins once `min_clients` are connected (waiting up to `fill_timeout_s` more for
+`per_round` of them) and selects only among the connected; it ends when every selected client has
+reported or dropped, or at its deadline. A client that reconnects mid-round is dropped from that
+round at once (its old stream is gone). A server killed mid-round re-opens that round on restart.
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ import os
 from typing import Any
 
 from mlsyskit.core.clock import Clock, RealClock
+from mlsyskit.core.errors import RuntimeFailure
 from mlsyskit.core.rpc import (
     DEFAULT_MAX_MESSAGE_BYTES,
     CallContext,
@@ -34,6 +42,7 @@ from mlsyskit.core.storage import MetaStore
 from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.fl.config import JobConfig
 from mlsyskit.tools.fl.coordinator import Coordinator
+from mlsyskit.tools.fl.incentive.ledger import client_account
 from mlsyskit.tools.fl.outcome import RoundOutcome
 
 log = logging.getLogger("mlsyskit.fl.server")
@@ -58,7 +67,8 @@ class FlServer:
     def __init__(self, config: JobConfig, store: MetaStore, *, address: str = "127.0.0.1:0",
                  token: str | None = None, tls: ServerTls | None = None, clock: Clock | None = None,
                  telemetry: Telemetry | None = None, on_round=None, eval_timeout_s: float = 10.0,
-                 max_message_bytes: int | None = None, crash_after_round: int | None = None) -> None:
+                 max_message_bytes: int | None = None, crash_after_round: int | None = None,
+                 require_identity: bool | None = None) -> None:
         self.config = config
         self.clock = clock or RealClock()
         self.coordinator = Coordinator(config, store, self.clock)
@@ -68,6 +78,9 @@ class FlServer:
         self.crash_after_round = crash_after_round
         self.max_message_bytes = max_message_bytes or transport_limit(config)  # None: derived from the job
         self.rpc = RpcServer(address, token=token, tls=tls, max_message_bytes=self.max_message_bytes)
+        # with a client CA, a caller is the client its certificate names, whatever its payload claims
+        self.require_identity = (tls is not None and tls.client_ca is not None) if require_identity is None \
+            else require_identity
         for name in ("job", "submit", "evaluate", "status"):
             self.rpc.unary(name, getattr(self, f"_{name}"))
         self.rpc.stream("join", self._join)
@@ -76,6 +89,8 @@ class FlServer:
         self._generation: dict[int, int] = {}
         self._changed = asyncio.Event()  # something happened that may end a wait
         self._eval_results: dict[int, float] = {}
+        self._eval_asked: set[int] = set()
+        self._received: set[int] = set()  # clients whose update got an "accepted" receipt this round
         self.outcomes: list[RoundOutcome] = []
 
     # -- handlers ----------------------------------------------------------------------------------
@@ -89,12 +104,24 @@ class FlServer:
                 "registered": sorted(self.coordinator.clients), "connected": sorted(self._queues),
                 "done": self.coordinator.finished}
 
+    def _check_identity(self, call: CallContext, cid: int) -> None:
+        if not self.require_identity:
+            return
+        if call.identity is None:
+            raise RpcError(StatusCode.UNAUTHENTICATED, "this server needs a client certificate (fl-server certs)")
+        if call.identity != str(cid):
+            log.warning("refused %s from %s: its certificate is for client %s, it claimed client %d",
+                        call.method, call.peer, call.identity, cid)
+            raise RpcError(StatusCode.PERMISSION_DENIED,
+                           f"this certificate is for client {call.identity}; it cannot act as client {cid}")
+
     async def _session(self, requests, call: CallContext):
         try:
             hello = await anext(requests)
         except StopAsyncIteration:
             return
         cid = _field(hello, "client_id", int)
+        self._check_identity(call, cid)
         reader = asyncio.create_task(self._receive_updates(cid, requests))
         try:
             async for message in self._join(hello, call):
@@ -119,6 +146,7 @@ class FlServer:
 
     async def _join(self, payload: Any, call: CallContext):
         cid = _field(payload, "client_id", int)
+        self._check_identity(call, cid)
         info = {"num_samples": _field(payload, "num_samples", int),
                 "local_only_accuracy": float(_field(payload, "local_only_accuracy", (int, float))),
                 "declared_attack": str(payload.get("declared_attack", "none"))}
@@ -131,10 +159,12 @@ class FlServer:
         old = self._queues.get(cid)
         if old is not None:
             old.put_nowait(None)  # a rejoin supersedes the old stream
+            # ... and whatever that stream was doing this round is lost: do not wait for it until the deadline
+            self.coordinator.drop(cid, "reconnected mid-round (the old stream was dropped)")
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[cid] = queue
         self.telemetry.event("join", client=cid, peer=call.peer)
-        log.info("client %d joined from %s", cid, call.peer)
+        log.info("client %d joined from %s%s", cid, call.peer, " (rejoined)" if old is not None else "")
         self._poke()
         try:
             yield {"type": "welcome", "round": self.coordinator.round}
@@ -155,10 +185,11 @@ class FlServer:
                 self._queues.pop(cid, None)
                 self.coordinator.drop(cid, "connection lost")
                 self.telemetry.event("leave", client=cid)
-                log.info("client %d left", cid)
+                log.info("client %d left (%s)", cid, call.peer)
                 self._poke()
 
     async def _submit(self, payload: Any, call: CallContext) -> dict:
+        self._check_identity(call, _field(payload, "client_id", int))
         return self._take_update(payload)
 
     def _take_update(self, payload: Any) -> dict:
@@ -167,15 +198,23 @@ class FlServer:
         accepted, reason = self.coordinator.submit(cid, round_num, payload.get("weights"), payload.get("metrics"))
         if not accepted:
             log.warning("rejected update from client %d in round %d: %s", cid, round_num, reason)
+        else:
+            self._received.add(cid)
             self.telemetry.event("rejected", client=cid, round=round_num, reason=reason)
         self._poke()
         return {"accepted": accepted, "reason": reason}
 
     async def _evaluate(self, payload: Any, call: CallContext) -> dict:
         cid = _field(payload, "client_id", int)
+        self._check_identity(call, cid)
         acc = float(_field(payload, "accuracy", (int, float)))
-        if not 0 <= acc <= 1:
+        # these numbers set the consumers' refunds: only in range, only when asked, once per client
+        if not 0 <= acc <= 1:  # also refuses NaN
             raise RpcError(StatusCode.INVALID_ARGUMENT, f"accuracy {acc} is outside [0, 1]")
+        if cid not in self._eval_asked:
+            raise RpcError(StatusCode.FAILED_PRECONDITION, f"no final evaluation was asked of client {cid}")
+        if cid in self._eval_results:
+            raise RpcError(StatusCode.ALREADY_EXISTS, f"client {cid} already reported its final accuracy")
         self._eval_results[cid] = acc
         self._poke()
         return {"ok": True}
@@ -203,17 +242,14 @@ class FlServer:
     async def serve(self, registration_timeout_s: float | None = None) -> None:
         """Run the remaining rounds, the final evaluation and reimbursement, then tell clients we are done."""
         c = self.coordinator
-        want = self.config.wait_for
         while not c.done:
-            # like Flower's min_available_clients: every round waits for enough connected clients
-            deadline = None if registration_timeout_s is None else self.clock.now() + registration_timeout_s
-            if not await self._wait(lambda: len(self._queues) >= want, deadline):
-                raise RpcError(StatusCode.DEADLINE_EXCEEDED, f"only {len(self._queues)} of {want} clients "
-                               f"connected within {registration_timeout_s:g}s before round {c.round + 1} "
-                               f"(--min-clients sets how many a round waits for; rerun to resume)")
+            await self._await_quorum(registration_timeout_s)
             start = self.clock.now()
             plan = c.begin_round(sorted(self._queues), start)
-            self.telemetry.event("round_start", round=plan.round, selected=plan.selected)
+            self._received = set()
+            self.telemetry.event("round_start", round=plan.round, selected=plan.selected,
+                                 connected=sorted(self._queues))
+            log.info("round %d: selected %s of %d connected", plan.round, plan.selected, len(self._queues))
             for cid in plan.selected:
                 self._queues[cid].put_nowait({"type": "train", "round": plan.round, "weights": plan.weights,
                                               "train": plan.train, "seed": plan.seeds[cid]})
@@ -224,6 +260,7 @@ class FlServer:
             self.outcomes.append(outcome)
             self.telemetry.event("round_end", **outcome.to_record())
             self.telemetry.observe("round_s", outcome.duration_s)
+            self._tell_round_end(outcome)
             if self.on_round:
                 self.on_round(outcome)
             if self.crash_after_round is not None and outcome.round >= self.crash_after_round:
@@ -235,10 +272,50 @@ class FlServer:
             queue.put_nowait({"type": "done"})
         await self._wait(lambda: not self._queues, self.clock.now() + 5.0)  # let the streams deliver it
 
+    async def _await_quorum(self, registration_timeout_s: float | None) -> None:
+        """Wait for min_clients connected clients (failing after the timeout), then up to fill_timeout_s
+        for per_round of them, so clients joining at start-up or after a restart are not left out."""
+        need = self.config.wait_for
+        deadline = None if registration_timeout_s is None else self.clock.now() + registration_timeout_s
+        if not await self._wait(lambda: len(self._queues) >= need, deadline):
+            raise RuntimeFailure(f"only {len(self._queues)} of the {need} clients a round needs were connected "
+                                 f"within {registration_timeout_s:g}s before round {self.coordinator.round + 1} "
+                                 f"(--min-clients sets how many a round needs; rerun with the same --run-dir "
+                                 f"to resume)")
+        full = min(self.config.per_round, self.config.data.num_clients)
+        await self._wait(lambda: len(self._queues) >= full, self.clock.now() + self.config.fill_timeout_s)
+
+    def _tell_round_end(self, outcome: RoundOutcome) -> None:
+        """Every connected client hears its balance; the selected also hear their verdict and pay. A
+        rejection made after the receipt (round checks) is logged here, with its reason."""
+        ledger = self.coordinator.ledger
+        paid: dict[str, float] = {}
+        for payee, amount in self.coordinator.store.query(
+                "SELECT payee, amount FROM fl_ledger WHERE round=? AND kind='pay'", (outcome.round,)):
+            paid[payee] = paid.get(payee, 0.0) + amount
+        balances = ledger.balances()
+        for cid, report in outcome.reports.items():
+            if report.status == "rejected" and cid in self._received:
+                log.warning("rejected update from client %d in round %d after the round checks: %s",
+                            cid, outcome.round, report.reason)
+                self.telemetry.event("rejected", client=cid, round=outcome.round, reason=report.reason)
+        pay_line = ", ".join(f"{cid}: {paid.get(client_account(cid), 0.0):.4g}" for cid in outcome.selected)
+        log.info("round %d: paid %s", outcome.round, pay_line or "nobody")
+        for cid, queue in list(self._queues.items()):
+            account = client_account(cid)
+            message = {"type": "round_end", "round": outcome.round, "balance": balances.get(account, 0.0),
+                       "accuracy": outcome.global_metrics.get("accuracy")}
+            report = outcome.reports.get(cid)
+            if report is not None:
+                message.update(status=report.status, reason=report.reason, aggregated=report.aggregated,
+                               paid=paid.get(account, 0.0))
+            queue.put_nowait(message)
+
     async def _final_evaluation(self) -> None:
         c = self.coordinator
         self._eval_results = {}
         asked = sorted(self._queues)
+        self._eval_asked = set(asked)
         for cid in asked:
             self._queues[cid].put_nowait({"type": "evaluate", "weights": c.weights})
         await self._wait(lambda: all(cid in self._eval_results or cid not in self._queues for cid in asked),
