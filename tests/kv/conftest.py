@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from mlsyskit.tools.kv import peerauth
 from mlsyskit.tools.kv.cluster import LocalCluster, node_datalet
+from mlsyskit.tools.kv.pipeline import RespConnection
 from mlsyskit.tools.kv.resp import Limits
 from mlsyskit.tools.kv.shardmap import ShardMap, layout
 from tests.conftest import ProcManager, free_port, wait_for_port
@@ -50,6 +52,17 @@ def datalet_factory(name: str, tmp_path: Path, redis_port: int | None = None, db
         return node_datalet(name, node_id, tmp_path, redis)
 
     return make
+
+
+async def peer_connection(cluster: LocalCluster, target: str, me: str,
+                          secret: bytes | None = None) -> RespConnection:
+    """A connection to `target` that authenticated as replica `me` (with the cluster's secret)."""
+    addr = cluster.map.nodes[target]
+    conn = await RespConnection.connect(addr.host, addr.port)
+    nonce = await conn.call(b"BKV.NONCE")
+    proof = peerauth.proof(secret or cluster.secret, nonce, me.encode(), target.encode())
+    assert await conn.call(b"BKV.AUTH", me, proof) == b"OK"
+    return conn
 
 
 class ThreadedCluster:

@@ -108,7 +108,7 @@ def test_last_writer_wins_picks_the_greatest_version_in_any_delivery_order() -> 
         shard.submit("r2", "put", b"k", b"from-r2")  # same Lamport counter: higher replica index wins
         shard.run()
         assert shard.converged()
-        finals.add(shard.data["r0"][b"k"])
+        finals.add(shard.values("r0")[b"k"])
     assert finals == {b"from-r2"}
 
 

@@ -11,7 +11,7 @@ from mlsyskit.tools.kv.client import SmartClient
 from mlsyskit.tools.kv.cluster import LocalCluster
 from mlsyskit.tools.kv.history import History
 from mlsyskit.tools.kv.pipeline import RespConnection
-from tests.kv.conftest import datalet_factory, make_map
+from tests.kv.conftest import datalet_factory, make_map, peer_connection
 
 
 def run(coro, timeout: float = 60):
@@ -22,8 +22,7 @@ def test_peer_messages_from_another_epoch_are_fenced(tmp_path) -> None:
     async def body() -> None:
         smap = make_map("ms-ec", shards=1, replicas=2)
         async with LocalCluster(smap, datalet_factory("memory", tmp_path)) as cluster:
-            slave = smap.nodes["s0r1"]
-            conn = await RespConnection.connect(slave.host, slave.port)
+            conn = await peer_connection(cluster, "s0r1", "s0r0")
             stale = hiredis.pack_command((b"BKV.MSG", 0, b"s0r0", b"REPL", 1, b"P", b"k", b"stale"))
             current = hiredis.pack_command((b"BKV.MSG", smap.epoch, b"s0r0", b"REPL", 1, b"P", b"k", b"fresh"))
             conn.send(stale)

@@ -5,13 +5,17 @@ node's datalet with `node_datalet` so the two shapes are configured identically.
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mlsyskit.tools.kv.controlets.base import ControletOptions
 from mlsyskit.tools.kv.datalets import Datalet, make_datalet
 from mlsyskit.tools.kv.node import Node
+from mlsyskit.tools.kv.peerauth import new_secret
 from mlsyskit.tools.kv.resp import Limits
+from mlsyskit.tools.kv.server import start_node
 from mlsyskit.tools.kv.shardmap import ShardMap
 
 
@@ -28,21 +32,53 @@ def node_datalet(name: str, node_id: str, data_dir: Path | None = None,
 
 
 class LocalCluster:
-    """Every node of a shard map in the current event loop, each on its own socket."""
+    """Every node of a shard map in the current event loop, each on its own socket.
+
+    The nodes share a fresh cluster secret (peer authentication). A new cluster starts with
+    every replica ready (they are all empty, or all hold the same files); `restart` brings
+    one node back as a new process would: empty or from its files, catching up first.
+    """
 
     def __init__(self, shard_map: ShardMap, datalet_factory: Callable[[str], Datalet],
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, options: ControletOptions | None = None,
+                 secret: bytes | None = None, requirepass: bytes | None = None) -> None:
         self.map = shard_map
-        self.nodes = {n: Node(shard_map, n, datalet_factory(n), limits)
-                      for reps in shard_map.shards for n in reps}
+        self.factory = datalet_factory
+        self.limits, self.options = limits, options
+        self.secret = secret or new_secret()
+        self.requirepass = requirepass
+        self.nodes = {n: self._make(n) for reps in shard_map.shards for n in reps}
+
+    def _make(self, node_id: str) -> Node:
+        return Node(self.map, node_id, self.factory(node_id), self.limits, secret=self.secret,
+                    options=self.options, requirepass=self.requirepass)
 
     async def start(self) -> None:
         for node in self.nodes.values():
-            await node.start()
+            await start_node(node, catch_up=False)
 
     async def stop(self) -> None:
         for node in self.nodes.values():
             await node.stop()
+
+    async def kill(self, node_id: str) -> None:
+        """Stop one node abruptly: its sockets close and its in-memory state is gone."""
+        await self.nodes[node_id].stop()
+
+    async def restart(self, node_id: str, timeout: float = 10.0) -> Node:
+        """Start `node_id` again with a fresh datalet object; returns once it has caught up."""
+        node = self.nodes[node_id] = self._make(node_id)
+        await start_node(node, catch_up=True)
+        await self.wait_ready(node_id, timeout=timeout)
+        return node
+
+    async def wait_ready(self, node_id: str, timeout: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.nodes[node_id].ready:
+            if loop.time() > deadline:
+                raise TimeoutError(f"{node_id} did not catch up within {timeout}s")
+            await asyncio.sleep(0.01)
 
     async def __aenter__(self) -> LocalCluster:
         await self.start()

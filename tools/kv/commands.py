@@ -3,6 +3,7 @@
 Handlers validate arity and limits, answer what they can at once (PING, INFO, HELLO ...)
 and turn data commands into single-key requests on the connection. GET and SET also have
 an inlined fast path in ClientConnection.data_received; these handlers are the general path.
+Connection-level commands (AUTH, CLIENT, COMMAND, CONFIG, MULTI) live in admin.py.
 """
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from mlsyskit.core import __version__
-from mlsyskit.tools.kv import resp
+from mlsyskit.tools.kv import admin, peerauth, resp
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT
-from mlsyskit.tools.kv.node import PEER_MESSAGE
+from mlsyskit.tools.kv.requests import PEER_AUTH, PEER_MESSAGE, PEER_NONCE, Ready
 from mlsyskit.tools.kv.shardmap import hash64
 
 if TYPE_CHECKING:
@@ -100,13 +101,11 @@ def cmd_digest(conn: ClientConnection, cmd: list) -> None:
     """BKV.DIGEST: this node's own datalet as [key count, order-independent hash of all pairs].
 
     Replicas of a shard that hold the same data give the same digest, whatever their roles,
-    so it is the consistency check for a quiesced cluster.
+    so it is the consistency check for a quiesced cluster (read-only, so clients may ask).
     """
     datalet = conn.node.datalet
     if datalet is None:
         return conn.reply(resp.error("a proxy holds no data"))
-    from mlsyskit.tools.kv.frontend import Ready
-
     slot = Ready(None)
     conn.slots.append(slot)
 
@@ -118,24 +117,67 @@ def cmd_digest(conn: ClientConnection, cmd: list) -> None:
         slot.payload = resp.array([b"%d" % count, b"%016x" % digest])
         conn.slot_done()
 
-    asyncio.get_running_loop().create_task(compute())
+    task = asyncio.get_running_loop().create_task(compute())
+    conn.node.tasks.add(task)
+    task.add_done_callback(conn.node.tasks.discard)
 
 
 def cmd_peer(conn: ClientConnection, cmd: list) -> None:
-    conn.node.on_peer_message(cmd)
+    """BKV.MSG: one-way, so it has no reply -- except to a sender that is not an authenticated peer."""
+    if conn.peer is None:
+        conn.node.stats["refused_peer_messages"] += 1
+        return conn.reply(b"-NOPERM peer messages need a replica connection authenticated with BKV.AUTH\r\n")
+    conn.node.on_peer_message(conn.peer, cmd)
+
+
+def cmd_nonce(conn: ClientConnection, cmd: list) -> None:
+    conn.nonce = peerauth.new_nonce()
+    conn.reply(resp.bulk(conn.nonce))
+
+
+def cmd_peer_auth(conn: ClientConnection, cmd: list) -> None:
+    """BKV.AUTH <node> <proof>: the HMAC of this connection's nonce with the cluster secret."""
+    node = conn.node
+    nonce, conn.nonce = conn.nonce, None  # one attempt per nonce
+    if len(cmd) != 3:
+        return _arity(conn, cmd, "bkv.auth")
+    name = cmd[1]
+    known = name in node.peer_names or name == b"proxy"
+    if not known or not peerauth.verify(node.secret, nonce, name, node.src_bytes, cmd[2]):
+        node.stats["auth_failures"] += 1
+        return conn.reply(b"-NOPERM peer authentication failed\r\n")
+    conn.peer = name.decode()
+    conn.authed = True
+    conn.reply(resp.OK)
 
 
 def cmd_hello(conn: ClientConnection, cmd: list) -> None:
-    """HELLO [2|3]: client libraries (redis-py 8 asks for RESP3) handshake with it.
+    """HELLO [2|3] [AUTH user pass] [SETNAME name]: client libraries handshake with it.
 
     Every reply this server sends (simple, bulk, null bulk, integer, array) is also valid
-    RESP3, so only the handshake answer itself differs between the two versions.
+    RESP3, so only the handshake answer itself differs between the two versions. A bespokv
+    node is one endpoint that answers every key (it forwards what it does not own), which is
+    Redis's standalone mode, not cluster mode (no MOVED redirections).
     """
     version = cmd[1] if len(cmd) > 1 else b"2"
     if version not in (b"2", b"3"):
         return conn.reply(b"-NOPROTO unsupported protocol version\r\n")
+    rest = cmd[2:]
+    while rest:
+        option = rest[0].upper()
+        if option == b"AUTH" and len(rest) >= 3:
+            if not admin.check_password(conn, rest[2]):
+                return None
+            rest = rest[3:]
+        elif option == b"SETNAME" and len(rest) >= 2:
+            conn.name = rest[1]
+            rest = rest[2:]
+        else:
+            return conn.reply(resp.error(f"syntax error in HELLO option {option[:32].decode(errors='replace')}"))
+    if conn.node.requirepass is not None and not conn.authed:
+        return conn.reply(admin.NOAUTH)
     fields = [b"server", b"bespokv", b"version", __version__.encode(), b"proto", int(version),
-              b"mode", b"cluster", b"role", b"master", b"modules", []]
+              b"id", conn.id, b"mode", b"standalone", b"role", b"master", b"modules", []]
     parts = [(b"%%%d\r\n" % (len(fields) // 2)) if version == b"3" else (b"*%d\r\n" % len(fields))]
     for f in fields:
         parts.append(resp.integer(f) if isinstance(f, int) else resp.EMPTY_ARRAY if f == [] else resp.bulk(f))
@@ -154,26 +196,15 @@ def cmd_quit(conn: ClientConnection, cmd: list) -> None:
         conn.transport.close()
 
 
-def cmd_ok(conn: ClientConnection, cmd: list) -> None:
-    conn.reply(resp.OK)  # CLIENT SETNAME / SETINFO that client libraries send on connect
-
-
-def cmd_empty(conn: ClientConnection, cmd: list) -> None:
-    conn.reply(resp.EMPTY_ARRAY)  # COMMAND DOCS probes from redis-cli
-
-
-def cmd_config(conn: ClientConnection, cmd: list) -> None:
-    """CONFIG GET <param>: an empty value (redis-benchmark asks for `save` and `appendonly`)."""
-    if len(cmd) == 3 and cmd[1].upper() == b"GET":
-        return conn.reply(resp.array([cmd[2], b""]))
-    conn.reply(resp.error("CONFIG supports only GET, and a bespokv node has no Redis settings"))
-
-
 HANDLERS: dict[bytes, Any] = {
     b"GET": cmd_get, b"SET": cmd_set, b"MSET": cmd_mset,
     b"DEL": _keys_command(DEL, "del", b"DEL"), b"EXISTS": _keys_command(EXISTS, "exists", b"EXISTS"),
     b"MGET": _keys_command(GET, "mget", b"MGET"),
-    b"PING": cmd_ping, b"ECHO": cmd_echo, b"INFO": cmd_info, b"BKV.SHARDMAP": cmd_shardmap,
-    PEER_MESSAGE: cmd_peer, b"BKV.DIGEST": cmd_digest, b"HELLO": cmd_hello, b"SELECT": cmd_select, b"QUIT": cmd_quit, b"CLIENT": cmd_ok,
-    b"COMMAND": cmd_empty, b"CONFIG": cmd_config,
+    b"PING": cmd_ping, b"ECHO": cmd_echo, b"INFO": cmd_info, b"HELLO": cmd_hello, b"SELECT": cmd_select,
+    b"QUIT": cmd_quit, b"AUTH": admin.cmd_auth, b"CLIENT": admin.cmd_client, b"COMMAND": admin.cmd_command,
+    b"CONFIG": admin.cmd_config, b"MULTI": admin.cmd_multi, b"EXEC": admin.cmd_exec,
+    b"DISCARD": admin.cmd_discard, b"WATCH": admin.cmd_watch, b"UNWATCH": admin.cmd_unwatch,
+    b"BKV.SHARDMAP": cmd_shardmap, b"BKV.DIGEST": cmd_digest,
+    PEER_MESSAGE: cmd_peer, PEER_NONCE: cmd_nonce, PEER_AUTH: cmd_peer_auth,
 }
+admin.register_arities(HANDLERS)

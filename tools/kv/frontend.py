@@ -7,37 +7,38 @@ for its ack): each request holds a slot in `slots`, and only a ready prefix is f
 Session order: a read waits until the connection's earlier writes are answered (and
 anything after a waiting read waits too), so a pipelined SET k / GET k through a node
 that forwards the two to different replicas (chain head and tail) still reads its write.
-Bad input never raises out of here: malformed frames close the connection after an
-error (as Redis does); unknown commands, wrong arity and oversize keys/values get errors.
+Bad input never raises out of here: malformed frames -- anything but an array of bulk
+strings, a length header over the limits -- close the connection after an error (as Redis
+does); unknown commands, wrong arity and oversize keys/values get errors.
+
+Resources per connection are bounded as Redis bounds them: `max_clients` connections, a
+bulk header over `max_bulk_bytes` is refused before its payload is read, and a client whose
+unsent replies exceed `max_output_bytes` (it does not read) is disconnected, so it cannot
+take the server's memory or the other clients' latency.
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hiredis
 
-from mlsyskit.tools.kv import resp
+from mlsyskit.tools.kv import admin, resp
 from mlsyskit.tools.kv.commands import HANDLERS
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT, WRITES
-from mlsyskit.tools.kv.node import Node, Request
+from mlsyskit.tools.kv.requests import Ready, Request
+
+if TYPE_CHECKING:
+    from mlsyskit.tools.kv.node import Node
 
 WRITE_OPS = {b"MSET": PUT, b"DEL": DEL}
 
 
 def _is_write(item: Any) -> bool:
     return item.op in WRITES if type(item) is Request else item.kind in WRITE_OPS
-
-
-class Ready:
-    """An immediate reply queued behind a slower one."""
-
-    __slots__ = ("payload",)
-
-    def __init__(self, payload: bytes | None) -> None:
-        self.payload = payload
 
 
 class Aggregate:
@@ -68,8 +69,20 @@ class Aggregate:
         self.conn.slot_done(self)
 
 
+_ids = itertools.count(1)
+
+
 class ClientConnection(asyncio.Protocol):
     def __init__(self, node: Node) -> None:
+        self.id = next(_ids)
+        self.name = b""
+        self.lib: dict[bytes, bytes] = {}
+        self.peer: str | None = None  # the node name, once BKV.AUTH proved the cluster secret
+        self.nonce: bytes | None = None
+        self.authed = node.requirepass is None
+        self.in_refused_multi = False
+        self.unparsed = bytearray()  # the bytes hiredis still holds (an incomplete request)
+        self.out_bytes = 0  # completed replies gathered in `out` during a read (slow path)
         self.node = node
         self.limits = node.limits
         self.reader = hiredis.Reader()
@@ -83,6 +96,12 @@ class ClientConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.node.stats["connections"] += 1
+        if len(self.node.client_connections) >= self.limits.max_clients:
+            self.node.stats["rejected_connections"] += 1
+            transport.write(b"-ERR max number of clients reached\r\n")
+            transport.close()
+            self.transport = None
+            return
         self.node.client_connections.add(self)
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -98,6 +117,8 @@ class ClientConnection(asyncio.Protocol):
 
     # -- input ---------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        if self.transport is None:
+            return  # closed (over a limit, refused): nothing more is read
         reader = self.reader
         reader.feed(data)
         self.in_batch = True
@@ -106,37 +127,62 @@ class ClientConnection(asyncio.Protocol):
         node = self.node
         # Hot path, inlined: single-key GET/SET that this replica serves from its own datalet.
         fast_get, fast_put = node.fast_get, node.fast_put
+        gated = self.in_refused_multi or not self.authed
         owns, max_key, max_value = node.owns, self.limits.max_key_bytes, self.limits.max_value_bytes
         all_mine = node.only_shard
         out, slots, ok, gets = self.out, self.slots, resp.OK, reader.gets
+        budget = self.limits.max_output_bytes - self.transport.get_write_buffer_size()
         try:
             while (cmd := gets()) is not False:
                 count += 1
-                if not slots and type(cmd) is list:
+                if not slots and not gated and type(cmd) is list:
                     n = len(cmd)
                     if n == 2 and fast_get is not None and cmd[0] == b"GET":
                         key = cmd[1]
-                        if len(key) <= max_key and (all_mine or owns(key)):
+                        if type(key) is bytes and len(key) <= max_key and (all_mine or owns(key)):
                             v = fast_get(key)
-                            out.append(b"$-1\r\n" if v is None else b"$%d\r\n%b\r\n" % (len(v), v))
+                            if v is None:
+                                out.append(b"$-1\r\n")
+                                continue
+                            out.append(b"$%d\r\n%b\r\n" % (len(v), v))
+                            budget -= len(v)
+                            if budget < 0:
+                                self.over_output_limit()
+                                return
                             continue
                     elif n == 3 and fast_put is not None and cmd[0] == b"SET":
-                        key = cmd[1]
-                        if len(key) <= max_key and len(cmd[2]) <= max_value and (all_mine or owns(key)):
-                            fast_put(key, cmd[2])
+                        key, value = cmd[1], cmd[2]
+                        if type(key) is bytes and type(value) is bytes and len(key) <= max_key \
+                                and len(value) <= max_value and (all_mine or owns(key)):
+                            fast_put(key, value)
                             out.append(ok)
                             continue
-                if type(cmd) is not list or not cmd or type(cmd[0]) is not bytes:
+                if type(cmd) is not list or not cmd or not _all_bulk(cmd):
                     self.fatal("Protocol error: expected an array of bulk strings")
                     return
-                handler = handlers.get(cmd[0]) or handlers.get(cmd[0].upper())
+                name = cmd[0] if cmd[0] in handlers else cmd[0].upper()
+                if gated:
+                    refusal = admin.gate(self, name)
+                    if refusal is not None:
+                        self.reply(refusal)
+                        continue
+                handler = handlers.get(name)
                 if handler is None:
                     self.reply(resp.error(f"unknown command '{cmd[0][:64].decode(errors='replace')}'"))
                 else:
                     handler(self, cmd)
-            if reader.len() > self.limits.max_request_bytes:
+                    if self.transport is None:
+                        return
+                    fast_get, fast_put = node.fast_get, node.fast_put  # a peer message may change them
+                    gated = self.in_refused_multi or not self.authed
+            pending = reader.len()
+            if pending > self.limits.max_request_bytes:
                 self.fatal(f"Protocol error: request larger than {self.limits.max_request_bytes} bytes")
                 return
+            if pending and self._oversized(data, pending):
+                return
+            if not pending:
+                self.unparsed.clear()
         except hiredis.ProtocolError as e:
             self.fatal(f"Protocol error: {e}")
             return
@@ -147,6 +193,19 @@ class ClientConnection(asyncio.Protocol):
                 node.quiet()
         self.flush()
 
+    def _oversized(self, data: bytes, pending: int) -> bool:
+        """An incomplete request is waiting: refuse it now if a header announces too much."""
+        if pending <= len(data):
+            self.unparsed[:] = data[len(data) - pending:]
+        else:
+            self.unparsed += data
+        why = resp.oversized_header(self.unparsed, self.limits.max_bulk_bytes_effective(),
+                                    self.limits.max_args)
+        if why is None:
+            return False
+        self.fatal(f"Protocol error: {why}")
+        return True
+
     def fatal(self, message: str) -> None:
         """Malformed input: answer with an error, then close (the stream cannot be resynchronised)."""
         self.node.stats["errors"] += 1
@@ -155,6 +214,17 @@ class ClientConnection(asyncio.Protocol):
         self.flush()
         if self.transport is not None:
             self.transport.close()
+            self.transport = None
+
+    def over_output_limit(self) -> None:
+        """The client does not read its replies: drop them and the connection (Redis does the same)."""
+        self.node.stats["output_limit_closes"] += 1
+        self.out.clear()
+        self.slots.clear()
+        self.held.clear()
+        if self.transport is not None:
+            self.transport.abort()
+            self.transport = None
 
     # -- output --------------------------------------------------------------
     def reply(self, payload: bytes) -> None:
@@ -170,16 +240,26 @@ class ClientConnection(asyncio.Protocol):
         slots = self.slots
         out = self.out
         while slots and slots[0].payload is not None:
-            out.append(slots.popleft().payload)
-        if not self.in_batch:
+            payload = slots.popleft().payload
+            out.append(payload)
+            self.out_bytes += len(payload)
+        if self.out_bytes > self.limits.max_output_bytes:
+            self.over_output_limit()
+        elif not self.in_batch:
             self.flush()
 
     def flush(self) -> None:
         out = self.out
         if out:
-            if self.transport is not None:
-                self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            transport = self.transport
+            if transport is not None:
+                data = out[0] if len(out) == 1 else b"".join(out)
+                if transport.get_write_buffer_size() + len(data) > self.limits.max_output_bytes:
+                    self.over_output_limit()
+                    return
+                transport.write(data)
             out.clear()
+        self.out_bytes = 0
 
     # -- requests --------------------------------------------------------------
     def single(self, op: str, key: bytes, value: bytes | None) -> None:
@@ -229,3 +309,11 @@ class ClientConnection(asyncio.Protocol):
             return True
         return False
 
+
+
+def _all_bulk(cmd: list) -> bool:
+    """Only bulk strings may be arguments: an integer, nil or nested array is never stored."""
+    for part in cmd:
+        if type(part) is not bytes:
+            return False
+    return True

@@ -6,106 +6,144 @@ controlet when this node holds the key's shard, or forwards it to the right node
 otherwise (proxy mode: any node answers any key). The controlet's actions are executed
 here, in order (see controlets/base.py): datalet operations are issued at once and in
 order; the remaining actions of a batch wait for the batch's datalet results.
+
+A datalet error fails its request and stops the rest of its batch; every Send computed
+before the failure was known is dropped too (each batch carries the failure count it was
+made under), and the controlet hears of it (on_apply_failed) so it can catch up. A tick
+task feeds the controlet the clock (timeouts, catch-up retries, anti-entropy).
 """
 from __future__ import annotations
 
 import asyncio
+import secrets as _secrets
 from collections import deque
 from typing import Any
 
 import hiredis
 
 from mlsyskit.core import __version__
+from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.tools.kv import resp
 from mlsyskit.tools.kv.controlets import Controlet, controlet_class
-from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT, Apply, Fail, Forward, Read, Reply, Send
+from mlsyskit.tools.kv.controlets.base import (
+    EXISTS,
+    GET,
+    PUT,
+    Apply,
+    ControletOptions,
+    Fail,
+    Forward,
+    Read,
+    Reply,
+    Reset,
+    Send,
+    SendStored,
+    Snapshot,
+)
 from mlsyskit.tools.kv.datalets import Datalet
 from mlsyskit.tools.kv.links import Link
+from mlsyskit.tools.kv.requests import PEER_MESSAGE, Request, write_reply
 from mlsyskit.tools.kv.shardmap import ShardMap
 
-PEER_MESSAGE = b"BKV.MSG"
-
-
-class Request:
-    """One single-key client operation; `complete` hands its encoded reply to whoever waits."""
-
-    __slots__ = ("op", "key", "value", "conn", "payload", "existed", "parent", "index")
-
-    def __init__(self, op: str, key: bytes, value: bytes | None, conn: Any, parent: Any = None,
-                 index: int = 0) -> None:
-        self.op, self.key, self.value, self.conn = op, key, value, conn
-        self.payload: bytes | None = None
-        self.existed = False
-        self.parent, self.index = parent, index
-
-    def complete(self, payload: bytes) -> None:
-        self.payload = payload
-        if self.parent is not None:
-            self.parent.part_done(self)
-        elif self.conn is not None:
-            self.conn.slot_done(self)
-
-    def frame(self) -> bytes:
-        """The command that performs this operation on another node."""
-        if self.op is PUT:
-            return hiredis.pack_command((b"SET", self.key, self.value))
-        return hiredis.pack_command(({GET: b"GET", EXISTS: b"EXISTS", DEL: b"DEL"}[self.op], self.key))
-
-
-def write_reply(req: Request) -> bytes:
-    return resp.OK if req.op is PUT else (resp.ONE if req.existed else resp.ZERO)
+SNAPSHOT_BATCH = 256  # pairs per SNAPDATA message
 
 
 class Node:
     def __init__(self, shard_map: ShardMap, node_id: str | None, datalet: Datalet | None,
-                 limits: resp.Limits | None = None) -> None:
+                 limits: resp.Limits | None = None, secret: bytes | None = None,
+                 options: ControletOptions | None = None, clock: Clock | None = None,
+                 tick_interval: float = 0.05, requirepass: bytes | None = None) -> None:
         self.map = shard_map
         self.node_id = node_id
         self.limits = limits or resp.Limits()
         self.datalet = datalet
+        # Without a shared secret no peer can authenticate: a lone node stays closed to BKV.MSG.
+        self.secret = secret if secret is not None else _secrets.token_bytes(32)
+        self.requirepass = requirepass
+        self.clock = clock or RealClock()
+        self.tick_interval = tick_interval
         self.shard = shard_map.shard_of_node(node_id) if node_id else None
         if node_id is not None and self.shard is None:
             raise ValueError(f"node {node_id!r} is not in the shard map")
         cls = controlet_class(shard_map.controlet)
         self.controlet_cls = cls
         self.controlet: Controlet | None = (
-            cls(node_id, shard_map.shards[self.shard], shard_map.epoch) if node_id else None)
+            cls(node_id, shard_map.shards[self.shard], shard_map.epoch, options,
+                incarnation=_secrets.randbits(30)) if node_id else None)
+        self.visible = getattr(cls, "visible", None)  # stored bytes -> client value (aa-ec's versions)
         self.epoch_bytes = str(shard_map.epoch).encode()
         self.src_bytes = (node_id or "proxy").encode()
         self.sync_datalet = datalet is not None and not datalet.is_async
-        # Hot path: ops this replica answers from its own (synchronous) datalet, no actions needed.
-        local = self.sync_datalet and self.controlet is not None
-        self.fast_get = datalet.get if local and self.controlet.serves_locally(GET) else None
-        self.fast_put = datalet.put if local and self.controlet.serves_locally(PUT) else None
+        self.fast_get = self.fast_put = None
+        self._fast_ready: bool | None = None
+        self._refresh_fast_paths()
         self.only_shard = self.shard is not None and len(shard_map.shards) == 1
-        self.queue: deque[list] = deque()  # batches waiting on remote-datalet results
+        self.queue: deque[tuple[int, list]] = deque()  # (failure count, batch) waiting on remote-datalet results
+        self.failures = 0  # datalet failures so far: batches made before the latest one drop their Sends
         self.links: dict[str, Link] = {}
-        self.peer_names = {n.encode(): n for n in shard_map.nodes}  # src field -> node id, no decode per message
+        self.peer_names = {n.encode(): n for n in shard_map.nodes}
         self.quiet_due = False  # peer messages were handled in the current read: on_quiet follows
-        # The frame of the last Send: a broadcast (ms-ec, aa-ec, aa-sc's SEQ) sends the same
-        # fields to every other replica, so it is encoded once, not once per destination.
         self._sent_fields: tuple | None = None
         self._sent_kind = b""
         self._sent_frame = b""
+        self.rr = 0  # round robin over active-active replicas for forwarded operations
         self.client_connections: set[Any] = set()
         self.server: asyncio.base_events.Server | None = None
+        self.ticker: asyncio.Task | None = None
+        self.tasks: set[asyncio.Task] = set()
         self.stats = {"commands": 0, "forwarded": 0, "peer_messages": 0, "fenced": 0, "errors": 0,
-                      "connections": 0}
+                      "connections": 0, "refused_peer_messages": 0, "auth_failures": 0,
+                      "datalet_errors": 0, "sends_dropped": 0, "link_give_ups": 0,
+                      "rejected_connections": 0, "output_limit_closes": 0}
+
+    def _refresh_fast_paths(self) -> None:
+        """Hot path: ops this replica answers from its own synchronous datalet; off while catching up."""
+        c = self.controlet
+        ready = c is not None and c.ready
+        if ready == self._fast_ready:
+            return
+        self._fast_ready = ready
+        local = self.sync_datalet and ready
+        self.fast_get = self.datalet.get if local and c.serves_locally(GET) else None
+        self.fast_put = self.datalet.put if local and c.serves_locally(PUT) else None
 
     # -- lifecycle -----------------------------------------------------------
-    async def start(self, host: str | None = None, port: int | None = None) -> None:
-        from mlsyskit.tools.kv.frontend import ClientConnection
-
+    async def open(self) -> None:
+        """Open the datalet, reload controlet state from it, start the clock ticks."""
         if self.datalet is not None:
             await self.datalet.open()
-        if host is None or port is None:
-            addr = self.map.nodes[self.node_id]
-            host, port = addr.host, addr.port
-        loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: ClientConnection(self), host, port,
-                                               reuse_address=True, backlog=1024)
+            on_load = getattr(self.controlet, "on_load", None)
+            if on_load is not None:
+                async for key, raw in self.datalet.export_pairs():
+                    on_load(key, raw)
+        if self.controlet is not None:
+            self.controlet.on_tick(self.clock.now())
+            self.ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+
+    def catch_up(self) -> None:
+        """This replica may have missed writes (a restart, a join): resynchronise before serving."""
+        if self.controlet is not None:
+            self.execute(self.controlet.on_start())
+            self._refresh_fast_paths()
+
+    @property
+    def ready(self) -> bool:
+        return self.controlet is None or self.controlet.ready
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await self.clock.asleep(self.tick_interval)
+            self.tick()
+
+    def tick(self) -> None:
+        self.execute(self.controlet.on_tick(self.clock.now()))
+        self._refresh_fast_paths()
 
     async def stop(self) -> None:
+        if self.ticker is not None:
+            self.ticker.cancel()
+        for task in list(self.tasks):
+            task.cancel()
         if self.server is not None:
             self.server.close()
         for conn in list(self.client_connections):  # so nothing touches a closed datalet
@@ -119,8 +157,16 @@ class Node:
         link = self.links.get(node_id)
         if link is None:
             addr = self.map.nodes[node_id]
-            link = self.links[node_id] = Link(addr.host, addr.port)
+            link = self.links[node_id] = Link(
+                addr.host, addr.port, secret=self.secret, me=self.node_id or "proxy", target=node_id,
+                on_give_up=lambda dropped, n=node_id: self.on_link_lost(n, dropped))
         return link
+
+    def on_link_lost(self, node_id: str, dropped: int) -> None:
+        self.stats["link_give_ups"] += 1
+        if self.controlet is not None:
+            self.execute(self.controlet.on_link_lost(node_id))
+            self._refresh_fast_paths()
 
     # -- client operations ---------------------------------------------------
     def owns(self, key: bytes) -> bool:
@@ -137,24 +183,28 @@ class Node:
         replicas = self.map.shards[shard]
         targets = (self.controlet_cls.read_targets(replicas) if req.op is GET or req.op is EXISTS
                    else self.controlet_cls.write_targets(replicas))
-        self.forward(req, targets[0])
+        self.rr += 1
+        self.forward(req, targets[self.rr % len(targets)])
 
     def forward(self, req: Request, node_id: str) -> None:
         self.stats["forwarded"] += 1
         fut = self.link(node_id).call_frame(req.frame())
         fut.add_done_callback(lambda f: req.complete(_relay(req, f)))
 
-    def on_peer_message(self, cmd: list) -> None:
-        """BKV.MSG epoch src kind fields...: one-way, no reply; other epochs are fenced off."""
+    def on_peer_message(self, peer: str, cmd: list) -> None:
+        """BKV.MSG epoch src kind fields... from an authenticated peer; other epochs are fenced off."""
         self.stats["peer_messages"] += 1
         if len(cmd) < 4 or self.controlet is None:
             return
         if cmd[1] != self.epoch_bytes:
             self.stats["fenced"] += 1
             return
-        src = self.peer_names.get(cmd[2]) or cmd[2].decode(errors="replace")
+        if cmd[2] != peer.encode():  # the sender is who authenticated, whatever the message claims
+            self.stats["refused_peer_messages"] += 1
+            return
         self.quiet_due = True
-        self.execute(self.controlet.on_peer(src, cmd[3], cmd[4:]))
+        self.execute(self.controlet.on_peer(peer, cmd[3], cmd[4:]))
+        self._refresh_fast_paths()
 
     def quiet(self) -> None:
         """The front end drained a read that carried peer messages: the controlet's deferred actions."""
@@ -164,92 +214,160 @@ class Node:
 
     # -- executing controlet actions -------------------------------------------
     def execute(self, actions: list) -> None:
+        if not actions:
+            return
         if self.sync_datalet and not self.queue:
-            for a in actions:
-                self._run(a, None)
+            self._run_inline(actions)
             return
         batch = []
         last = None
         for a in actions:
             kind = type(a)
-            if kind is Apply:
-                last = self._apply(a)
+            if kind is Apply or kind is Reset:
+                last = self._issue(a)
                 batch.append((a, last))
-            elif kind is Read:
-                last = self._read(a.req)
+            elif kind is Read or kind is SendStored:
+                last = self._issue(a)
                 batch.append((a, last))
             else:
                 batch.append((a, None))
-        self.queue.append(batch)
+        self.queue.append((self.failures, batch))
         if isinstance(last, asyncio.Future) and not last.done():
             last.add_done_callback(self._drain)
         else:
             self._drain()
 
+    def _issue(self, a: Any) -> Any:
+        """Start a datalet operation; a synchronous datalet's exception is returned, not raised."""
+        try:
+            kind = type(a)
+            if kind is Apply:
+                return self.datalet.delete(a.key) if a.value is None else self.datalet.put(a.key, a.value)
+            if kind is Reset:
+                return self.datalet.clear()
+            if kind is SendStored:
+                return self.datalet.get(a.key)
+            if a.req.op is GET or self.visible is not None:  # versioned values: a tombstone exists as bytes
+                return self.datalet.get(a.req.key)
+            return self.datalet.exists(a.req.key)
+        except Exception as e:  # noqa: BLE001 - a datalet error fails the request, never the node
+            return _Failed(e)
+
+    def _run_inline(self, actions: list) -> None:
+        failed: set[int] = set()
+        stopped = False
+        for a in actions:
+            kind = type(a)
+            if kind is Apply or kind is Read or kind is Reset or kind is SendStored:
+                res = self._issue(a)
+                if type(res) is _Failed:
+                    stopped = True
+                    self._datalet_failed(a, res.error, failed)
+                    continue
+                self._finish(a, res)
+            elif stopped and (kind is Send or kind is Snapshot or id(getattr(a, "req", None)) in failed):
+                self.stats["sends_dropped"] += kind is Send
+            else:
+                self._finish(a, None)
+
     def _drain(self, _f: Any = None) -> None:
         queue = self.queue
         while queue:
-            batch = queue[0]
+            made_under, batch = queue[0]
             for _, res in batch:
                 if isinstance(res, asyncio.Future) and not res.done():
                     return
             queue.popleft()
+            failed: set[int] = set()
+            stopped = made_under != self.failures
             for a, res in batch:
-                self._finish(a, res)
+                if isinstance(res, asyncio.Future):
+                    res = res.exception() and _Failed(res.exception()) or res.result()
+                kind = type(a)
+                if type(res) is _Failed:
+                    stopped = True
+                    self._datalet_failed(a, res.error, failed)
+                elif stopped and (kind is Send or kind is Snapshot or id(getattr(a, "req", None)) in failed):
+                    self.stats["sends_dropped"] += kind is Send
+                else:
+                    self._finish(a, res)
+
+    def _datalet_failed(self, a: Any, error: BaseException, failed: set[int]) -> None:
+        """Fail the request, stop the batch, and let the controlet resynchronise."""
+        self.stats["datalet_errors"] += 1
+        self.failures += 1
+        req = getattr(a, "req", None)
+        if req is not None:
+            failed.add(id(req))
+            req.complete(resp.error(f"datalet error: {error}"))
+        if type(a) is Apply or type(a) is Reset:
+            self.execute(self.controlet.on_apply_failed(req))
+            self._refresh_fast_paths()
 
     def _finish(self, a: Any, res: Any) -> None:
         """Complete an action whose datalet operation (if any) has finished."""
         kind = type(a)
-        if isinstance(res, asyncio.Future):
-            if res.exception() is not None:
-                self.stats["errors"] += 1
-                req = a.req
-                if req is not None:
-                    req.complete(resp.error(f"datalet error: {res.exception()}"))
-                return
-            res = res.result()
         if kind is Apply:
-            if a.req is not None:
+            if a.req is not None and a.value is None:
                 a.req.existed = bool(res)
         elif kind is Read:
             self._answer_read(a.req, res)
-        else:
-            self._run(a, None)
-
-    def _apply(self, a: Apply) -> Any:
-        if a.value is None:
-            return self.datalet.delete(a.key)
-        return self.datalet.put(a.key, a.value)
-
-    def _read(self, req: Request) -> Any:
-        return self.datalet.get(req.key) if req.op is GET else self.datalet.exists(req.key)
-
-    def _answer_read(self, req: Request, value: Any) -> None:
-        if req.op is GET:
-            req.complete(resp.bulk(value))
-        else:
-            req.complete(resp.ONE if value else resp.ZERO)
-
-    def _run(self, a: Any, _: Any) -> None:
-        kind = type(a)
-        if kind is Apply:
-            res = self._apply(a)
-            if a.req is not None:
-                a.req.existed = bool(res)
-        elif kind is Read:
-            self._answer_read(a.req, self._read(a.req))
         elif kind is Reply:
             a.req.complete(write_reply(a.req))
         elif kind is Send:
             if a.fields is not self._sent_fields or a.kind is not self._sent_kind:  # held: ids stay unique
                 self._sent_fields, self._sent_kind = a.fields, a.kind
-                self._sent_frame = hiredis.pack_command(
-                    (PEER_MESSAGE, self.epoch_bytes, self.src_bytes, a.kind, *a.fields))
+                self._sent_frame = self._frame(a.kind, a.fields)
             self.link(a.node).send(self._sent_frame)
         elif kind is Forward:
             self.forward(a.req, a.node)
         elif kind is Fail:
             a.req.complete(resp.error(a.message))
+        elif kind is SendStored:
+            if res is not None:
+                self.link(a.node).send(self._frame(a.kind, (a.key, res)))
+        elif kind is Snapshot:
+            self._snapshot(a)
+
+    def _frame(self, kind: bytes, fields: tuple) -> bytes:
+        return hiredis.pack_command((PEER_MESSAGE, self.epoch_bytes, self.src_bytes, kind, *fields))
+
+    def _snapshot(self, a: Snapshot) -> None:
+        """Stream this datalet to a catching-up replica: SNAPBEGIN, SNAPDATA..., SNAPEND."""
+        link = self.link(a.node)
+        link.send(self._frame(b"SNAPBEGIN", (a.token, a.seq)))
+
+        async def stream() -> None:
+            batch: list[bytes] = []
+            async for key, value in self.datalet.export_pairs():
+                batch += (key, value)
+                if len(batch) >= 2 * SNAPSHOT_BATCH:
+                    link.send(self._frame(b"SNAPDATA", (a.token, *batch)))
+                    batch = []
+            if batch:
+                link.send(self._frame(b"SNAPDATA", (a.token, *batch)))
+            link.send(self._frame(b"SNAPEND", (a.token, a.seq)))
+
+        coro = stream()
+        if self.sync_datalet:  # a local datalet's export never awaits: run it to the end right here
+            try:
+                coro.send(None)
+            except StopIteration:
+                return
+            raise RuntimeError("a synchronous datalet's export awaited")
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _answer_read(self, req: Request, value: Any) -> None:
+        if self.visible is not None:
+            value = self.visible(value)
+            if req.op is not GET:
+                value = value is not None
+        if req.op is GET:
+            req.complete(resp.bulk(value))
+        else:
+            req.complete(resp.ONE if value else resp.ZERO)
 
     # -- introspection -------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -257,7 +375,8 @@ class Node:
             "bespokv_version": __version__, "node_id": self.node_id or "proxy",
             "shard": -1 if self.shard is None else self.shard, "shards": len(self.map.shards),
             "replicas": len(self.map.shards[0]), "epoch": self.map.epoch, "controlet": self.map.controlet,
-            "datalet": self.map.datalet, **{f"total_{k}": v for k, v in self.stats.items()}}
+            "datalet": self.map.datalet, "connected_clients": len(self.client_connections),
+            **{f"total_{k}": v for k, v in self.stats.items()}}
         size = getattr(self.datalet, "size", None)
         if size is not None:
             out["keys"] = size()
@@ -266,11 +385,22 @@ class Node:
         return out
 
 
+class _Failed:
+    """A datalet operation that raised (kept as a value so a batch can stop cleanly)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
 def _relay(req: Request, fut: asyncio.Future) -> bytes:
     """Re-encode a forwarded request's answer the way this op answers."""
     exc = fut.exception()
     if exc is not None:
-        return resp.error(str(exc) if isinstance(exc, hiredis.ReplyError) else f"forward failed: {exc}")
+        if isinstance(exc, hiredis.ReplyError):
+            return resp.error(str(exc))
+        return resp.error(f"TRYAGAIN forward failed: {exc}")
     value = fut.result()
     if req.op is GET:
         return resp.bulk(value)

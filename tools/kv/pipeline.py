@@ -25,6 +25,7 @@ class RespConnection(asyncio.Protocol):
         self.out: list[bytes] = []
         self.flush_pending = False
         self.closed = False
+        self.on_lost = None  # called once if the peer (not close()) ends the connection
 
     @classmethod
     async def connect(cls, host: str, port: int, timeout: float = 5.0) -> RespConnection:
@@ -57,7 +58,9 @@ class RespConnection(asyncio.Protocol):
                 fut.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+        was_open, self.closed = not self.closed, True
+        if was_open and self.on_lost is not None:
+            self.on_lost()
         while self.waiters:
             fut = self.waiters.popleft()
             if not fut.done():

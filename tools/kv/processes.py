@@ -28,6 +28,8 @@ from mlsyskit.tools.kv.cluster import node_datalet
 from mlsyskit.tools.kv.controlets import controlet_class
 from mlsyskit.tools.kv.datalets import DATALETS
 from mlsyskit.tools.kv.node import Node
+from mlsyskit.tools.kv.peerauth import load_or_create_secret
+from mlsyskit.tools.kv.server import start_node
 from mlsyskit.tools.kv.shardmap import ShardMap, layout
 
 RECORD = "cluster.json"
@@ -150,6 +152,7 @@ def up(spec: ClusterSpec, clock: Clock | None = None, timeout: float = 30.0) -> 
                                              "--daemonize", "no"], data_dir)
         _wait_ready(record, redis_endpoints, clock, timeout)
         record_path(data_dir).write_text(json.dumps(record, indent=2))
+        load_or_create_secret(data_dir)  # the nodes' peer-authentication secret, mode 0600
         me = [sys.executable, "-m", "mlsyskit.tools.kv.cli"]
         for reps in record["map"]["shards"]:
             for nid in reps:
@@ -179,11 +182,14 @@ def _spawn(record: dict[str, Any], name: str, argv: list[str], data_dir: Path) -
 
 
 def _wait_ready(record: dict[str, Any], endpoints: list, clock: Clock, timeout: float) -> None:
+    """Wait until every endpoint answers PING and every node has caught up (INFO catching_up:0)."""
     deadline = clock.now() + timeout
     for name, host, port in endpoints:
         while True:
             try:
-                if sync_call(host, port, "PING", timeout=0.5) == b"PONG":
+                if sync_call(host, port, "PING", timeout=0.5) == b"PONG" and (
+                        name.startswith("redis") or name == "proxy"
+                        or parse_info(sync_call(host, port, "INFO", timeout=0.5)).get("catching_up", "0") == "0"):
                     break
             except OSError:
                 pass
@@ -257,14 +263,16 @@ def serve_node(data_dir: Path, node_id: str | None) -> None:
             raise ConfigError(f"node {node_id!r} is not in the cluster under {data_dir}")
         redis = {"host": record["proxy"]["host"], "port": record["redis_ports"].get(node_id, 6379)}
         datalet = node_datalet(record["datalet"], node_id, Path(record["data_dir"]), redis)
-    node = Node(smap, node_id, datalet)
+    node = Node(smap, node_id, datalet, secret=load_or_create_secret(Path(data_dir)))
     proxy = record["proxy"]
     addr = (proxy["host"], proxy["port"]) if node_id is None else (None, None)
     _run(_serve(node, *addr))
 
 
 async def _serve(node: Node, host: str | None, port: int | None) -> None:
-    await node.start(host, port)
+    # A node process may be a restart: it catches up from a live replica before serving
+    # (a whole shard starting together settles who starts first; see controlets/stream.py).
+    await start_node(node, host, port, catch_up=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -50,6 +50,9 @@ class Limits:
     max_value_bytes: int = 4 * 1024 * 1024
     max_request_bytes: int = 16 * 1024 * 1024
     max_args: int = 64 * 1024
+    max_bulk_bytes: int = 512 * 1024 * 1024  # Redis's proto-max-bulk-len: refused at the header
+    max_output_bytes: int = 256 * 1024 * 1024  # replies waiting for one client; past it, it is closed
+    max_clients: int = 10_000  # Redis's maxclients
 
     def __post_init__(self) -> None:
         require(self.max_key_bytes > 0, "max_key_bytes must be positive")
@@ -57,3 +60,45 @@ class Limits:
         require(self.max_request_bytes >= self.max_key_bytes + self.max_value_bytes,
                 "max_request_bytes must hold at least one key and one value")
         require(self.max_args >= 3, "max_args must be at least 3")
+        require(self.max_bulk_bytes >= self.max_value_bytes, "max_bulk_bytes must hold a value")
+        require(self.max_output_bytes > 0, "max_output_bytes must be positive")
+        require(self.max_clients >= 1, "max_clients must be at least 1")
+
+    def max_bulk_bytes_effective(self) -> int:
+        """A bulk longer than a whole request may be can never be accepted: refuse it at its header."""
+        return min(self.max_bulk_bytes, self.max_request_bytes)
+
+
+def oversized_header(pending: bytes | bytearray, max_bulk: int, max_args: int) -> str | None:
+    """Walk the headers of an incomplete request; name the first length over the limits.
+
+    hiredis waits for a whole frame, so a `$2147483647` header alone would make the server
+    wait for (and buffer) 2 GB. This looks only at the `*n` / `$len` headers of the bytes
+    still unparsed, jumping over bulk payloads, so it costs O(arguments), not O(bytes).
+    """
+    if not pending or pending[:1] != b"*":
+        return None
+    end = pending.find(b"\r\n")
+    if end < 0:
+        return "invalid multibulk length" if len(pending) > 20 else None
+    try:
+        count = int(pending[1:end])
+    except ValueError:
+        return None  # hiredis reports the malformed header itself
+    if count > max_args:
+        return f"invalid multibulk length ({count} arguments > {max_args})"
+    pos = end + 2
+    for _ in range(count):
+        if pos >= len(pending) or pending[pos:pos + 1] != b"$":
+            return None
+        end = pending.find(b"\r\n", pos)
+        if end < 0:
+            return "invalid bulk length" if len(pending) - pos > 20 else None
+        try:
+            length = int(pending[pos + 1:end])
+        except ValueError:
+            return None
+        if length > max_bulk:
+            return f"invalid bulk length ({length} bytes > {max_bulk})"
+        pos = end + 2 + length + 2
+    return None

@@ -2,9 +2,11 @@
 
 It executes the same actions the node runtime executes, against in-memory datalets, and
 delivers peer messages over FIFO links with seeded random delays, so every interleaving is
-reproducible from the seed. Client operations are recorded as an invoke/ok history. This
-is what tests use to check the protocols' promises (acknowledged writes are visible,
-replicas converge) and what a nemesis and a linearizability checker will drive.
+reproducible from the seed. Client operations are recorded as an invoke/ok history. Faults:
+`crash` (the replica's memory and data are gone; messages to it are lost and its peers'
+links report the loss, as a real link that gives up does), `restart` (a new incarnation that
+catches up), `partition`/`heal` (messages between two replicas are lost both ways), and
+`run_for` advances time with clock ticks (timeouts, catch-up retries, anti-entropy).
 """
 from __future__ import annotations
 
@@ -12,7 +14,22 @@ from typing import Any
 
 from mlsyskit.core.sim import EventLoop, Seeds
 from mlsyskit.tools.kv.controlets import controlet_class
-from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT, Apply, Fail, Forward, Read, Reply, Send
+from mlsyskit.tools.kv.controlets.base import (
+    DEL,
+    EXISTS,
+    GET,
+    PUT,
+    Apply,
+    ControletOptions,
+    Fail,
+    Forward,
+    Read,
+    Reply,
+    Reset,
+    Send,
+    SendStored,
+    Snapshot,
+)
 from mlsyskit.tools.kv.history import History
 
 OPS = {"get": GET, "put": PUT, "del": DEL, "exists": EXISTS}
@@ -23,6 +40,7 @@ class SimRequest:
         self.process, self.op, self.key, self.value = process, OPS[op], key, value
         self.existed = False
         self.done = False
+        self.completions = 0
         self.result: Any = None
 
 
@@ -30,17 +48,28 @@ class SimShard:
     """R replicas of one shard running `controlet` over a simulated network."""
 
     def __init__(self, controlet: str, replicas: int = 3, seed: int = 0, epoch: int = 1,
-                 max_delay: float = 1e-3) -> None:
-        cls = controlet_class(controlet)
+                 max_delay: float = 1e-3, options: ControletOptions | None = None,
+                 tick_interval: float = 0.05) -> None:
+        self.cls = controlet_class(controlet)
         self.ids = [f"r{i}" for i in range(replicas)]
+        self.epoch, self.options = epoch, options
         self.loop = EventLoop()
         self.rng = Seeds(seed).random(f"net-{controlet}")
         self.max_delay = max_delay
-        self.controlets = {n: cls(n, self.ids, epoch) for n in self.ids}
+        self.tick_interval = tick_interval
+        self.incarnations = dict.fromkeys(self.ids, 0)
+        self.controlets = {n: self._controlet(n) for n in self.ids}
         self.data: dict[str, dict[bytes, bytes]] = {n: {} for n in self.ids}
         self.link_clock: dict[tuple[str, str], float] = {}
+        self.down: set[str] = set()
+        self.cut: set[frozenset] = set()
         self.history = History(self.loop.clock)
         self.messages = 0
+        self.lost = 0
+        self.duplicate_completions = 0
+
+    def _controlet(self, node: str):
+        return self.cls(node, self.ids, self.epoch, self.options, incarnation=self.incarnations[node])
 
     def submit(self, node: str, op: str, key: bytes, value: bytes | None = None, process: int = 0,
                delay: float = 0.0) -> SimRequest:
@@ -49,6 +78,9 @@ class SimShard:
 
         def arrive() -> None:
             self.history.invoke(process, op, key, value)
+            if node in self.down:
+                self._complete(req, ConnectionError("replica down"))
+                return
             self._execute(node, self.controlets[node].on_client(req))
 
         self.loop.schedule(delay, arrive)
@@ -57,16 +89,86 @@ class SimShard:
     def run(self, until: float | None = None) -> None:
         self.loop.run(until=until)
 
+    def run_for(self, seconds: float) -> None:
+        """Advance `seconds` of virtual time, ticking every replica's clock on the way."""
+        end = self.loop.now() + seconds
+        t = self.loop.now()
+        while t < end:
+            t = min(end, t + self.tick_interval)
+            self.loop.schedule_at(t, self._tick_all)
+        self.loop.run(until=end)
+
+    def _tick_all(self) -> None:
+        now = self.loop.now()
+        for n in self.ids:
+            if n not in self.down:
+                self._execute(n, self.controlets[n].on_tick(now))
+
+    # -- faults --------------------------------------------------------------------------
+    def crash(self, node: str) -> None:
+        self.down.add(node)
+        self.data[node] = {}
+        for other in self.ids:
+            if other != node and other not in self.down:
+                self._execute(other, self.controlets[other].on_link_lost(node))
+
+    def restart(self, node: str) -> None:
+        self.down.discard(node)
+        self.incarnations[node] += 1
+        c = self.controlets[node] = self._controlet(node)
+        c.on_tick(self.loop.now())
+        self._execute(node, c.on_start())
+
+    def partition(self, a: str, b: str) -> None:
+        self.cut.add(frozenset((a, b)))
+        self._execute(a, self.controlets[a].on_link_lost(b))
+        self._execute(b, self.controlets[b].on_link_lost(a))
+
+    def heal(self) -> None:
+        self.cut.clear()
+
+    # -- execution -----------------------------------------------------------------------
     def _complete(self, req: SimRequest, result: Any) -> None:
+        req.completions += 1
+        if req.done:
+            self.duplicate_completions += 1
+            return
         req.result, req.done = result, True
         f = next(k for k, v in OPS.items() if v is req.op)
-        self.history.complete(req.process, "ok", f, req.key, result if req.op is GET else req.value)
+        if isinstance(result, Exception):
+            self.history.complete(req.process, "info" if req.op in (PUT, DEL) else "fail", f, req.key,
+                                  None)
+        else:
+            self.history.complete(req.process, "ok", f, req.key, result if req.op is GET else req.value)
 
     def _deliver_later(self, src: str, dst: str, fn) -> None:
         """FIFO per link: a message never overtakes an earlier one on the same link."""
         t = max(self.loop.now() + self.rng.uniform(0, self.max_delay), self.link_clock.get((src, dst), 0.0))
         self.link_clock[(src, dst)] = t
-        self.loop.schedule_at(t, fn)
+        incarnation = self.incarnations[dst]
+
+        def deliver() -> None:
+            if dst in self.down or frozenset((src, dst)) in self.cut or self.incarnations[dst] != incarnation \
+                    or src in self.down:
+                self.lost += 1
+                return
+            fn()
+
+        self.loop.schedule_at(t, deliver)
+
+    def _send(self, src: str, dst: str, kind: bytes, fields: tuple) -> None:
+        self.messages += 1
+        fields = tuple(_wire(f) for f in fields)
+        self._deliver_later(src, dst, lambda: self._peer(dst, src, kind, fields))
+
+    def visible(self, node: str, raw: bytes | None) -> bytes | None:
+        decode = getattr(self.cls, "visible", None)
+        return decode(raw) if decode is not None else raw
+
+    def values(self, node: str) -> dict[bytes, bytes]:
+        """What clients read at `node` (aa-ec stores versions and tombstones with the values)."""
+        out = {k: self.visible(node, v) for k, v in self.data[node].items()}
+        return {k: v for k, v in out.items() if v is not None}
 
     def _execute(self, node: str, actions: list) -> None:
         data = self.data[node]
@@ -78,20 +180,28 @@ class SimShard:
                     data.pop(a.key, None)
                 else:
                     data[a.key] = a.value
-                if a.req is not None:
+                if a.req is not None and a.value is None:
                     a.req.existed = existed
             elif kind is Read:
                 req = a.req
-                self._complete(req, data.get(req.key) if req.op is GET else req.key in data)
+                value = self.visible(node, data.get(req.key))
+                self._complete(req, value if req.op is GET else value is not None)
             elif kind is Reply:
                 self._complete(a.req, "OK" if a.req.op is PUT else int(a.req.existed))
             elif kind is Fail:
                 self._complete(a.req, RuntimeError(a.message))
             elif kind is Send:
-                self.messages += 1
-                dst, msg_kind, fields = a.node, a.kind, tuple(_wire(f) for f in a.fields)
-                self._deliver_later(node, dst, lambda dst=dst, k=msg_kind, f=fields, src=node: self._peer(
-                    dst, src, k, f))
+                self._send(node, a.node, a.kind, a.fields)
+            elif kind is Reset:
+                data.clear()
+            elif kind is SendStored:
+                if a.key in data:
+                    self._send(node, a.node, a.kind, (a.key, data[a.key]))
+            elif kind is Snapshot:
+                pairs = [x for kv in data.items() for x in kv]
+                self._send(node, a.node, b"SNAPBEGIN", (a.token, a.seq))
+                self._send(node, a.node, b"SNAPDATA", (a.token, *pairs))
+                self._send(node, a.node, b"SNAPEND", (a.token, a.seq))
             elif kind is Forward:
                 req, dst = a.req, a.node
                 self._deliver_later(node, dst, lambda req=req, dst=dst: self._execute(

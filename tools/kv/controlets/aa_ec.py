@@ -1,17 +1,26 @@
 """`aa-ec`: active-active, eventual consistency by versioned last-writer-wins.
 
-Any replica accepts a write, stamps it with a version (Lamport counter, replica index),
-applies it, answers at once and propagates it to the other replicas asynchronously. A
-replica applies an incoming write only if its version is greater than the version it holds
-for the key. Versions form a total order (ties on the counter are broken by replica index),
-so once every write has reached every replica they all hold the value of the greatest
-version, whatever order the writes arrived in: deterministic convergence. Deletes leave a
-versioned tombstone in the version table so a late, older put cannot resurrect the key
-(tombstones are kept for the life of the process; compaction needs a stable cut, which is
-the coordinator's job on the roadmap). Reads are local and may be stale.
+Any replica accepts a write, stamps it with a version (counter, replica index), applies it,
+answers at once and propagates it to the other replicas asynchronously. A replica applies
+an incoming write only if its version is greater than the one it holds for the key.
+Versions are totally ordered (ties on the counter broken by replica index), so once every
+write has reached every replica they all hold the value of the greatest version, whatever
+the delivery order. The counter is a hybrid logical clock: max(counter + 1, now in ms), so
+a replica that restarted empty still stamps its new writes above everything older.
+
+Versions are durable with the data: the datalet stores `version + value` in one value
+(a delete stores a versioned tombstone), so a restart reloads them (on_load) and a crash
+can never separate a value from its version. Reads strip the version (visible()).
+
+Anti-entropy repairs what propagation lost (a link that gave up, a replica that was down):
+every anti_entropy_interval a replica sends the next replica 64 bucket digests of its
+(key, version) table (buckets by key hash); the peer answers the versions of every bucket
+that differs, and each side then sends the other whatever it holds newer (AEPUT, the stored
+bytes as they are). Replicas that agree exchange one 512-byte message per interval.
 """
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,21 +34,52 @@ from mlsyskit.tools.kv.controlets.base import (
     Read,
     Reply,
     Send,
-    op_code,
-    value_of,
+    SendStored,
 )
+from mlsyskit.tools.kv.shardmap import hash64
+
+BUCKETS = 64
+_HEADER = struct.Struct(">QH")  # counter, replica index
+LIVE, TOMBSTONE = b"+", b"-"
+MAX_BUCKETS_PER_ROUND = 8  # bounds one repair message; the rest differs again next round
+
+
+def encode(counter: int, index: int, value: bytes | None) -> bytes:
+    return b"V" + _HEADER.pack(counter, index) + (TOMBSTONE if value is None else LIVE + value)
+
+
+def decode(raw: bytes) -> tuple[tuple[int, int], bytes | None]:
+    """(version, value or None for a tombstone); bytes not written by aa-ec are version (0, 0)."""
+    if len(raw) >= 12 and raw[:1] == b"V":
+        counter, index = _HEADER.unpack_from(raw, 1)
+        return (counter, index), (raw[12:] if raw[11:12] == LIVE else None)
+    return (0, 0), raw
+
+
+def visible(raw: bytes | None) -> bytes | None:
+    """The value a client reads from stored bytes (None: absent or deleted)."""
+    if raw is None:
+        return None
+    return decode(raw)[1]
 
 
 class LastWriterWins(Controlet):
     name = "aa-ec"
     topology = "aa"
     consistency = "eventual"
+    visible = staticmethod(visible)
 
-    def __init__(self, node_id: str, replicas: Sequence[str], epoch: int) -> None:
-        super().__init__(node_id, replicas, epoch)
+    def __init__(self, node_id: str, replicas: Sequence[str], epoch: int, options: Any = None,
+                 incarnation: int = 0) -> None:
+        super().__init__(node_id, replicas, epoch, options, incarnation)
         self.counter = 0
-        self.versions: dict[bytes, tuple[int, int]] = {}
+        self.versions: dict[bytes, tuple[int, int, bool]] = {}  # key -> (counter, index, live)
+        self.digests = [0] * BUCKETS
+        self.bucket_keys: list[set[bytes]] = [set() for _ in range(BUCKETS)]
         self.stale_dropped = 0
+        self.repaired = 0
+        self.next_ae = 0.0
+        self.ae_round = 0
 
     @staticmethod
     def write_targets(replicas: Sequence[str]) -> Sequence[str]:
@@ -50,34 +90,113 @@ class LastWriterWins(Controlet):
         return replicas
 
     def serves_locally(self, op: str) -> bool:
-        return op is GET or op is EXISTS  # writes always take a version
+        return False  # stored bytes carry a version: reads go through visible()
 
+    # -- the version table and its bucket digests ----------------------------------------
+    def _set_version(self, key: bytes, version: tuple[int, int, bool]) -> None:
+        bucket = hash64(key) % BUCKETS
+        old = self.versions.get(key)
+        if old is not None:
+            self.digests[bucket] ^= _entry_hash(key, old)
+        self.versions[key] = version
+        self.digests[bucket] ^= _entry_hash(key, version)
+        self.bucket_keys[bucket].add(key)
+
+    def on_load(self, key: bytes, raw: bytes) -> None:
+        """The runtime reloads the table from the datalet at start-up (versions are durable)."""
+        (counter, index), value = decode(raw)
+        self.counter = max(self.counter, counter)
+        self._set_version(key, (counter, index, value is not None))
+
+    def _merge(self, key: bytes, raw: bytes) -> list[Action]:
+        (counter, index), value = decode(raw)
+        self.counter = max(self.counter, counter)
+        mine = self.versions.get(key)
+        if mine is not None and (counter, index) <= mine[:2]:
+            self.stale_dropped += 1
+            return []
+        self._set_version(key, (counter, index, value is not None))
+        return [Apply(key, raw)]
+
+    # -- events ------------------------------------------------------------------------------
     def on_client(self, req: Any) -> list[Action]:
         op = req.op
         if op is GET or op is EXISTS:
             return [Read(req)]
-        self.counter += 1
+        self.counter = max(self.counter + 1, int(self.now * 1000))
         key = req.key
-        self.versions[key] = (self.counter, self.index)
+        old = self.versions.get(key)
+        req.existed = old is not None and old[2]
         value = req.value if op is PUT else None
-        out: list[Action] = [Apply(key, value, req), Reply(req)]
-        fields = (self.counter, self.index, op_code(op), key, req.value or b"")
+        self._set_version(key, (self.counter, self.index, value is not None))
+        raw = encode(self.counter, self.index, value)
+        out: list[Action] = [Apply(key, raw, req), Reply(req)]
+        fields = (key, raw)
         out.extend(Send(n, b"LWW", fields) for n in self.others)
         return out
 
     def on_peer(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
-        if kind != b"LWW":
+        if src not in self.others:
             return []
-        counter, index, code, key, value = int(fields[0]), int(fields[1]), fields[2], fields[3], fields[4]
-        if counter > self.counter:
-            self.counter = counter
-        version = (counter, index)
-        if version <= self.versions.get(key, (0, -1)):
-            self.stale_dropped += 1
+        if kind == b"LWW" or kind == b"AEPUT":
+            if kind == b"AEPUT":
+                self.repaired += 1
+            return self._merge(fields[0], fields[1])
+        if kind == b"AEDIGEST":
+            return self._answer_digest(src, fields[0])
+        if kind == b"AEKEYS":
+            return self._reconcile(src, int(fields[0]), fields[1:])
+        if kind == b"AEPULL":
+            return [SendStored(src, b"AEPUT", k) for k in fields if k in self.versions]
+        return []
+
+    def on_tick(self, now: float) -> list[Action]:
+        self.now = now
+        if now < self.next_ae or not self.others:
             return []
-        self.versions[key] = version
-        return [Apply(key, value_of(code, value))]
+        self.next_ae = now + self.options.anti_entropy_interval
+        peer = self.others[self.ae_round % len(self.others)]
+        self.ae_round += 1
+        return [Send(peer, b"AEDIGEST", (b"".join(d.to_bytes(8, "big") for d in self.digests),))]
+
+    def _answer_digest(self, src: str, theirs: bytes) -> list[Action]:
+        out: list[Action] = []
+        for b in range(BUCKETS):
+            if theirs[8 * b:8 * b + 8] != self.digests[b].to_bytes(8, "big"):
+                fields: list[Any] = [b]
+                for key in self.bucket_keys[b]:
+                    counter, index, live = self.versions[key]
+                    fields += [key, b"%d.%d.%d" % (counter, index, live)]
+                out.append(Send(src, b"AEKEYS", tuple(fields)))
+                if len(out) >= MAX_BUCKETS_PER_ROUND:
+                    break
+        return out
+
+    def _reconcile(self, src: str, bucket: int, fields: Sequence[Any]) -> list[Action]:
+        if not 0 <= bucket < BUCKETS:
+            return []
+        theirs: dict[bytes, tuple[int, int]] = {}
+        for i in range(0, len(fields) - 1, 2):
+            counter, index, _ = fields[i + 1].split(b".")
+            theirs[fields[i]] = (int(counter), int(index))
+        out: list[Action] = []
+        pull = []
+        for key in self.bucket_keys[bucket] | set(theirs):
+            mine = self.versions.get(key)
+            other = theirs.get(key)
+            if mine is not None and (other is None or mine[:2] > other):
+                out.append(SendStored(src, b"AEPUT", key))
+            elif other is not None and (mine is None or other > mine[:2]):
+                pull.append(key)
+        if pull:
+            out.append(Send(src, b"AEPULL", tuple(pull)))
+        return out
 
     def state(self) -> dict[str, Any]:
         return {**super().state(), "role": "replica", "counter": self.counter,
-                "versions": len(self.versions), "stale_dropped": self.stale_dropped}
+                "versions": len(self.versions), "stale_dropped": self.stale_dropped,
+                "repaired": self.repaired}
+
+
+def _entry_hash(key: bytes, version: tuple[int, int, bool]) -> int:
+    return hash64(b"%b\x00%d.%d.%d" % (key, *version))

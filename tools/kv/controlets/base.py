@@ -11,17 +11,30 @@ message from a peer replica -- and executes the actions it returns, in order:
   Fail(req, message)       answer with a RESP error
   Send(node, kind, fields) one-way message to another replica of the shard (FIFO per link)
   Forward(req, node)       this replica may not serve req: relay it to `node`, relay the answer
+  Snapshot(node, token, seq)  stream this replica's whole datalet to `node` (catch-up): SNAPBEGIN,
+                           SNAPDATA pairs, SNAPEND, on the same FIFO link as every later Send
+  Reset()                  empty the local datalet (a replica about to receive a snapshot)
+  SendStored(node, kind, key)  read `key`'s stored bytes and send (key, bytes) as `kind` (repair)
 
 Datalet operations are executed in issue order, and any action after a datalet operation
-waits for it, so a Reply never precedes the write it reports. Every peer message carries
-the configuration epoch; the runtime drops messages from another epoch (fencing), so a
-replica from an older configuration can never change this one.
+waits for it, so a Reply never precedes the write it reports. A failed datalet operation
+fails its request and stops every Send computed before the failure was known (the
+controlet learns it through on_apply_failed and resynchronises). Every peer message carries
+the configuration epoch and arrives only over a connection authenticated with the cluster
+secret; the runtime drops messages from another epoch (fencing), so a replica from an older
+configuration can never change this one.
+
+Time enters only through on_tick(now), which the runtime calls periodically: write timeouts
+and catch-up retries are measured on that injected clock.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
+
+from mlsyskit.core.config import require
 
 GET = "get"
 EXISTS = "exists"
@@ -60,7 +73,41 @@ class Forward(NamedTuple):
     node: str
 
 
-Action = Apply | Read | Reply | Fail | Send | Forward
+class Snapshot(NamedTuple):
+    node: str
+    token: int
+    seq: int
+
+
+class Reset(NamedTuple):
+    pass
+
+
+class SendStored(NamedTuple):
+    node: str
+    kind: bytes
+    key: bytes
+
+
+Action = Apply | Read | Reply | Fail | Send | Forward | Snapshot | Reset | SendStored
+
+TRYAGAIN = "TRYAGAIN"  # Redis's "retry later" error class: the write's outcome is not known
+
+
+@dataclass(frozen=True)
+class ControletOptions:
+    """Bounds every controlet keeps (seconds on the injected clock)."""
+
+    write_timeout: float = 2.0  # a write not acknowledged by then fails with -TRYAGAIN
+    max_pending: int = 100_000  # writes and reads waiting on peers; past it new ones fail at once
+    sync_timeout: float = 0.5  # catch-up: a source that has not started a snapshot by then is skipped
+    anti_entropy_interval: float = 0.5  # aa-ec: one digest exchange with the next replica per interval
+
+    def __post_init__(self) -> None:
+        require(self.write_timeout > 0, "write_timeout must be positive")
+        require(self.max_pending >= 1, "max_pending must be at least 1")
+        require(self.sync_timeout > 0, "sync_timeout must be positive")
+        require(self.anti_entropy_interval > 0, "anti_entropy_interval must be positive")
 
 
 def op_code(op: str) -> bytes:
@@ -79,7 +126,8 @@ class Controlet(ABC):
     topology: ClassVar[str]  # "ms" | "aa"
     consistency: ClassVar[str]  # "strong" | "eventual"
 
-    def __init__(self, node_id: str, replicas: Sequence[str], epoch: int) -> None:
+    def __init__(self, node_id: str, replicas: Sequence[str], epoch: int,
+                 options: ControletOptions | None = None, incarnation: int = 0) -> None:
         if node_id not in replicas:
             raise ValueError(f"{node_id!r} is not a replica of {list(replicas)}")
         self.node_id = node_id
@@ -87,6 +135,11 @@ class Controlet(ABC):
         self.index = self.replicas.index(node_id)
         self.epoch = epoch
         self.others = tuple(r for r in self.replicas if r != node_id)
+        self.options = options or ControletOptions()
+        # Request ids and catch-up tokens start at incarnation << 32, so a message queued for an
+        # earlier process of this replica (delivered after a restart) can never match a new one.
+        self.incarnation = incarnation
+        self.now = 0.0  # the injected clock's last reading (on_tick)
 
     @staticmethod
     @abstractmethod
@@ -112,6 +165,28 @@ class Controlet(ABC):
         A controlet may defer work to here that many messages can share, e.g. one cumulative
         ack for a run of writes instead of one ack each. Default: nothing deferred.
         """
+        return []
+
+    @property
+    def ready(self) -> bool:
+        """False while catching up: the runtime then refuses client operations with -TRYAGAIN."""
+        return True
+
+    def on_start(self) -> list[Action]:
+        """This replica (re)started and may have missed writes: catch up before serving."""
+        return []
+
+    def on_tick(self, now: float) -> list[Action]:
+        """Time passed (the runtime's clock): expire waits, retry catch-up, run anti-entropy."""
+        self.now = now
+        return []
+
+    def on_link_lost(self, node: str) -> list[Action]:
+        """The link to `node` gave up and discarded queued messages: they will never arrive."""
+        return []
+
+    def on_apply_failed(self, req: Any) -> list[Action]:
+        """A datalet write failed (req None: a replicated write). The runtime already failed req."""
         return []
 
     def serves_locally(self, op: str) -> bool:

@@ -4,6 +4,8 @@ The master (first replica) applies a write, answers at once, and streams the wri
 slaves in commit order (numbered, over FIFO links), so every slave applies the same
 sequence and converges to the master's state. Reads are served by any replica and may be
 stale by the replication lag. Writes reaching a slave are forwarded to the master.
+A slave that misses a number (a link gave up, it restarted) does not skip it: it catches
+up from the master (stream.py) and serves nothing until it has.
 """
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ from mlsyskit.tools.kv.controlets.base import (
     PUT,
     Action,
     Apply,
-    Controlet,
     Forward,
     Read,
     Reply,
@@ -24,18 +25,23 @@ from mlsyskit.tools.kv.controlets.base import (
     op_code,
     value_of,
 )
+from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
 
 
-class AsyncPrimaryBackup(Controlet):
+class AsyncPrimaryBackup(OrderedStream):
     name = "ms-ec"
     topology = "ms"
     consistency = "eventual"
+    STREAM = b"REPL"
 
-    def __init__(self, node_id: str, replicas: Sequence[str], epoch: int) -> None:
-        super().__init__(node_id, replicas, epoch)
+    def __init__(self, node_id: str, replicas: Sequence[str], epoch: int, options: Any = None,
+                 incarnation: int = 0) -> None:
+        super().__init__(node_id, replicas, epoch, options, incarnation)
         self.master = self.replicas[0]
-        self.seq = 0
-        self.gaps = 0
+
+    @property
+    def seq(self) -> int:
+        return self.applied
 
     @staticmethod
     def write_targets(replicas: Sequence[str]) -> Sequence[str]:
@@ -45,31 +51,52 @@ class AsyncPrimaryBackup(Controlet):
     def read_targets(replicas: Sequence[str]) -> Sequence[str]:
         return replicas
 
+    @property
+    def upstream(self) -> str | None:
+        return None if self.node_id == self.master else self.master
+
+    def downstream(self) -> Sequence[str]:
+        return self.others if self.node_id == self.master else ()
+
+    def sync_sources(self) -> Sequence[str]:
+        return self.others  # the master first for a slave; the slaves in order for the master
+
     def serves_locally(self, op: str) -> bool:
         return op is GET or op is EXISTS or len(self.replicas) == 1
 
     def on_client(self, req: Any) -> list[Action]:
         op = req.op
         if op is GET or op is EXISTS:
-            return [Read(req)]
+            return self.refuse_if_catching_up(req) or [Read(req)]
         if self.node_id != self.master:
             return [Forward(req, self.master)]
-        self.seq += 1
+        refused = self.refuse_if_catching_up(req)
+        if refused:
+            return refused
+        self.applied += 1
         value = req.value if op is PUT else None
         out: list[Action] = [Apply(req.key, value, req), Reply(req)]
-        fields = (self.seq, op_code(op), req.key, req.value or b"")
+        fields = (self.applied, op_code(op), req.key, req.value or b"")
         out.extend(Send(n, b"REPL", fields) for n in self.others)
         return out
 
+    def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
+        return [Apply(fields[2], value_of(fields[1], fields[3]))]
+
     def on_peer(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
-        if kind != b"REPL" or src != self.master:
-            return []
-        seq, code, key, value = int(fields[0]), fields[1], fields[2], fields[3]
-        if seq != self.seq + 1:
-            self.gaps += 1
-        self.seq = seq
-        return [Apply(key, value_of(code, value))]
+        if kind == b"REPL":
+            return self.on_stream(src, fields)
+        if kind in SYNC_KINDS:
+            return self.on_sync_message(src, kind, fields)
+        return []
+
+    def on_tick(self, now: float) -> list[Action]:
+        self.now = now
+        return self.tick_sync(now)
+
+    def fail_pending(self, message: str) -> list[Action]:
+        return []  # the master answers at once: nothing waits on peers
 
     def state(self) -> dict[str, Any]:
         role = "master" if self.node_id == self.master else "slave"
-        return {**super().state(), "role": role, "seq": self.seq, "gaps": self.gaps}
+        return {**super().state(), "role": role, "seq": self.applied}

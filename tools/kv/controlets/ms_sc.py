@@ -4,8 +4,14 @@ The shard's replicas form a chain head -> ... -> tail. A write enters at the hea
 applies it, numbers it and passes it down; each node applies and forwards; the tail
 acknowledges straight to the head, which then answers the client. Reads are served by the
 tail, which has applied exactly the writes that were acknowledged (or are about to be), so
-every read sees every acknowledged write: linearizable. Acks are cumulative because links
-are FIFO: the tail acks sequence n only after every earlier write.
+every read sees every acknowledged write: linearizable.
+
+Acks are cumulative, and safe only because the tail's position is contiguous: a replica
+applies number n only right after n-1 (stream.py); on any gap it stops and catches up from
+a live replica instead of skipping, so "the tail applied n" implies it applied 1..n (or a
+snapshot that contains them). Only the tail's acks count. A write that is not acknowledged
+within write_timeout fails with -TRYAGAIN (its outcome is unknown: it may still reach the
+tail); so does every waiting write when the link to the successor gives up.
 """
 from __future__ import annotations
 
@@ -17,9 +23,10 @@ from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
     GET,
     PUT,
+    TRYAGAIN,
     Action,
     Apply,
-    Controlet,
+    Fail,
     Forward,
     Read,
     Reply,
@@ -27,22 +34,33 @@ from mlsyskit.tools.kv.controlets.base import (
     op_code,
     value_of,
 )
+from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
+
+TIMED_OUT = f"{TRYAGAIN} write not acknowledged by the chain tail in time; it may still be applied"
+LINK_LOST = f"{TRYAGAIN} the link down the chain failed; the write may still be applied"
+OVERLOADED = f"{TRYAGAIN} too many writes waiting for the chain; retry"
 
 
-class ChainReplication(Controlet):
+class ChainReplication(OrderedStream):
     name = "ms-sc"
     topology = "ms"
     consistency = "strong"
+    STREAM = b"CHAIN"
 
-    def __init__(self, node_id: str, replicas: Sequence[str], epoch: int) -> None:
-        super().__init__(node_id, replicas, epoch)
+    def __init__(self, node_id: str, replicas: Sequence[str], epoch: int, options: Any = None,
+                 incarnation: int = 0) -> None:
+        super().__init__(node_id, replicas, epoch, options, incarnation)
         self.head = self.replicas[0]
         self.tail = self.replicas[-1]
         self.successor = self.replicas[self.index + 1] if node_id != self.tail else None
-        self.seq = 0  # head: last number assigned; others: last number applied
-        self.in_flight: deque[tuple[int, Any]] = deque()  # head: (seq, req) awaiting the tail's ack
-        self.gaps = 0
+        self.predecessor = self.replicas[self.index - 1] if self.index else None
+        self.in_flight: deque[tuple[int, Any, float]] = deque()  # head: (seq, req, deadline)
         self.ack_due = 0  # tail: highest applied sequence not yet acknowledged (sent in on_quiet)
+        self.timeouts = 0
+
+    @property
+    def seq(self) -> int:
+        return self.applied
 
     @staticmethod
     def write_targets(replicas: Sequence[str]) -> Sequence[str]:
@@ -52,53 +70,110 @@ class ChainReplication(Controlet):
     def read_targets(replicas: Sequence[str]) -> Sequence[str]:
         return replicas[-1:]
 
+    @property
+    def upstream(self) -> str | None:
+        return self.predecessor
+
+    def downstream(self) -> Sequence[str]:
+        return (self.successor,) if self.successor else ()
+
+    def sync_sources(self) -> Sequence[str]:
+        if self.predecessor is None:  # the head: from the replica nearest to it
+            return self.replicas[1:]
+        before = self.replicas[:self.index]
+        return tuple(reversed(before)) + self.replicas[self.index + 1:]
+
     def serves_locally(self, op: str) -> bool:
         if op is GET or op is EXISTS:
-            return self.node_id == self.tail
+            return self.node_id == self.tail  # the runtime turns its fast path off while catching up
         return len(self.replicas) == 1
 
     def on_client(self, req: Any) -> list[Action]:
         op = req.op
         if op is GET or op is EXISTS:
-            return [Read(req)] if self.node_id == self.tail else [Forward(req, self.tail)]
+            if self.node_id != self.tail:
+                return [Forward(req, self.tail)]
+            return self.refuse_if_catching_up(req) or [Read(req)]
         if self.node_id != self.head:
             return [Forward(req, self.head)]
         value = req.value if op is PUT else None
         if self.successor is None:  # a chain of one
             return [Apply(req.key, value, req), Reply(req)]
-        self.seq += 1
-        self.in_flight.append((self.seq, req))
+        refused = self.refuse_if_catching_up(req)
+        if refused:
+            return refused
+        if len(self.in_flight) >= self.options.max_pending:
+            return [Fail(req, OVERLOADED)]
+        self.applied += 1
+        self.in_flight.append((self.applied, req, self.now + self.options.write_timeout))
         return [Apply(req.key, value, req),
-                Send(self.successor, b"CHAIN", (self.seq, op_code(op), req.key, req.value or b""))]
+                Send(self.successor, b"CHAIN", (self.applied, op_code(op), req.key, req.value or b""))]
+
+    def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
+        code, key, value = fields[1], fields[2], fields[3]
+        apply = Apply(key, value_of(code, value))
+        if self.successor is None:  # acks are cumulative: one per drained read covers them all
+            self.ack_due = seq
+            return [apply]
+        return [apply, Send(self.successor, b"CHAIN", (seq, code, key, value))]
 
     def on_peer(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
         if kind == b"CHAIN":
-            seq, code, key, value = int(fields[0]), fields[1], fields[2], fields[3]
-            if seq != self.seq + 1:
-                self.gaps += 1  # a lost link; catch-up from export/import is the coordinator's job
-            self.seq = seq
-            apply = Apply(key, value_of(code, value))
-            if self.successor is None:  # acks are cumulative: one per drained read covers them all
-                self.ack_due = seq
-                return [apply]
-            return [apply, Send(self.successor, b"CHAIN", (seq, code, key, value))]
+            return self.on_stream(src, fields)
         if kind == b"ACK":
+            if src != self.tail or self.node_id != self.head:
+                return []  # only the tail's position releases writes
             acked = int(fields[0])
             out: list[Action] = []
             while self.in_flight and self.in_flight[0][0] <= acked:
                 out.append(Reply(self.in_flight.popleft()[1]))
             return out
+        if kind in SYNC_KINDS:
+            return self.on_sync_message(src, kind, fields)
         return []
 
+    def on_position(self, src: str, seq: int) -> list[Action]:
+        if self.successor is None:
+            self.ack_due = seq
+        return []
+
+    def on_synced(self) -> list[Action]:
+        if self.successor is None and self.applied:
+            self.ack_due = self.applied  # the snapshot holds every write up to here
+        return super().on_synced()
+
     def on_quiet(self) -> list[Action]:
-        if not self.ack_due:
+        if not self.ack_due or self.mode != "ready":
             return []
         seq, self.ack_due = self.ack_due, 0
         return [Send(self.head, b"ACK", (seq,))]
+
+    def on_tick(self, now: float) -> list[Action]:
+        self.now = now
+        out: list[Action] = []
+        while self.in_flight and self.in_flight[0][2] <= now:
+            self.timeouts += 1
+            out.append(Fail(self.in_flight.popleft()[1], TIMED_OUT))
+        return out + self.tick_sync(now)
+
+    def on_link_lost(self, node: str) -> list[Action]:
+        return self.fail_pending(LINK_LOST) if node == self.successor else []
+
+    def fail_pending(self, message: str) -> list[Action]:
+        out: list[Action] = [Fail(req, message) for _, req, _ in self.in_flight]
+        self.in_flight.clear()
+        self.ack_due = 0
+        return out
+
+    def on_apply_failed(self, req: Any) -> list[Action]:
+        if req is not None:  # the head's own apply: that write is answered with the error already
+            self.in_flight = deque(e for e in self.in_flight if e[1] is not req)
+            return []
+        return super().on_apply_failed(req)
 
     def state(self) -> dict[str, Any]:
         role = "head" if self.node_id == self.head else "tail" if self.node_id == self.tail else "middle"
         if len(self.replicas) == 1:
             role = "head+tail"
-        return {**super().state(), "role": role, "seq": self.seq, "in_flight": len(self.in_flight),
-                "gaps": self.gaps}
+        return {**super().state(), "role": role, "seq": self.applied, "in_flight": len(self.in_flight),
+                "timeouts": self.timeouts}

@@ -42,6 +42,10 @@ class Datalet(ABC):
     @abstractmethod
     def exists(self, key: bytes) -> Any: ...
 
+    def clear(self) -> Any:
+        """Remove every key (a replica about to receive a snapshot). Remote datalets return a future."""
+        raise NotImplementedError(f"the {self.name} datalet cannot be cleared")
+
     @abstractmethod
     def export_pairs(self) -> AsyncIterator[tuple[bytes, bytes]]:
         """Every (key, value) pair, in batches under the hood (for recovery and moves)."""

@@ -48,6 +48,10 @@ class LmdbDatalet(Datalet):
         with self.env.begin(write=True) as txn:
             return txn.delete(key)
 
+    def clear(self) -> None:
+        with self.env.begin(write=True) as txn:
+            txn.drop(self.env.open_db(txn=txn), delete=False)
+
     def exists(self, key: bytes) -> bool:
         with self.env.begin() as txn:
             return txn.get(key) is not None

@@ -25,6 +25,9 @@ class MemoryDatalet(Datalet):
     def delete(self, key: bytes) -> bool:
         return self.data.pop(key, None) is not None
 
+    def clear(self) -> None:
+        self.data.clear()
+
     def exists(self, key: bytes) -> bool:
         return key in self.data
 

@@ -41,6 +41,9 @@ class RedisDatalet(Datalet):
     def exists(self, key: bytes):
         return self.conn.call(b"EXISTS", key)
 
+    def clear(self):
+        return self.conn.call(b"FLUSHDB")
+
     async def flush(self) -> None:
         await self.conn.call(b"FLUSHDB")
 

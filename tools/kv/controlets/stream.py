@@ -1,0 +1,195 @@
+"""Catch-up for replicas that apply one numbered stream in order (ms-sc, ms-ec, aa-sc).
+
+The stream's origin (chain head, master, sequencer) numbers its writes 1, 2, 3, ...; every
+other replica applies them strictly in order. A replica that receives anything but the next
+number has missed messages (a link gave up, it or its upstream restarted): it never skips.
+It stops applying, asks a live replica for its whole state and resumes from there:
+
+    receiver                          source (any ready replica of the shard)
+    SYNCREQ token          ->
+                           <-  SNAPBEGIN token seq     (SYNCBUSY token when not ready itself)
+                           <-  SNAPDATA token k v ...  (the runtime streams its datalet)
+                           <-  SNAPEND token seq
+
+On SNAPBEGIN the receiver empties its datalet (Reset); after SNAPEND it holds the source's
+state as of `seq`, plus the stream messages it buffered meanwhile (FIFO link: every stream
+message after SNAPBEGIN is newer than `seq`). A remote datalet's export is not atomic, but
+every write overwrites a whole key, so replaying the buffered suffix makes the state exact.
+
+A replica that (re)starts catches up the same way before it serves reads or acknowledges
+writes (on_start). Sources are tried in preference order; one that answers SYNCBUSY or
+nothing within sync_timeout is skipped. Only when every other replica explicitly answered
+SYNCBUSY in one round (a whole shard starting together) does the first replica in role
+order declare itself ready with what it holds; a silent replica (paused, partitioned) never
+counts, so a restarted replica cannot overrule live ones that merely answer slowly.
+A replica that becomes ready tells its downstream replicas its position (SEQAT) so that a
+downstream replica holding a different position resynchronises at once.
+"""
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from mlsyskit.tools.kv.controlets.base import TRYAGAIN, Action, Apply, Controlet, Fail, Reset, Send, Snapshot
+
+READY, WAITING, RECEIVING = "ready", "waiting", "receiving"
+SYNC_KINDS = (b"SYNCREQ", b"SYNCBUSY", b"SNAPBEGIN", b"SNAPDATA", b"SNAPEND", b"SEQAT")
+CATCHING_UP = f"{TRYAGAIN} replica is catching up; retry"
+
+
+class OrderedStream(Controlet):
+    """A replica that applies its upstream's numbered stream in order, catching up on any gap."""
+
+    STREAM: ClassVar[bytes]  # the message kind that carries the numbered stream
+
+    def __init__(self, node_id: str, replicas: Sequence[str], epoch: int, options: Any = None,
+                 incarnation: int = 0) -> None:
+        super().__init__(node_id, replicas, epoch, options, incarnation)
+        self.applied = 0  # the origin: last number assigned; the others: last number applied
+        self.mode = READY
+        self.gaps = 0
+        self.syncs = 0
+        self.token = incarnation << 32
+        self.sync_source: str | None = None
+        self.sync_deadline = 0.0
+        self.sync_order: tuple[str, ...] = ()
+        self.sync_next = 0
+        self.busy: set[str] = set()
+        self.base = 0
+        self.buffer: list[tuple[str, Sequence[Any]]] = []
+
+    # -- what a concrete protocol supplies ------------------------------------------
+    @property
+    @abstractmethod
+    def upstream(self) -> str | None:
+        """The replica whose stream this one applies (None: this replica is the origin)."""
+
+    @abstractmethod
+    def downstream(self) -> Sequence[str]:
+        """Replicas that apply this replica's stream (told our position after a catch-up)."""
+
+    @abstractmethod
+    def sync_sources(self) -> Sequence[str]:
+        """Replicas to catch up from, most preferred first."""
+
+    @abstractmethod
+    def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
+        """Apply stream message number `seq` (already checked to be the next one)."""
+
+    @abstractmethod
+    def fail_pending(self, message: str) -> list[Action]:
+        """Fail every client request waiting on peers (its messages may be lost)."""
+
+    def on_synced(self) -> list[Action]:
+        """Caught up (state as of self.applied): tell downstream replicas where we are."""
+        return [Send(n, b"SEQAT", (self.applied,)) for n in self.downstream()]
+
+    def on_position(self, src: str, seq: int) -> list[Action]:
+        """The upstream says it stands at `seq` and we are ready at the same position."""
+        return []
+
+    # -- the shared machinery ---------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.mode is READY
+
+    def on_start(self) -> list[Action]:
+        if len(self.replicas) == 1:
+            return []
+        return self.begin_sync()
+
+    def begin_sync(self) -> list[Action]:
+        """Stop applying and catch up from a live replica."""
+        out = self.fail_pending(CATCHING_UP)
+        self.mode = WAITING
+        self.syncs += 1
+        self.buffer = []
+        self.sync_order = tuple(self.sync_sources())
+        self.sync_next = 0
+        self.busy = set()
+        return out + self._ask_next()
+
+    def _ask_next(self) -> list[Action]:
+        if self.sync_next >= len(self.sync_order):  # one full round without a snapshot
+            if self.index == 0 and self.busy >= set(self.others):
+                self.mode = READY  # every other replica is alive and catching up itself: start here
+                return self.on_synced()
+            self.sync_next = 0
+            self.busy = set()
+        self.sync_source = self.sync_order[self.sync_next]
+        self.sync_next += 1
+        self.token += 1
+        self.sync_deadline = self.now + self.options.sync_timeout
+        return [Send(self.sync_source, b"SYNCREQ", (self.token,))]
+
+    def tick_sync(self, now: float) -> list[Action]:
+        if self.mode is READY or now <= self.sync_deadline:
+            return []
+        if self.mode is RECEIVING:  # the source went silent mid-snapshot: start over
+            return self.begin_sync()
+        return self._ask_next()
+
+    def on_stream(self, src: str, fields: Sequence[Any]) -> list[Action]:
+        if src != self.upstream:
+            return []
+        if self.mode is RECEIVING:
+            if src == self.sync_source:
+                self.buffer.append((src, fields))
+            return []
+        if self.mode is WAITING:
+            return []  # the snapshot will hold it
+        seq = int(fields[0])
+        if seq != self.applied + 1:
+            self.gaps += 1
+            return self.begin_sync()
+        self.applied = seq
+        return self.apply_stream(src, seq, fields)
+
+    def on_sync_message(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
+        if kind == b"SYNCREQ":
+            if self.mode is not READY:
+                return [Send(src, b"SYNCBUSY", (fields[0],))]
+            return [Snapshot(src, int(fields[0]), self.applied)]
+        token = int(fields[0])
+        if kind == b"SYNCBUSY":
+            if self.mode is WAITING:
+                self.busy.add(src)
+                if token == self.token:
+                    return self._ask_next()
+            return []
+        if kind == b"SEQAT":
+            if src != self.upstream or self.mode is not READY:
+                return []
+            seq = token
+            if seq != self.applied:
+                self.gaps += 1
+                return self.begin_sync()
+            return self.on_position(src, seq)
+        if token != self.token or src != self.sync_source:
+            return []  # a stale snapshot (an abandoned attempt, an earlier incarnation)
+        self.sync_deadline = self.now + 10 * self.options.sync_timeout
+        if kind == b"SNAPBEGIN" and self.mode is WAITING:
+            self.mode, self.base = RECEIVING, int(fields[1])
+            return [Reset()]
+        if kind == b"SNAPDATA" and self.mode is RECEIVING:
+            return [Apply(fields[i], fields[i + 1]) for i in range(1, len(fields) - 1, 2)]
+        if kind == b"SNAPEND" and self.mode is RECEIVING:
+            self.mode, self.applied = READY, self.base
+            out = self.on_synced()
+            buffered, self.buffer = self.buffer, []
+            for bsrc, bfields in buffered:
+                out.extend(self.on_stream(bsrc, bfields))
+            return out
+        return []
+
+    def refuse_if_catching_up(self, req: Any) -> list[Action] | None:
+        return None if self.mode is READY else [Fail(req, CATCHING_UP)]
+
+    def on_apply_failed(self, req: Any) -> list[Action]:
+        """A replicated write failed here: this replica's state is unknown, so catch up again."""
+        return self.begin_sync() if req is None else []
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "catching_up": int(self.mode is not READY), "gaps": self.gaps,
+                "syncs": self.syncs}

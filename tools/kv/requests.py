@@ -1,0 +1,65 @@
+"""What flows between the front end, the node runtime and the command handlers.
+
+Kept apart from node.py and frontend.py so that neither imports the other: the front end
+builds Requests, the node completes them, and the commands module needs only these types.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import hiredis
+
+from mlsyskit.tools.kv import resp
+from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT
+
+PEER_MESSAGE = b"BKV.MSG"  # BKV.MSG epoch src kind fields...: one-way, authenticated peers only
+PEER_NONCE = b"BKV.NONCE"
+PEER_AUTH = b"BKV.AUTH"
+
+
+class Request:
+    """One single-key client operation; `complete` hands its encoded reply to whoever waits.
+
+    A request completes exactly once: a second completion is a protocol bug, so it is not
+    delivered (the client would get a reply for a command it never sent) and it is counted
+    in `Request.duplicate_completions`, which the tests assert stays 0.
+    """
+
+    __slots__ = ("op", "key", "value", "conn", "payload", "existed", "parent", "index")
+    duplicate_completions: ClassVar[int] = 0
+
+    def __init__(self, op: str, key: bytes, value: bytes | None, conn: Any, parent: Any = None,
+                 index: int = 0) -> None:
+        self.op, self.key, self.value, self.conn = op, key, value, conn
+        self.payload: bytes | None = None
+        self.existed = False
+        self.parent, self.index = parent, index
+
+    def complete(self, payload: bytes) -> None:
+        if self.payload is not None:
+            Request.duplicate_completions += 1
+            return
+        self.payload = payload
+        if self.parent is not None:
+            self.parent.part_done(self)
+        elif self.conn is not None:
+            self.conn.slot_done(self)
+
+    def frame(self) -> bytes:
+        """The command that performs this operation on another node."""
+        if self.op is PUT:
+            return hiredis.pack_command((b"SET", self.key, self.value))
+        return hiredis.pack_command(({GET: b"GET", EXISTS: b"EXISTS", DEL: b"DEL"}[self.op], self.key))
+
+
+class Ready:
+    """An immediate reply queued behind a slower one (or filled in later by a handler)."""
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: bytes | None) -> None:
+        self.payload = payload
+
+
+def write_reply(req: Request) -> bytes:
+    return resp.OK if req.op is PUT else (resp.ONE if req.existed else resp.ZERO)
