@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import socket
@@ -29,8 +30,9 @@ def free_range(width: int, seed: int) -> int:
     raise RuntimeError("no free port range")
 
 
-def cli(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "COLUMNS": "200"}
+def cli(*args: str, check: bool = True, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
+    passed = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
+    env = {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "COLUMNS": "200", **passed, **(env or {})}
     out = subprocess.run([*BESPOKV, *args], capture_output=True, text=True, timeout=timeout, env=env)
     if check and out.returncode != 0:
         raise AssertionError(f"bespokv {' '.join(args)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
@@ -74,7 +76,7 @@ def test_up_put_get_down_and_lmdb_survives_a_restart(cluster_dir) -> None:
         n.terminate()
     psutil.wait_procs(nodes, timeout=10)
     orphaned = cli("get", "city", "--data-dir", d, check=False)
-    assert orphaned.returncode == 2 and "unreachable" in orphaned.stderr and "Traceback" not in orphaned.stderr
+    assert orphaned.returncode == 1 and "unreachable" in orphaned.stderr and "Traceback" not in orphaned.stderr
 
     cli("down", "--data-dir", d)
     assert cli("status", "--data-dir", d, check=False).returncode == 1
@@ -124,16 +126,41 @@ def test_foreground_up_stops_the_cluster_on_ctrl_c(cluster_dir, proc_manager) ->
     (["up", "--shards", "0"], "--shards must be"),
     (["status", "--data-dir", "/nonexistent/bespokv"], "no cluster recorded"),
     (["get", "k", "--data-dir", "/nonexistent/bespokv"], "no cluster recorded"),
+    (["get", "k", "--host", "127.0.0.1"], "--host needs --port"),
+    (["put", "k", "v", "--port", "70000"], "--port must be 1..65535"),
     (["bench", "--workload", "ycsb-z", "--redis", "127.0.0.1:1"], "unknown workload"),
-    (["bench", "--redis", "nonsense"], "--redis wants host:port"),
-    (["bench", "--redis", "127.0.0.1:1", "--keys", "10", "--ops", "10"], "bench against redis 127.0.0.1:1 failed"),
-    (["get", "k", "--host", "127.0.0.1", "--port", "1"], "cannot reach bespokv at 127.0.0.1:1"),
-    (["shardmap", "--host", "127.0.0.1", "--port", "1"], "cannot reach bespokv at 127.0.0.1:1"),
+    (["bench", "--redis", "nonsense"], "--redis wants HOST:PORT"),
 ])
-def test_bad_input_is_a_clear_error(args: list[str], message: str, tmp_path) -> None:
+def test_usage_errors_exit_2(args: list[str], message: str, tmp_path) -> None:
     out = cli(*args, check=False)
     assert out.returncode == 2, out
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["bench", "--redis", "127.0.0.1:1", "--keys", "10", "--ops", "10"], "bench against redis 127.0.0.1:1 failed"),
+    (["get", "k", "--host", "127.0.0.1", "--port", "1"], "cannot reach bespokv at 127.0.0.1:1"),
+    (["shardmap", "--host", "127.0.0.1", "--port", "1"], "cannot reach bespokv at 127.0.0.1:1"),
+    (["get", "k", "--port", "1"], "cannot reach bespokv at 127.0.0.1:1"),
+])
+def test_runtime_failures_exit_1(args: list[str], message: str) -> None:
+    out = cli(*args, check=False)
+    assert out.returncode == 1, out
+    assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_client_commands_find_the_cluster_from_the_environment(cluster_dir) -> None:
+    d = str(cluster_dir)
+    base = free_range(1 + 2, seed=7)
+    cli("up", "--replicas", "2", "--base-port", str(base), "--data-dir", d)
+    env = {"MLSYSKIT_BESPOKV_ADDR": f"127.0.0.1:{base}"}
+    assert cli("put", "city", "Oslo", env=env).stdout.strip() == "OK"
+    assert json.loads(cli("get", "city", "--json", env=env).stdout) == {"key": "city", "value": "Oslo"}
+    # --data-dir and --host/--port win over the environment; a malformed address is a usage error
+    assert cli("get", "city", "--data-dir", d, env={"MLSYSKIT_BESPOKV_ADDR": "127.0.0.1:1"}).stdout.strip() == "Oslo"
+    bad = cli("get", "city", check=False, env={"MLSYSKIT_BESPOKV_ADDR": "nowhere"})
+    assert bad.returncode == 2 and "MLSYSKIT_BESPOKV_ADDR wants HOST:PORT" in bad.stderr
+    assert json.loads(cli("del", "city", "--json", env=env).stdout) == {"key": "city", "existed": True}
 
 
 def test_up_refuses_a_busy_redis_datalet_port_before_starting_anything(tmp_path) -> None:
