@@ -67,6 +67,7 @@ class SimShard:
         self.messages = 0
         self.lost = 0
         self.duplicate_completions = 0
+        self.accepted: dict[str, set[SimRequest]] = {n: set() for n in self.ids}  # client connections per replica
 
     def _controlet(self, node: str):
         return self.cls(node, self.ids, self.epoch, self.options, incarnation=self.incarnations[node])
@@ -81,6 +82,7 @@ class SimShard:
             if node in self.down:
                 self._complete(req, ConnectionError("replica down"))
                 return
+            self.accepted[node].add(req)
             self._execute(node, self.controlets[node].on_client(req))
 
         self.loop.schedule(delay, arrive)
@@ -108,6 +110,8 @@ class SimShard:
     def crash(self, node: str) -> None:
         self.down.add(node)
         self.data[node] = {}
+        for req in list(self.accepted[node]):  # their clients' connections break: outcome unknown
+            self._complete(req, ConnectionError("connection lost"))
         for other in self.ids:
             if other != node and other not in self.down:
                 self._execute(other, self.controlets[other].on_link_lost(node))
@@ -129,6 +133,8 @@ class SimShard:
 
     # -- execution -----------------------------------------------------------------------
     def _complete(self, req: SimRequest, result: Any) -> None:
+        for pending in self.accepted.values():
+            pending.discard(req)
         req.completions += 1
         if req.done:
             self.duplicate_completions += 1
@@ -203,9 +209,19 @@ class SimShard:
                 self._send(node, a.node, b"SNAPDATA", (a.token, *pairs))
                 self._send(node, a.node, b"SNAPEND", (a.token, a.seq))
             elif kind is Forward:
-                req, dst = a.req, a.node
-                self._deliver_later(node, dst, lambda req=req, dst=dst: self._execute(
-                    dst, self.controlets[dst].on_client(req)))
+                self._forward(node, a.req, a.node)
+
+    def _forward(self, src: str, req: SimRequest, dst: str) -> None:
+        """A relayed request; if the target is unreachable the relay fails (as a link's call does)."""
+        def arrive() -> None:
+            if dst in self.down or frozenset((src, dst)) in self.cut:
+                self._complete(req, ConnectionError("TRYAGAIN forward failed"))
+                return
+            self.accepted[dst].add(req)
+            self._execute(dst, self.controlets[dst].on_client(req))
+
+        t = self.loop.now() + self.rng.uniform(0, self.max_delay)
+        self.loop.schedule_at(max(t, self.link_clock.get((src, dst), 0.0)), arrive)
 
     def _peer(self, dst: str, src: str, kind: bytes, fields: tuple) -> None:
         """One delivery is one drained read at the receiver: on_peer, then on_quiet."""
