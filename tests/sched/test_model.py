@@ -60,3 +60,37 @@ def test_fitted_model_predicts_held_out_placements():
 def test_unknown_app_is_reported(model):
     with pytest.raises(KeyError, match="unknown application"):
         model.check_app("gpt5")
+
+
+def test_extrapolated_throughput_is_monotone_and_efficiency_never_rises(model):
+    # Property over every application and every batch the workloads use, on 4-, 6- and 8-GPU nodes:
+    # where the shape of K GPUs (compact layout) is extrapolated, T(K) >= T(K-1) and E(K) <= E(K-1).
+    from mlsyskit.tools.sched.workloads import APP_BATCHES
+
+    checked = 0
+    for app, batches in APP_BATCHES.items():
+        for batch in batches:
+            for gpn in (4, 6, 8):
+                for k in range(2, 65):
+                    shape, prev = compact_shape(k, gpn), compact_shape(k - 1, gpn)
+                    if model.is_measured(app, shape):
+                        continue
+                    t, t_prev = model.rate(app, shape, batch), model.rate(app, prev, batch)
+                    assert t >= t_prev * (1 - 1e-12), (app, batch, gpn, k)
+                    assert t / k <= t_prev / (k - 1) * (1 + 1e-12), (app, batch, gpn, k)
+                    checked += 1
+    assert checked > 1000
+
+
+def test_the_jumps_of_the_issue_are_gone(model):
+    # imagenet at batch 3200 on 6-GPU nodes: 26 GPUs were slower than 25; 6+6+1 more efficient than 6+6.
+    assert model.rate("imagenet", compact_shape(26, 6), 3200) >= model.rate("imagenet", compact_shape(25, 6), 3200)
+    assert model.efficiency("imagenet", (6, 6, 1), 3200) <= model.efficiency("imagenet", (6, 6), 3200)
+
+
+def test_measured_points_are_marked_and_unchanged(model):
+    rows = model.efficiency_curve("cifar10", 2048, 8, 6)
+    assert [r["measured"] for r in rows] == [True] * 4 + [False] * 4   # 5 and 6 GPUs on one node: never run
+    step, sync = model.step_and_sync("cifar10", (2, 2), 512)
+    assert model.rate("cifar10", (2, 2), 2048) == pytest.approx(2048 / step)   # measured rows are not clamped
+    assert model.is_measured("cifar10", (4, 4)) and not model.is_measured("cifar10", (6,))

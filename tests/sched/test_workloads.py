@@ -92,8 +92,8 @@ PHILLY_HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
 
 
 @pytest.mark.parametrize("body, message", [
-    (POLLUX_HEADER + "a,nan,bert,2,384\n", "time a finite number"),   # NaN arrivals used to hang the replay
-    (POLLUX_HEADER + "a,inf,bert,2,384\n", "time a finite number"),
+    (POLLUX_HEADER + "a,nan,bert,2,384\n", "time a number of seconds"),   # NaN arrivals used to hang the replay
+    (POLLUX_HEADER + "a,inf,bert,2,384\n", "time a number of seconds"),
     (POLLUX_HEADER + "a,0,bert,2,384\nb,0,bert,2\n", "line 3: fewer fields"),
     (PHILLY_HEADER + "0,nan,2,,c\n", "must be finite"),
     (PHILLY_HEADER + "0,100,2,-5,c\n", "gpu_time >= 0"),

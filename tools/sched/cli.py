@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import typer
@@ -10,9 +11,10 @@ from rich import box
 from mlsyskit.core.cli import fail, make_app, run_app
 from mlsyskit.core.config import ConfigError
 from mlsyskit.core.console import emit_json, emit_table, log, make_table, progress
+from mlsyskit.core.errors import UsageError
 from mlsyskit.tools.sched.cluster import ClusterSpec
 from mlsyskit.tools.sched.daemon.commands import register as register_daemon_commands
-from mlsyskit.tools.sched.experiment import Run, WorkloadSource, report, run_one
+from mlsyskit.tools.sched.experiment import Run, WorkloadSource, parse_policies, report, run_one
 from mlsyskit.tools.sched.metrics import downsample, jcts
 from mlsyskit.tools.sched.policies import POLICIES, PolicyOptions
 from mlsyskit.tools.sched.policies.marble import sized_shapes
@@ -53,11 +55,10 @@ def _model() -> ThroughputModel:
 
 
 def _parse_policies(text: str) -> list[str]:
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [p for p in names if p not in POLICIES]
-    if not names or unknown:
-        raise fail(f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(sorted(POLICIES))}")
-    return names
+    try:
+        return parse_policies(text)   # unknown or repeated names are usage errors
+    except UsageError as e:
+        raise fail(str(e)) from None
 
 
 @app.command()
@@ -68,6 +69,7 @@ def sim(
     seeds: int = typer.Option(1, min=1, help="how many seeds (seed, seed+1, ...)"),
     seed: int = typer.Option(0, help="first seed"),
     restart_cost: float = typer.Option(30.0, min=0.0, help="checkpoint-restart cost in seconds"),
+    model_error: float = typer.Option(0.0, min=0.0, max=0.9, help="mean relative error of the throughput model the policies get (0.1 = 10%); the simulator keeps the true one"),
     threshold: float = typer.Option(0.5, help="marble: least gain per added GPU, in single-GPU throughputs"),
     pressure_threshold: float = typer.Option(0.8, help="marble: the same while waiting jobs want more GPUs than are free"),
     out: Path | None = typer.Option(None, help="directory for results.json, timing.json and PNG plots"),
@@ -81,6 +83,8 @@ def sim(
     except (ValueError, ConfigError) as e:
         raise fail(str(e)) from None
     names = _parse_policies(policies)
+    if not math.isfinite(restart_cost):
+        raise fail(f"--restart-cost must be a finite number of seconds, got {restart_cost}")
     if events and out is None:
         raise fail("--events needs --out")
     source = WorkloadSource(workload)
@@ -103,12 +107,12 @@ def sim(
                 try:
                     run = run_one(source, spec, name, s, model, options, restart_cost, events_path,
                                   on_finish=lambda n, t=task: bar.update(t, completed=n) if n % 50 == 0 else None,
-                                  jobs=jobs)
+                                  jobs=jobs, model_error=model_error)
                 except (ValueError, PolicyError) as e:
                     raise fail(f"{name}, seed {s}: {e}") from None
                 bar.update(task, completed=len(jobs))
                 runs.append(run)
-    doc = report(runs, source, spec, options, restart_cost)
+    doc = report(runs, source, spec, options, restart_cost, model_error)
     if out is not None:
         _write_outputs(out, doc, runs, spec)
     if as_json:
@@ -196,8 +200,11 @@ def curve(
         emit_json(doc)
         return
     emit_table(make_table(f"{app_name}, global batch {batch}: marble picks {sum(size)} GPUs as "
-                          f"{''.join(map(str, size))} ({sum(busy)} as {''.join(map(str, busy))} under queue pressure)", ["GPUs", "shape", "samples/s", "efficiency"],
-                          [[r["gpus"], r["shape"], r["throughput"], r["efficiency"]] for r in rows]))
+                          f"{''.join(map(str, size))} ({sum(busy)} as {''.join(map(str, busy))} under queue pressure); "
+                          "extrapolated = shape never measured (model, kept monotone)",
+                          ["GPUs", "shape", "samples/s", "efficiency", "source"],
+                          [[r["gpus"], r["shape"], r["throughput"], r["efficiency"],
+                            "measured" if r["measured"] else "extrapolated"] for r in rows]))
 
 
 @app.command("policies")

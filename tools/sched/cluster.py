@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from mlsyskit.core.config import require
 
 Placement = tuple[tuple[int, int], ...]  # ((node, gpus), ...)
+MAX_NODES = 100_000   # per-node state is held in lists; more is not a cluster this tool simulates
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class ClusterSpec:
     gpus_per_node: int
 
     def __post_init__(self) -> None:
-        require(self.nodes >= 1, f"a cluster needs at least one node, got {self.nodes}")
+        require(1 <= self.nodes <= MAX_NODES, f"a cluster has 1..{MAX_NODES:,} nodes, got {self.nodes:,}")
         require(1 <= self.gpus_per_node <= 64, f"gpus per node must be in 1..64, got {self.gpus_per_node}")
 
     @property

@@ -7,11 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlsyskit.core.errors import UsageError
 from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.sched.cluster import ClusterSpec
 from mlsyskit.tools.sched.ground_truth import ModelWithError
 from mlsyskit.tools.sched.metrics import aggregate, summarize, timing
-from mlsyskit.tools.sched.policies import PolicyOptions, create_policy
+from mlsyskit.tools.sched.policies import POLICIES, PolicyOptions, create_policy
 from mlsyskit.tools.sched.simulator import SimResult, Simulator
 from mlsyskit.tools.sched.state import JobSpec
 from mlsyskit.tools.sched.throughput import ThroughputModel
@@ -23,6 +24,18 @@ from mlsyskit.tools.sched.workloads import (
     load_pollux,
     synthetic,
 )
+
+
+def parse_policies(text: str) -> list[str]:
+    """Comma-separated registered policy names, each once (UsageError otherwise)."""
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if not names or unknown:
+        raise UsageError(f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(sorted(POLICIES))}")
+    repeated = sorted({p for p in names if names.count(p) > 1})
+    if repeated:
+        raise UsageError(f"policy {', '.join(repeated)} given more than once; list each policy once")
+    return names
 
 
 @dataclass(frozen=True)

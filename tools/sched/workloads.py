@@ -12,8 +12,10 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
+from mlsyskit.core.errors import UsageError
 from mlsyskit.core.sim import Seeds, sub_seed
 from mlsyskit.tools.sched.profiles import DATA_DIR
 from mlsyskit.tools.sched.state import JobSpec
@@ -28,8 +30,38 @@ APP_BATCHES = {"bert": (384,), "cifar10": (2048, 4096), "deepspeech2": (320, 640
                "ncf": (32768,), "yolov3": (64,)}
 
 
-class WorkloadError(ValueError):
-    """A workload file that cannot be read as the documented format."""
+# Arrival times (seconds from the trace's start) beyond this would lose sub-second resolution in
+# float64 sums and are not a real trace (about 31 years).
+MAX_ARRIVAL_S = 1e9
+
+
+class WorkloadError(UsageError, ValueError):
+    """A workload file that cannot be read as the documented format (a usage error: exit 2)."""
+
+
+def _unique_names(path: Path, names: list[str]) -> None:
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            raise WorkloadError(f"{path}: line {i + 2}: job name {name!r} repeats line {seen[name] + 2}; "
+                                "job names must be unique")
+        seen[name] = i
+
+
+def parse_timestamp(text: str) -> float:
+    """Seconds: a number, or a date-time as Philly logs it ('2017-10-03 14:05:00', UTC when no
+    zone is given; ISO 8601 'T' form accepted too)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        stamp = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"timestamp {text!r} is neither seconds nor YYYY-MM-DD HH:MM:SS") from None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=UTC)
+    return stamp.timestamp()
 
 
 def builtin_workload(name: str) -> Path:
@@ -65,6 +97,7 @@ def _read_rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
 def load_pollux(path: Path, model: ThroughputModel, seed: int, gpus_per_node: int) -> list[JobSpec]:
     """Columns name,time,application,num_replicas,batch_size."""
     rows = _read_rows(path, ("name", "time", "application", "num_replicas", "batch_size"))
+    _unique_names(path, [r["name"] for r in rows])
     jobs = []
     for i, r in enumerate(rows):
         try:
@@ -73,9 +106,9 @@ def load_pollux(path: Path, model: ThroughputModel, seed: int, gpus_per_node: in
             raise WorkloadError(f"{path}: line {i + 2}: {e}") from None
         if app not in APP_CLASS:
             raise WorkloadError(f"{path}: line {i + 2}: unknown application {app!r}")
-        if gpus < 1 or batch < 1 or not 0 <= arrival < math.inf:
-            raise WorkloadError(f"{path}: line {i + 2}: num_replicas, batch_size must be >= 1 and time a finite "
-                                "number >= 0")
+        if gpus < 1 or batch < 1 or not 0 <= arrival <= MAX_ARRIVAL_S:
+            raise WorkloadError(f"{path}: line {i + 2}: num_replicas, batch_size must be >= 1 and time a number "
+                                f"of seconds in [0, {MAX_ARRIVAL_S:.0e}]")
         lo, hi = SIZE_CLASSES[APP_CLASS[app]]
         rng = Seeds(sub_seed(seed, "pollux-work")).random(r["name"])
         gpu_hours = math.exp(rng.uniform(math.log(lo), math.log(hi)))
@@ -95,7 +128,7 @@ def load_philly(path: Path, model: ThroughputModel, seed: int, gpus_per_node: in
     t0 = None
     for i, r in enumerate(rows):
         try:
-            ts, duration, gpus = float(r["timestamp"]), float(r["duration"]), int(r["num_gpus"])
+            ts, duration, gpus = parse_timestamp(r["timestamp"]), float(r["duration"]), int(r["num_gpus"])
             gpu_time = float(r["gpu_time"]) if r["gpu_time"] else duration * gpus
         except ValueError as e:
             raise WorkloadError(f"{path}: line {i + 2}: {e}") from None
@@ -114,6 +147,10 @@ def load_philly(path: Path, model: ThroughputModel, seed: int, gpus_per_node: in
                             work_for(model, app, gpus, batch, duration, gpus_per_node)))
     if not jobs:
         raise WorkloadError(f"{path}: no GPU jobs")
+    late = next((j for j in jobs if j.arrival - t0 > MAX_ARRIVAL_S), None)
+    if late is not None:
+        raise WorkloadError(f"{path}: line {late.job_id + 2}: arrives {late.arrival - t0:.3g} s after the first job; "
+                            f"the limit is {MAX_ARRIVAL_S:.0e} s")
     return [JobSpec(j.job_id, j.name, j.app, j.arrival - t0, j.gpus, j.batch_size, j.work) for j in jobs]
 
 
