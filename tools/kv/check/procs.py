@@ -23,6 +23,7 @@ import hiredis
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.tools.kv.check.faultproxy import FaultProxy
 from mlsyskit.tools.kv.pipeline import RespConnection
+from mlsyskit.tools.kv.processes import parse_info
 from mlsyskit.tools.kv.shardmap import ShardMap, layout
 
 HOST = "127.0.0.1"
@@ -126,11 +127,13 @@ class ProcCluster:
                                        f"see {self.data_dir}/logs/node-{nid}.log")
                 try:
                     if await call(addr.host, addr.port, b"PING", timeout=0.5) == b"PONG":
-                        break
+                        info = parse_info(await call(addr.host, addr.port, b"INFO", timeout=0.5))
+                        if info.get("catching_up", "0") == "0":  # a restarted replica resynchronises first
+                            break
                 except (OSError, TimeoutError, hiredis.ReplyError):
                     pass
                 if self.clock.now() > deadline:
-                    raise RuntimeError(f"node {nid} did not answer PING within {self.start_timeout:.0f}s")
+                    raise RuntimeError(f"node {nid} was not up and caught up within {self.start_timeout:.0f}s")
                 await self.clock.asleep(0.05)
 
     async def stop(self) -> None:
