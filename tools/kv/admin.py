@@ -145,6 +145,8 @@ def cmd_config(conn: ClientConnection, cmd: list) -> None:
                 if fnmatch.fnmatchcase(name.decode(), pattern.decode(errors="replace").lower()) \
                         and name not in found[::2]:
                     found += (name, value)
+        if conn.protocol == 3:  # RESP3 clients get a map, as Redis 7 sends them
+            return conn.reply(b"%%%d\r\n" % (len(found) // 2) + b"".join(resp.bulk(x) for x in found))
         return conn.reply(resp.array(found))
     conn.reply(resp.error("CONFIG supports only GET on a bespokv node (its limits are set at start-up)"))
 

@@ -176,6 +176,7 @@ def cmd_hello(conn: ClientConnection, cmd: list) -> None:
             return conn.reply(resp.error(f"syntax error in HELLO option {option[:32].decode(errors='replace')}"))
     if conn.node.requirepass is not None and not conn.authed:
         return conn.reply(admin.NOAUTH)
+    conn.protocol = int(version)
     fields = [b"server", b"bespokv", b"version", __version__.encode(), b"proto", int(version),
               b"id", conn.id, b"mode", b"standalone", b"role", b"master", b"modules", []]
     parts = [(b"%%%d\r\n" % (len(fields) // 2)) if version == b"3" else (b"*%d\r\n" % len(fields))]

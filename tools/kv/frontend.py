@@ -81,6 +81,7 @@ class ClientConnection(asyncio.Protocol):
         self.nonce: bytes | None = None
         self.authed = node.requirepass is None
         self.in_refused_multi = False
+        self.protocol = 2  # RESP version chosen by HELLO
         self.unparsed = bytearray()  # the bytes hiredis still holds (an incomplete request)
         self.out_bytes = 0  # completed replies gathered in `out` during a read (slow path)
         self.node = node

@@ -1,0 +1,147 @@
+"""Truthful Redis and bounded resources (issue 14, items 4 and 5) through real clients."""
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import hiredis
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from mlsyskit.tools.kv.cluster import LocalCluster, node_datalet
+from mlsyskit.tools.kv.resp import Limits
+from tests.kv.conftest import ThreadedCluster, make_map
+
+
+def cluster(replicas: int = 1, controlet: str = "ms-sc", **kwargs) -> ThreadedCluster:
+    smap = make_map(controlet, shards=1, replicas=replicas)
+    return ThreadedCluster(LocalCluster(smap, lambda n: node_datalet("memory", n), **kwargs))
+
+
+def addr(tc: ThreadedCluster, node: str = "s0r0") -> tuple[str, int]:
+    a = tc.cluster.map.nodes[node]
+    return a.host, a.port
+
+
+def read_until_closed(s: socket.socket) -> bytes:
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    return data
+
+
+def test_a_huge_bulk_header_is_refused_before_its_payload() -> None:
+    with cluster() as tc, socket.create_connection(addr(tc), timeout=5) as s:
+        s.sendall(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2147483647\r\n")  # then nothing: the server must not wait
+        reply = read_until_closed(s)
+        assert reply.startswith(b"-ERR Protocol error: invalid bulk length")
+    with cluster(limits=Limits(max_args=16)) as tc, socket.create_connection(addr(tc), timeout=5) as s:
+        s.sendall(b"*1000000\r\n$3\r\nSET\r\n")
+        assert read_until_closed(s).startswith(b"-ERR Protocol error: invalid multibulk length")
+
+
+def test_a_client_that_does_not_read_is_disconnected_and_others_are_served() -> None:
+    limits = Limits(max_value_bytes=256 * 1024, max_output_bytes=2 * 1024 * 1024)
+    with cluster(limits=limits) as tc:
+        r = redis.Redis(*addr(tc))
+        r.set("big", b"x" * 256 * 1024)
+        hog = socket.create_connection(addr(tc), timeout=5)
+        hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        hog.sendall(hiredis.pack_command((b"GET", b"big")) * 500)  # 128 MB of replies, never read
+        node = tc.cluster.nodes["s0r0"]
+        deadline = asyncio.run(_deadline(10))
+        while node.stats["output_limit_closes"] == 0:
+            assert asyncio.run(_now()) < deadline, "the hog was never disconnected"
+            assert r.ping()  # meanwhile another client is served
+        assert r.get("big") == b"x" * 256 * 1024
+        hog.close()
+        r.close()
+
+
+async def _now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+async def _deadline(seconds: float) -> float:
+    return asyncio.get_running_loop().time() + seconds
+
+
+def test_maxclients() -> None:
+    with cluster(limits=Limits(max_clients=2)) as tc:
+        first, second = redis.Redis(*addr(tc)), redis.Redis(*addr(tc))
+        assert first.ping() and second.ping()
+        with socket.create_connection(addr(tc), timeout=5) as third:
+            assert read_until_closed(third) == b"-ERR max number of clients reached\r\n"
+        assert tc.cluster.nodes["s0r0"].stats["rejected_connections"] == 1
+        first.close()
+        second.close()
+
+
+def test_requirepass_and_auth() -> None:
+    with cluster(replicas=3, requirepass=b"s3cret") as tc:
+        host, port = addr(tc)
+        no_retry = Retry(NoBackoff(), 0)  # redis-py retries authentication errors by default
+        anonymous = redis.Redis(host, port, retry=no_retry)
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.set("k", "v")
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(host, port, password="wrong", retry=no_retry).ping()
+        client = redis.Redis(host, port, password="s3cret")
+        assert client.set("k", "v") and client.get("k") == b"v"
+        assert redis.Redis(host, port, password="s3cret", protocol=3).get("k") == b"v"  # HELLO 3 AUTH
+        # Replicas still replicate: peers authenticate with the cluster secret, not the password.
+        tail = redis.Redis(*addr(tc, "s0r2"), password="s3cret")
+        assert tail.get("k") == b"v"
+        for c in (anonymous, client, tail):
+            c.close()
+
+
+def test_multi_exec_is_refused_and_nothing_queued_runs() -> None:
+    with cluster(replicas=3) as tc:
+        r = redis.Redis(*addr(tc))
+        pipe = r.pipeline(transaction=True)
+        pipe.set("t1", "a").set("t2", "b")
+        with pytest.raises(redis.ResponseError):
+            pipe.execute()
+        assert r.get("t1") is None and r.get("t2") is None
+        replies = _raw(addr(tc), [(b"MULTI",), (b"SET", b"t3", b"c"), (b"DISCARD",), (b"GET", b"t3")])
+        assert isinstance(replies[0], hiredis.ReplyError) and isinstance(replies[1], hiredis.ReplyError)
+        assert replies[2] == b"OK" and replies[3] is None
+        r.close()
+
+
+def _raw(address, commands) -> list:
+    reader = hiredis.Reader()
+    out: list = []
+    with socket.create_connection(address, timeout=5) as s:
+        s.sendall(b"".join(hiredis.pack_command(c) for c in commands))
+        while len(out) < len(commands):
+            reader.feed(s.recv(65536))
+            while (reply := reader.gets()) is not False:
+                out.append(reply)
+    return out
+
+
+def test_client_command_config_and_hello_are_truthful() -> None:
+    with cluster(replicas=3, limits=Limits(max_clients=50)) as tc:
+        r = redis.Redis(*addr(tc))
+        assert r.client_setname("worker-1") and r.client_getname() == "worker-1"
+        me = r.client_id()
+        listed = r.client_list()
+        assert any(c["id"] == str(me) and c["name"] == "worker-1" for c in listed)
+        assert r.client_info()["name"] == "worker-1"
+        with pytest.raises(redis.ResponseError, match="not supported"):
+            r.execute_command("CLIENT", "KILL", "ID", "1")
+        count, table, info = _raw(addr(tc), [(b"COMMAND", b"COUNT"), (b"COMMAND",), (b"COMMAND", b"INFO", b"get")])
+        assert count == len(table) >= 10 and b"bkv.msg" not in [entry[0] for entry in table]
+        assert info[0][:2] == [b"get", 2]
+        assert r.config_get("maxclients") == {"maxclients": "50"}
+        assert r.config_get("no-such-parameter") == {}
+        assert r.config_get("proto-max-bulk-len")["proto-max-bulk-len"] == str(512 * 1024 * 1024)
+        hello = redis.Redis(*addr(tc), protocol=3).execute_command("HELLO", "3")
+        assert hello[b"mode"] == b"standalone" and hello[b"server"] == b"bespokv"
+        with pytest.raises(redis.ResponseError):
+            r.config_set("maxclients", "10")
+        r.close()
