@@ -1,0 +1,1 @@
+"""Example jobs for the marble daemon and `marble profile`."""
