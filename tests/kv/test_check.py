@@ -1,5 +1,9 @@
 """`bespokv check` end to end: every mode under kill, pause and partition (short histories),
-the verdict's exit codes, and a tampered history that the re-check must reject."""
+the verdict's exit codes, and a tampered history that the re-check must reject.
+
+Before the data-path fixes (6bdb71b) every mode failed here: ms-sc and aa-sc lost
+acknowledged writes after a kill (a restarted replica served from an empty datalet), and
+ms-ec / aa-ec replicas stayed diverged after a partition (gaps never repaired)."""
 from __future__ import annotations
 
 import json
@@ -23,18 +27,8 @@ def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([*BESPOKV, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-# Modes whose data path (issue 14 items 2-5) does not survive these faults yet: the check
-# finds it, so the test is expected to fail until the fix lands (and passes after).
-NOT_YET = {
-    "ms-sc": "a killed/partitioned chain replica misses writes and never catches up (issue 14 item 2)",
-    "ms-ec": "replication gaps are counted, never repaired (issue 14 item 2)",
-    "aa-sc": "a restarted replica serves reads before catching up (issue 14 item 2)",
-    "aa-ec": "no anti-entropy: replicas that missed LWW messages stay diverged (issue 14 item 2)",
-}
-
-
 @pytest.mark.parametrize("mode", ["ms-sc", "ms-ec", "aa-sc", "aa-ec"])
-def test_check_passes_under_kill_pause_and_partition(mode: str, tmp_path, request) -> None:
+def test_check_passes_under_kill_pause_and_partition(mode: str, tmp_path) -> None:
     out = cli("check", "--mode", mode, "--nemesis", "kill,pause,partition", *SHORT, "--seed", "1",
               "--out", str(tmp_path), "--json", "-q")
     assert out.returncode in (0, 1), out.stderr
@@ -44,8 +38,6 @@ def test_check_passes_under_kill_pause_and_partition(mode: str, tmp_path, reques
     assert result["outcomes"]["ok"] >= 200 and result["error"] is None
     assert (tmp_path / "history.jsonl").stat().st_size > 0
     assert json.loads((tmp_path / "result.json").read_text())["valid"] == result["valid"]
-    if not result["valid"]:
-        request.applymarker(pytest.mark.xfail(reason=NOT_YET[mode], strict=False))
     assert out.returncode == 0 and result["valid"], "\n".join(result["violations"] + result["lost"])
 
 
