@@ -1,10 +1,22 @@
 import json
+import subprocess
+import sys
 
 from typer.testing import CliRunner
 
+from mlsyskit.core.errors import UserError
 from mlsyskit.tools.sched.cli import app
 
 runner = CliRunner()
+
+
+def run(args: list[str]) -> tuple[int, str]:
+    """Exit code and output as `marble` (run_app) gives them: a UserError is one line and its code."""
+    res = runner.invoke(app, args)
+    if isinstance(res.exception, UserError):
+        return res.exception.exit_code, f"{res.output}error: {res.exception}"
+    assert not isinstance(res.exception, Exception) or isinstance(res.exception, SystemExit), res.exception
+    return res.exit_code, res.output
 
 
 def test_sim_writes_json_plots_and_a_deterministic_document(tmp_path):
@@ -36,15 +48,53 @@ def test_user_mistakes_are_one_line_errors():
         (["sim", "-w", "workload-1", "--policies", "lsf"], "unknown policy lsf"),
         (["sim", "-w", "nope.csv"], "workload not found"),
         (["sim", "-w", "workload-1", "--cluster", "1x6"], "more GPUs than the cluster has"),
-        (["sim", "-w", "workload-1", "--threshold", "7"], "efficiency_threshold"),
+        (["sim", "-w", "workload-1", "--efficiency-threshold", "7"], "efficiency_threshold"),
+        (["sim", "-w", "workload-1", "--threshold", "0.5"], "No such option"),
+        (["sim", "--policies", "fifo"], "workload: required"),
+        (["sim", "-w", "workload-1", "--events"], "--events needs --out"),
         (["sim", "-w", "workload-1", "--pressure-threshold", "-1"], "pressure_threshold"),
         (["curve", "--app", "gpt", "--batch", "8"], "unknown application"),
-        (["curve", "--app", "ncf", "--batch", "8", "--threshold", "5"], "efficiency_threshold"),
+        (["curve", "--app", "ncf", "--batch", "8", "--efficiency-threshold", "5"], "efficiency_threshold"),
         (["sim", "-w", "workload-1", "--out", "/proc/no/such/dir"], "cannot create --out"),
+        (["profile", "--cmd", "true", "--gpus", "0"], "--gpus"),
     ]:
-        res = runner.invoke(app, args)
-        assert res.exit_code == 2, (args, res.output)
-        assert message in res.output and "Traceback" not in res.output
+        code, output = run(args)
+        assert code == 2, (args, output)
+        assert message in output and "Traceback" not in output
+
+
+def test_runtime_failures_exit_1_usage_errors_exit_2(tmp_path):
+    code, output = run(["status", "--state-dir", str(tmp_path)])
+    assert code == 1 and "no marble daemon found" in output
+    code, output = run(["profile", "--cmd", "exit 3", "--gpus", "1", "--seconds", "0.5"])
+    assert code == 1 and "exit status 3" in output
+    code, output = run(["status", "--state-dir", str(tmp_path), "--bogus"])
+    assert code == 2
+
+
+def test_sim_settings_from_config_with_flags_over_file(tmp_path):
+    config = tmp_path / "sim.toml"
+    config.write_text('[sim]\nworkload = "synthetic:40@0.7"\ncluster = "2x6"\npolicies = "fifo"\n'
+                      'efficiency_threshold = 0.6\n')
+    code, output = run(["sim", "--config", str(config), "--policies", "marble", "--json", "-q"])
+    assert code == 0, output
+    doc = json.loads(output)
+    assert list(doc["policies"]) == ["marble"] and doc["cluster"] == "2x6"
+    config.write_text('[sim]\nworkload = "synthetic:40@0.7"\nthreshold = 0.6\n')
+    code, output = run(["sim", "--config", str(config)])
+    assert code == 2 and "'threshold'" in output and "efficiency_threshold" in output
+
+
+def test_sim_progress_lines_without_a_terminal():
+    res = subprocess.run([sys.executable, "-c", "from mlsyskit.tools.sched.cli import main; main()", "sim", "-w",
+                          "synthetic:200@0.8", "--cluster", "4x6", "--policies", "fifo,marble"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "marble seed 0: replayed 200/200 jobs" in res.stderr and "fifo seed 0: replayed" in res.stderr
+    quiet = subprocess.run([sys.executable, "-c", "from mlsyskit.tools.sched.cli import main; main()", "sim", "-w",
+                            "synthetic:50@0.8", "--cluster", "4x6", "--policies", "fifo", "-q"],
+                           capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and quiet.stderr == ""
 
 
 def test_model_and_curve_commands():

@@ -3,15 +3,27 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 from rich import box
 
-from mlsyskit.core.cli import fail, make_app, run_app
-from mlsyskit.core.config import ConfigError
-from mlsyskit.core.console import emit_json, emit_table, log, make_table, progress
-from mlsyskit.core.errors import UsageError
+from mlsyskit.core.cli import (
+    config_option,
+    ensure_out_dir,
+    json_option,
+    load_command_config,
+    make_app,
+    out_option,
+    quiet_option,
+    run_app,
+    seed_option,
+    verbose_option,
+)
+from mlsyskit.core.config import load_toml, require
+from mlsyskit.core.console import emit_json, emit_table, log, make_table, reporter, set_verbosity
+from mlsyskit.core.errors import RuntimeFailure, UsageError
 from mlsyskit.tools.sched.cluster import ClusterSpec
 from mlsyskit.tools.sched.daemon.commands import register as register_daemon_commands
 from mlsyskit.tools.sched.experiment import Run, WorkloadSource, parse_policies, report, run_one
@@ -50,76 +62,104 @@ def _cell(key: str, value) -> str:
 def _model() -> ThroughputModel:
     try:
         return ThroughputModel()
-    except FileNotFoundError as e:
-        raise fail(str(e)) from None
+    except FileNotFoundError as e:  # a broken install, not a bad flag
+        raise RuntimeFailure(str(e)) from None
 
 
-def _parse_policies(text: str) -> list[str]:
-    try:
-        return parse_policies(text)   # unknown or repeated names are usage errors
-    except UsageError as e:
-        raise fail(str(e)) from None
+@dataclass(frozen=True)
+class SimSettings:
+    """`marble sim` settings: defaults here, then --config FILE.toml ([sim] table or top level), then flags."""
+
+    workload: str = ""
+    cluster: str = "16x6"
+    policies: str = "fifo,backfill,optimus,tiresias,marble"
+    seeds: int = 1
+    seed: int = 0
+    restart_cost: float = 30.0
+    model_error: float = 0.0
+    efficiency_threshold: float = 0.5
+    pressure_threshold: float = 0.8
+    events: bool = False
+
+    def __post_init__(self) -> None:
+        require(bool(self.workload), "workload: required (--workload or workload = ... in --config)")
+        require(self.seeds >= 1, f"seeds: must be >= 1, got {self.seeds}")
+        require(0.0 <= self.restart_cost, f"restart_cost: must be >= 0 seconds, got {self.restart_cost}")
+        require(0.0 <= self.model_error <= 0.9, f"model_error: must be in [0, 0.9], got {self.model_error}")
+
+
+def _sim_settings(config: Path | None, flags: dict) -> SimSettings:
+    section = None
+    if config is not None and "sim" in load_toml(config):
+        section = "sim"
+    return load_command_config(SimSettings, config, flags, section=section)
 
 
 @app.command()
 def sim(
-    workload: str = typer.Option(..., "--workload", "-w", help="workload-1..4, a Pollux/Philly CSV path, or synthetic:JOBS[@LOAD][/GPUS:WEIGHT,...] (Poisson arrivals at LOAD x cluster capacity, default 0.9; optional job-size mix)"),
-    cluster: str = typer.Option("16x6", help="NODESxGPUS_PER_NODE"),
-    policies: str = typer.Option("fifo,backfill,optimus,tiresias,marble", help="comma-separated policies"),
-    seeds: int = typer.Option(1, min=1, help="how many seeds (seed, seed+1, ...)"),
-    seed: int = typer.Option(0, help="first seed"),
-    restart_cost: float = typer.Option(30.0, min=0.0, help="checkpoint-restart cost in seconds"),
-    model_error: float = typer.Option(0.0, min=0.0, max=0.9, help="mean relative error of the throughput model the policies get (0.1 = 10%); the simulator keeps the true one"),
-    threshold: float = typer.Option(0.5, help="marble: least gain per added GPU, in single-GPU throughputs"),
-    pressure_threshold: float = typer.Option(0.8, help="marble: the same while waiting jobs want more GPUs than are free"),
-    out: Path | None = typer.Option(None, help="directory for results.json, timing.json and PNG plots"),
-    events: bool = typer.Option(False, help="also write a JSONL event log per run under --out"),
-    as_json: bool = typer.Option(False, "--json", help="print the JSON document instead of tables"),
+    workload: str | None = typer.Option(None, "--workload", "-w", help="workload-1..4, a Pollux/Philly CSV path, or synthetic:JOBS[@LOAD][/GPUS:WEIGHT,...] (Poisson arrivals at LOAD x cluster capacity, default 0.9; optional job-size mix)"),
+    cluster: str | None = typer.Option(None, help="NODESxGPUS_PER_NODE (default 16x6)"),
+    policies: str | None = typer.Option(None, help=f"comma-separated policies from: {', '.join(POLICIES.names())} (default fifo,backfill,optimus,tiresias,marble)"),
+    seeds: int | None = typer.Option(None, help="how many seeds (seed, seed+1, ...; default 1)"),
+    seed: int | None = seed_option(None, "first seed (default 0); every random choice derives from it"),
+    restart_cost: float | None = typer.Option(None, help="checkpoint-restart cost in seconds (default 30)"),
+    model_error: float | None = typer.Option(None, help="mean relative error of the throughput model the policies get (0.1 = 10%; default 0); the simulator keeps the true one"),
+    efficiency_threshold: float | None = typer.Option(None, "--efficiency-threshold", help="marble: least gain per added GPU, in single-GPU throughputs (default 0.5)"),
+    pressure_threshold: float | None = typer.Option(None, help="marble: the same while waiting jobs want more GPUs than are free (default 0.8)"),
+    out: Path | None = out_option("results.json, timing.json, jct_cdf.png, utilisation.png, events-POLICY-seedN.jsonl"),
+    events: bool | None = typer.Option(None, "--events/--no-events", help="also write a JSONL event log per run under --out"),
+    config: Path | None = config_option(),
+    as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option(),
 ) -> None:
     """Replay a workload under several policies and seeds; tables (or --json) on stdout."""
+    set_verbosity(verbose, quiet)
+    cfg = _sim_settings(config, {"workload": workload, "cluster": cluster, "policies": policies, "seeds": seeds,
+                                 "seed": seed, "restart_cost": restart_cost, "model_error": model_error,
+                                 "efficiency_threshold": efficiency_threshold,
+                                 "pressure_threshold": pressure_threshold, "events": events})
     try:
-        spec = ClusterSpec.parse(cluster)
-        options = PolicyOptions(efficiency_threshold=threshold, pressure_threshold=pressure_threshold)
-    except (ValueError, ConfigError) as e:
-        raise fail(str(e)) from None
-    names = _parse_policies(policies)
-    if not math.isfinite(restart_cost):
-        raise fail(f"--restart-cost must be a finite number of seconds, got {restart_cost}")
-    if events and out is None:
-        raise fail("--events needs --out")
-    source = WorkloadSource(workload)
+        spec = ClusterSpec.parse(cfg.cluster)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    options = PolicyOptions(efficiency_threshold=cfg.efficiency_threshold, pressure_threshold=cfg.pressure_threshold)
+    names = parse_policies(cfg.policies)   # unknown or repeated names are usage errors
+    if not math.isfinite(cfg.restart_cost):
+        raise UsageError(f"--restart-cost must be a finite number of seconds, got {cfg.restart_cost}")
+    if cfg.events and out is None:
+        raise UsageError("--events needs --out")
+    source = WorkloadSource(cfg.workload)
     model = _model()
     runs: list[Run] = []
     if out is not None:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise fail(f"cannot create --out {out}: {e.strerror}") from None
-    with progress() as bar:
-        for s in range(seed, seed + seeds):
+        ensure_out_dir(out)
+    with reporter() as rep:
+        for s in range(cfg.seed, cfg.seed + cfg.seeds):
+            rep.phase(f"loading {source.label}, seed {s}")
             try:
                 jobs = source.load(model, s, spec)
             except (WorkloadError, ValueError) as e:
-                raise fail(str(e)) from None
+                raise UsageError(str(e)) from None
             for name in names:
-                task = bar.add_task(f"{name} seed {s}", total=len(jobs))
-                events_path = out / f"events-{name}-seed{s}.jsonl" if events and out else None
+                rep.start(f"{name} seed {s}: replayed", total=len(jobs), unit="jobs")
+                events_path = out / f"events-{name}-seed{s}.jsonl" if cfg.events and out else None
                 try:
-                    run = run_one(source, spec, name, s, model, options, restart_cost, events_path,
-                                  on_finish=lambda n, t=task: bar.update(t, completed=n) if n % 50 == 0 else None,
-                                  jobs=jobs, model_error=model_error)
-                except (ValueError, PolicyError) as e:
-                    raise fail(f"{name}, seed {s}: {e}") from None
-                bar.update(task, completed=len(jobs))
+                    run = run_one(source, spec, name, s, model, options, cfg.restart_cost, events_path,
+                                  on_finish=lambda n: rep.update(completed=n) if n % 50 == 0 else None,
+                                  jobs=jobs, model_error=cfg.model_error)
+                except ValueError as e:
+                    raise UsageError(f"{name}, seed {s}: {e}") from None
+                except PolicyError as e:  # a policy bug: the request was fine
+                    raise RuntimeFailure(f"{name}, seed {s}: {e}") from None
+                rep.update(completed=len(jobs))
                 runs.append(run)
-    doc = report(runs, source, spec, options, restart_cost, model_error)
+    doc = report(runs, source, spec, options, cfg.restart_cost, cfg.model_error)
     if out is not None:
         _write_outputs(out, doc, runs, spec)
     if as_json:
         emit_json(doc)
         return
     rows = [[name] + [_cell(k, doc["policies"][name]["mean"][k]) for _, k in SUMMARY_COLUMNS[1:]] for name in names]
-    table = make_table(f"marble sim: {source.label} on {spec}, mean of {seeds} seed(s)\n"
+    table = make_table(f"marble sim: {source.label} on {spec}, mean of {cfg.seeds} seed(s)\n"
                        "JCT/p50/p99/span/wait in hours; util/eff = allocated/effective GPU utilisation; "
                        "pre/rsz = preemptions/resizes",
                        [c for c, _ in SUMMARY_COLUMNS], rows)
@@ -148,7 +188,7 @@ def _write_outputs(out: Path, doc: dict, runs: list[Run], spec: ClusterSpec) -> 
 def model(
     holdout: float = typer.Option(0.2, min=0.05, max=0.9, help="share of measured placements held out"),
     seed: int = typer.Option(0, help="seed of the held-out split"),
-    as_json: bool = typer.Option(False, "--json", help="JSON instead of a table"),
+    as_json: bool = json_option(),
 ) -> None:
     """The fitted scalability model per application and its error on held-out placements."""
     tm = _model()
@@ -174,23 +214,21 @@ def curve(
     batch: int = typer.Option(..., min=1, help="global batch size"),
     max_gpus: int = typer.Option(12, min=1, max=512, help="largest GPU count to show"),
     gpus_per_node: int = typer.Option(6, min=1, max=64),
-    threshold: float = typer.Option(0.5, help="marble's least gain per added GPU"),
+    efficiency_threshold: float = typer.Option(0.5, "--efficiency-threshold", help="marble's least gain per added GPU"),
     pressure_threshold: float = typer.Option(0.8, help="the same under queue pressure"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = json_option(),
 ) -> None:
     """Efficiency curve E(p) = T(p) / (p T(1)) of one application and marble's GPU count for it.
 
     The job is taken to ask for --max-gpus GPUs; marble's size is shown for a quiet cluster
-    (--threshold) and under queue pressure (--pressure-threshold)."""
-    try:
-        PolicyOptions(efficiency_threshold=threshold, pressure_threshold=pressure_threshold)
-    except ConfigError as e:
-        raise fail(str(e)) from None
+    (--efficiency-threshold) and under queue pressure (--pressure-threshold)."""
+    threshold = efficiency_threshold
+    PolicyOptions(efficiency_threshold=threshold, pressure_threshold=pressure_threshold)  # ConfigError: exit 2
     tm = _model()
     try:
         tm.check_app(app_name)
     except KeyError as e:
-        raise fail(str(e.args[0])) from None
+        raise UsageError(str(e.args[0])) from None
     rows = tm.efficiency_curve(app_name, batch, max_gpus, gpus_per_node)
     size = sized_shapes(tm, app_name, batch, max_gpus, gpus_per_node, threshold)[-1]
     busy = sized_shapes(tm, app_name, batch, max_gpus, gpus_per_node, max(threshold, pressure_threshold))[-1]
@@ -208,7 +246,7 @@ def curve(
 
 
 @app.command("policies")
-def list_policies(as_json: bool = typer.Option(False, "--json", help="JSON instead of a table")) -> None:
+def list_policies(as_json: bool = json_option()) -> None:
     """The registered scheduling policies (names for sim --policies)."""
     described = {name: POLICIES[name].description for name in sorted(POLICIES)}
     if as_json:
