@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,18 @@ def test_check_reads_its_settings_from_a_config_file(tmp_path) -> None:
 def test_spec_refuses_bad_values() -> None:
     with pytest.raises(ValueError, match="hold and gap"):
         CheckSpec(hold=(2.0, 1.0))
+
+
+def test_fault_bench_script_writes_its_table_and_json(tmp_path) -> None:
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_kv_faults.py"
+    env = {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "COLUMNS": "200", **{k: os.environ[k] for k in ("PYTHONPATH",)
+                                                                     if k in os.environ}}
+    out = subprocess.run([sys.executable, str(script), "--runs", "1", "--modes", "aa-sc", "--ops", "40",
+                          "--nemesis", "pause", "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=240, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "bespokv under faults" in out.stdout and "aa-sc" in out.stdout
+    report = json.loads((tmp_path / "bench_kv_faults.json").read_text())
+    [summary] = report["summary"]
+    assert summary["runs"] == 1 and summary["faults"] >= 1 and all(summary["targets"].values())
+    assert (tmp_path / "runs" / "aa-sc-seed0" / "history.jsonl").exists()

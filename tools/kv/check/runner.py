@@ -79,8 +79,9 @@ class CheckResult:
     converged: bool | None = False  # None: not observable (a history re-checked offline)
     convergence_s: float = 0.0
     digests: dict[str, Any] = field(default_factory=dict)
-    max_write_wait_s: float = 0.0
-    longest_write_outage_s: float = 0.0
+    max_write_wait_s: float = 0.0  # longest a write waited for an answer (ok or error), client timeouts aside
+    write_timeouts: int = 0  # writes that got no answer within the client's timeout
+    longest_write_outage_s: float = 0.0  # longest time in which no write succeeded
     error: str | None = None  # the run could not finish (a node would not restart ...)
     duration_s: float = 0.0
     history: str = ""
@@ -149,7 +150,9 @@ def verify(strong: bool, history: History, result: CheckResult) -> None:
         result.violations += [f"key {r.key!r}: search budget exhausted (unknown)" for r in report.unknown[:5]]
     lost = lost_writes(ops, final_values(history))
     result.lost_acked_writes, result.phantoms, result.lost = len(lost.lost), len(lost.phantoms), lost.explain()
-    result.max_write_wait_s, result.longest_write_outage_s = write_availability(history)
+    timeout = result.spec.get("timeout", CheckSpec.timeout)
+    result.max_write_wait_s, result.write_timeouts, result.longest_write_outage_s = write_availability(
+        history, timeout)
 
 
 def final_values(history: History) -> dict[str, list[str | None]]:
@@ -170,21 +173,26 @@ def recheck(path: Path, mode: str) -> CheckResult:
     return result
 
 
-def write_availability(history: History) -> tuple[float, float]:
-    """(longest time a write waited for any answer, longest time no write succeeded) in s."""
+def write_availability(history: History, timeout: float) -> tuple[float, int, float]:
+    """(longest wait for an answered write, writes unanswered within `timeout`, longest span
+    without a successful write), in seconds; the final reads are not counted."""
     started: dict[int, float] = {}
-    waits, ok_times = [0.0], []
+    waits, timeouts, ok_times = [0.0], 0, []
     for e in history.events:
         if e.process >= FINAL_PROCESS or e.f not in ("put", "del"):
             continue
         if e.type == "invoke":
             started[e.process] = e.time
         elif e.process in started:
-            waits.append(e.time - started.pop(e.process))
+            wait = e.time - started.pop(e.process)
+            if e.type == "info" and wait >= timeout * 0.999:  # the client gave up: no answer came
+                timeouts += 1
+            else:
+                waits.append(wait)
             if e.type == "ok":
                 ok_times.append(e.time)
     gaps = [b - a for a, b in zip(ok_times, ok_times[1:], strict=False)]
-    return round(max(waits), 4), round(max(gaps, default=0.0), 4)
+    return round(max(waits), 4), timeouts, round(max(gaps, default=0.0), 4)
 
 
 async def final_reads(cluster: ProcCluster, history: History, keys: list[bytes], every_replica: bool,

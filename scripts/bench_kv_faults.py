@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Safety under faults: seeded `bespokv check` runs per mode with kill -9, pause, partition
+and restart, summarised as a table and JSON (every run's verdict is in the JSON).
+
+    .venv/bin/python scripts/bench_kv_faults.py --runs 20 --modes ms-sc,aa-sc --out runs/kv_faults
+
+Targets (issue 14): 0 linearizability violations and 0 lost acknowledged writes over >= 20
+runs per strong mode; eventual modes converge within 5 s of quiescence and lose nothing
+acknowledged; a write that cannot complete is answered with an error within the node's
+write timeout (2 s) instead of hanging: `max write wait` counts answered writes, `client
+timeouts` the writes that got no answer within the client's 2.5 s (a paused node answers
+nothing, so some are expected under SIGSTOP). Seeds are `--seed0 .. --seed0 + runs - 1`;
+a failed run is replayed by `bespokv check --mode M --seed S` with the same settings.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from mlsyskit.core.console import emit_table, fmt, log, make_table
+from mlsyskit.core.telemetry import percentile
+from mlsyskit.tools.kv.check.nemesis import parse_faults
+from mlsyskit.tools.kv.check.runner import MODES, CheckSpec, run_check
+
+SERVER_WRITE_TIMEOUT_S = 2.0  # the nodes' default write timeout (-TRYAGAIN after it)
+
+
+def summarise(mode: str, runs: list[dict]) -> dict:
+    conv = [r["convergence_s"] for r in runs if r["converged"]]
+    strong = mode.endswith("-sc")
+    return {
+        "mode": mode, "runs": len(runs), "valid": sum(r["valid"] for r in runs),
+        "errors": sum(r["error"] is not None for r in runs),
+        "linearizability_violations": sum(r["linearizable"] is False for r in runs) if strong else None,
+        "unknown": sum(r["linearizable"] is None for r in runs) if strong else None,
+        "lost_acked_writes": sum(r["lost_acked_writes"] for r in runs),
+        "phantoms": sum(r["phantoms"] for r in runs),
+        "converged": sum(bool(r["converged"]) for r in runs),
+        "convergence_p50_s": percentile(conv, 50) if conv else None,
+        "convergence_max_s": max(conv) if conv else None,
+        "max_write_wait_s": max(r["max_write_wait_s"] for r in runs),
+        "client_timeouts": sum(r["write_timeouts"] for r in runs),
+        "longest_write_outage_s": max(r["longest_write_outage_s"] for r in runs),
+        "ops_ok": sum(r["outcomes"].get("ok", 0) for r in runs),
+        "ops_fail": sum(r["outcomes"].get("fail", 0) for r in runs),
+        "ops_info": sum(r["outcomes"].get("info", 0) for r in runs),
+        "faults": sum(1 for r in runs for f in r["faults"] if f["phase"] == "start"),
+        "failed_seeds": [r["spec"]["seed"] for r in runs if not r["valid"]],
+    }
+
+
+def targets(summary: dict) -> dict:
+    met = {"no lost acknowledged write": summary["lost_acked_writes"] == 0 and summary["phantoms"] == 0,
+           "every run finished": summary["errors"] == 0,
+           "writes answered within the write timeout": summary["max_write_wait_s"] <= SERVER_WRITE_TIMEOUT_S + 0.25}
+    if summary["linearizability_violations"] is not None:
+        met["linearizable"] = summary["linearizability_violations"] == 0 and summary["unknown"] == 0
+    else:
+        met["converged within 5 s"] = summary["converged"] == summary["runs"]
+    return met
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=20, help="seeded runs per mode (20)")
+    ap.add_argument("--modes", default="ms-sc,aa-sc,ms-ec,aa-ec", help="comma-separated modes")
+    ap.add_argument("--nemesis", default="kill,pause,partition,restart")
+    ap.add_argument("--ops", type=int, default=300, help="at least this many operations per run (300)")
+    ap.add_argument("--clients", type=int, default=5)
+    ap.add_argument("--keys", type=int, default=5)
+    ap.add_argument("--datalet", default="memory")
+    ap.add_argument("--seed0", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("runs/kv_faults"), help="folder: bench_kv_faults.json, "
+                                                                            "runs/MODE-seedS/ (histories)")
+    args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if any(m not in MODES for m in modes) or args.runs < 1:
+        ap.error(f"--modes takes {', '.join(MODES)}; --runs must be >= 1")
+    nemesis = parse_faults(args.nemesis)
+    args.out.mkdir(parents=True, exist_ok=True)
+    per_mode: dict[str, list[dict]] = {}
+    for mode in modes:
+        for i in range(args.runs):
+            seed = args.seed0 + i
+            spec = CheckSpec(mode=mode, nemesis=nemesis, ops=args.ops, clients=args.clients, keys=args.keys,
+                             seed=seed, datalet=args.datalet)
+            result = asyncio.run(run_check(spec, args.out / "runs" / f"{mode}-seed{seed}")).as_dict()
+            result.pop("digests", None)
+            per_mode.setdefault(mode, []).append(result)
+            log(f"{mode} seed {seed}: {'valid' if result['valid'] else 'INVALID'} "
+                f"({result['outcomes']}, {result['duration_s']:.1f} s)")
+    summaries = [summarise(m, runs) for m, runs in per_mode.items()]
+    rows = []
+    for s in summaries:
+        t = targets(s)
+        rows.append([s["mode"], f"{s['valid']}/{s['runs']}", s["faults"],
+                     "-" if s["linearizability_violations"] is None else s["linearizability_violations"],
+                     s["lost_acked_writes"], f"{s['converged']}/{s['runs']}", fmt(s["convergence_max_s"]),
+                     fmt(s["max_write_wait_s"]), s["client_timeouts"], fmt(s["longest_write_outage_s"]),
+                     f"{s['ops_ok']}/{s['ops_fail']}/{s['ops_info']}", "yes" if all(t.values()) else "NO"])
+    emit_table(make_table(f"bespokv under faults ({args.nemesis}; {args.runs} seeded runs per mode)",
+                          ["mode", "valid runs", "faults", "lin. violations", "lost acked", "converged",
+                           "converge max s", "max write wait s", "client timeouts", "longest outage s",
+                           "ok/fail/info", "targets met"], rows))
+    report = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+              "server_write_timeout_s": SERVER_WRITE_TIMEOUT_S,
+              "summary": [{**s, "targets": targets(s)} for s in summaries], "runs": per_mode}
+    path = args.out / "bench_kv_faults.json"
+    path.write_text(json.dumps(report, indent=2, allow_nan=False))
+    log(f"wrote {path}")
+    return 0 if all(all(targets(s).values()) for s in summaries) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
