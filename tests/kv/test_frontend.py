@@ -91,6 +91,14 @@ def test_redis_benchmark_runs(threaded_cluster) -> None:
     assert "SET:" in out.stdout and "GET:" in out.stdout and "requests per second" in out.stdout
 
 
+def test_inline_commands_as_redis_benchmark_sends_them(threaded_cluster) -> None:
+    addr = node_addr(threaded_cluster)
+    replies = raw(addr, b"PING\r\nSET  k  v\r\n\r\nGET k\n" + hiredis.pack_command((b"GET", b"k")), replies=4)
+    assert replies == [b"PONG", b"OK", b"v", b"v"]
+    (unknown,) = raw(addr, b"+OK\r\n")  # a reply sent as a command is an unknown inline command
+    assert isinstance(unknown, hiredis.ReplyError) and "unknown command '+OK'" in str(unknown)
+
+
 def test_errors_keep_the_connection(threaded_cluster) -> None:
     addr = node_addr(threaded_cluster)
     replies = raw(addr, b"".join([
@@ -120,14 +128,12 @@ def test_errors_keep_the_connection(threaded_cluster) -> None:
 
 
 @pytest.mark.parametrize("frame", [
-    b"PING\r\n",  # inline commands are not RESP arrays
     b"*1\r\n$x\r\n",  # a bad length
-    b"+OK\r\n",  # a reply, not a command
     b"*2\r\n:1\r\n:2\r\n",  # integers instead of bulk strings
     b"*1\r\n*1\r\n$4\r\nPING\r\n",  # a nested array
     b"*0\r\n",  # an empty command
     b"*1\r\n$100000\r\n" + b"x" * 5000,  # a request over max_request_bytes (4 KiB here)
-], ids=["inline", "bad-length", "reply", "integers", "nested", "empty", "oversize-request"])
+], ids=["bad-length", "integers", "nested", "empty", "oversize-request"])
 def test_malformed_frames_get_an_error_and_a_close(threaded_cluster, frame: bytes) -> None:
     addr = node_addr(threaded_cluster)
     replies = raw(addr, frame, replies=1, expect_close=True)

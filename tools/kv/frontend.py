@@ -82,6 +82,7 @@ class ClientConnection(asyncio.Protocol):
         self.authed = node.requirepass is None
         self.in_refused_multi = False
         self.protocol = 2  # RESP version chosen by HELLO
+        self.inline = b""  # an incomplete inline command line
         self.unparsed = bytearray()  # the bytes hiredis still holds (an incomplete request)
         self.out_bytes = 0  # completed replies gathered in `out` during a read (slow path)
         self.node = node
@@ -121,9 +122,12 @@ class ClientConnection(asyncio.Protocol):
         if self.transport is None:
             return  # closed (over a limit, refused): nothing more is read
         reader = self.reader
+        if self.inline or (data[:1] != b"*" and not reader.len()):
+            data = self._inline_commands(data)
+            if not data:
+                return
         reader.feed(data)
         self.in_batch = True
-        handlers = HANDLERS
         count = 0
         node = self.node
         # Hot path, inlined: single-key GET/SET that this replica serves from its own datalet.
@@ -161,21 +165,11 @@ class ClientConnection(asyncio.Protocol):
                 if type(cmd) is not list or not cmd or not _all_bulk(cmd):
                     self.fatal("Protocol error: expected an array of bulk strings")
                     return
-                name = cmd[0] if cmd[0] in handlers else cmd[0].upper()
-                if gated:
-                    refusal = admin.gate(self, name)
-                    if refusal is not None:
-                        self.reply(refusal)
-                        continue
-                handler = handlers.get(name)
-                if handler is None:
-                    self.reply(resp.error(f"unknown command '{cmd[0][:64].decode(errors='replace')}'"))
-                else:
-                    handler(self, cmd)
-                    if self.transport is None:
-                        return
-                    fast_get, fast_put = node.fast_get, node.fast_put  # a peer message may change them
-                    gated = self.in_refused_multi or not self.authed
+                self.dispatch(cmd)
+                if self.transport is None:
+                    return
+                fast_get, fast_put = node.fast_get, node.fast_put  # a peer message may change them
+                gated = self.in_refused_multi or not self.authed
             pending = reader.len()
             if pending > self.limits.max_request_bytes:
                 self.fatal(f"Protocol error: request larger than {self.limits.max_request_bytes} bytes")
@@ -193,6 +187,46 @@ class ClientConnection(asyncio.Protocol):
             if node.quiet_due:  # after every message of this read: deferred peer actions (cumulative acks)
                 node.quiet()
         self.flush()
+
+    def dispatch(self, cmd: list) -> None:
+        """The general path for one command (arguments already checked to be bulk strings)."""
+        name = cmd[0] if cmd[0] in HANDLERS else cmd[0].upper()
+        if self.in_refused_multi or not self.authed:
+            refusal = admin.gate(self, name)
+            if refusal is not None:
+                return self.reply(refusal)
+        handler = HANDLERS.get(name)
+        if handler is None:
+            return self.reply(resp.error(f"unknown command '{cmd[0][:64].decode(errors='replace')}'"))
+        handler(self, cmd)
+
+    def _inline_commands(self, data: bytes) -> bytes:
+        """Redis's inline form (`PING\\r\\n`, as redis-cli pipes and redis-benchmark's PING_INLINE send):
+        space-separated words on a line. Returns what follows them (RESP arrays) for hiredis."""
+        buf = self.inline + data
+        self.inline = b""
+        self.in_batch = True
+        try:
+            while buf and buf[:1] != b"*":
+                end = buf.find(b"\n")
+                if end < 0:
+                    if len(buf) > self.limits.max_key_bytes + self.limits.max_value_bytes:
+                        self.fatal("Protocol error: too big inline request")
+                        return b""
+                    self.inline = buf
+                    break
+                words, buf = buf[:end].rstrip(b"\r").split(), buf[end + 1:]
+                if words:
+                    self.node.stats["commands"] += 1
+                    self.dispatch(words)
+                    if self.transport is None:
+                        return b""
+        finally:
+            self.in_batch = False
+        if not buf or self.inline:
+            self.flush()
+            return b""
+        return buf
 
     def _oversized(self, data: bytes, pending: int) -> bool:
         """An incomplete request is waiting: refuse it now if a header announces too much."""
