@@ -64,16 +64,12 @@ def _when(t: float | None) -> str:
     return "-" if t is None else datetime.fromtimestamp(t).strftime("%H:%M:%S")
 
 
-def _where(job: dict) -> str:
-    return " ".join(f"{n}:{','.join(map(str, ids))}" for n, ids in job["gpus"].items()) or "-"
-
-
 def _jobs_table(title: str, jobs: list[dict]) -> None:
-    rows = [[j["id"], j["name"], j["state"], j["app"], j["gpus_requested"], sum(len(v) for v in j["gpus"].values()),
-             _where(j), _when(j["submitted"]), _when(j["started"]), _when(j["ended"]),
-             "-" if j["exit_code"] is None else j["exit_code"], j["reason"] or ""] for j in jobs]
-    emit_table(make_table(title, ["id", "name", "state", "app", "asked", "held", "node:gpu ids", "submitted",
-                                  "started", "ended", "exit", "reason"], rows))
+    """Fits 80 columns: app, times and the command are in --json."""
+    rows = [[j["id"], j["name"], j["state"], f"{j['gpus_requested']}/{sum(len(v) for v in j['gpus'].values())}",
+             j["where"] or "-", _when(j["started"]),
+             j["reason"] or ("-" if j["exit_code"] is None else f"exit {j['exit_code']}")] for j in jobs]
+    emit_table(make_table(title, ["id", "name", "state", "gpus", "where", "started", "result"], rows))
 
 
 def register(app: typer.Typer) -> None:
@@ -158,7 +154,7 @@ def register(app: typer.Typer) -> None:
                as_json: bool = json_option()) -> None:
         """Jobs and their state, GPUs, times and exit codes."""
         jobs = _client(state_dir, addr, token_file, tls_ca).call("status", {"job": job})["jobs"]
-        emit_json(jobs) if as_json else _jobs_table("marble jobs", jobs)
+        emit_json(jobs) if as_json else _jobs_table("marble jobs (gpus = asked/held)", jobs)
 
     @app.command()
     def queue(state_dir: Path | None = _state_dir_option(), addr: str | None = _addr_option(),

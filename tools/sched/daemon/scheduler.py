@@ -189,6 +189,11 @@ class Scheduler:
         return Launch(job.id, job.name, job.request.cmd, run_dir, job.request.workdir, env, tuple(slices),
                       f"marble-{self.store.instance}-{job.id}")
 
+    def describe(self, job: Job) -> dict:
+        """The job as clients see it, with `where` naming nodes and device ids."""
+        where = " ".join(f"{s.node}:{','.join(map(str, s.held))}" for s in self.launch_of(job).nodes) if job.gpus else ""
+        return {**job.as_dict(), "where": where}
+
     def nodes(self) -> list[dict]:
         with self.lock:
             jobs = self.store.jobs(ACTIVE)

@@ -120,18 +120,18 @@ class DaemonService:
 
     def _submit(self, payload: dict) -> dict:
         request = job_from_mapping(payload.get("job"), self.scheduler.model.apps, where="job spec")
-        return self.scheduler.submit(request).as_dict()
+        return self.scheduler.describe(self.scheduler.submit(request))
 
     def _status(self, payload: dict) -> dict:
         if payload.get("job") is None:
-            return {"jobs": [j.as_dict() for j in self.store.jobs()]}
-        return {"jobs": [self.store.get(self._job_id(payload)).as_dict()]}
+            return {"jobs": [self.scheduler.describe(j) for j in self.store.jobs()]}
+        return {"jobs": [self.scheduler.describe(self.store.get(self._job_id(payload)))]}
 
     def _queue(self, payload: dict) -> dict:
-        return {"jobs": [j.as_dict() for j in self.store.jobs((QUEUED, *ACTIVE))]}
+        return {"jobs": [self.scheduler.describe(j) for j in self.store.jobs((QUEUED, *ACTIVE))]}
 
     def _cancel(self, payload: dict) -> dict:
-        return self.scheduler.cancel(self._job_id(payload)).as_dict()
+        return self.scheduler.describe(self.scheduler.cancel(self._job_id(payload)))
 
     def _logs(self, payload: dict) -> dict:
         job = self.store.get(self._job_id(payload))
