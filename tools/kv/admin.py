@@ -30,7 +30,7 @@ ALLOWED_UNAUTHENTICATED = {b"AUTH", b"HELLO", b"QUIT", b"BKV.NONCE", b"BKV.AUTH"
 
 # Redis's arity convention: positive = exact argument count with the name, negative = at least.
 ARITY: dict[bytes, tuple[int, tuple[bytes, ...], int, int, int]] = {
-    b"GET": (2, (b"readonly", b"fast"), 1, 1, 1), b"SET": (3, (b"write",), 1, 1, 1),
+    b"GET": (2, (b"readonly", b"fast"), 1, 1, 1), b"SET": (-3, (b"write",), 1, 1, 1),
     b"MSET": (-3, (b"write",), 1, -1, 2), b"MGET": (-2, (b"readonly", b"fast"), 1, -1, 1),
     b"DEL": (-2, (b"write",), 1, -1, 1), b"EXISTS": (-2, (b"readonly", b"fast"), 1, -1, 1),
     b"PING": (-1, (b"fast",), 0, 0, 0), b"ECHO": (2, (b"fast",), 0, 0, 0), b"INFO": (-1, (), 0, 0, 0),
@@ -39,6 +39,9 @@ ARITY: dict[bytes, tuple[int, tuple[bytes, ...], int, int, int]] = {
     b"CLIENT": (-2, (), 0, 0, 0), b"COMMAND": (-1, (), 0, 0, 0), b"CONFIG": (-2, (b"admin",), 0, 0, 0),
     b"MULTI": (1, (), 0, 0, 0), b"EXEC": (1, (), 0, 0, 0), b"DISCARD": (1, (), 0, 0, 0),
     b"WATCH": (-2, (), 1, -1, 1), b"UNWATCH": (1, (), 0, 0, 0),
+    b"INCR": (2, (b"write",), 1, 1, 1), b"DECR": (2, (b"write",), 1, 1, 1),
+    b"INCRBY": (3, (b"write",), 1, 1, 1), b"DECRBY": (3, (b"write",), 1, 1, 1),
+    b"SETNX": (3, (b"write",), 1, 1, 1),
     b"BKV.SHARDMAP": (1, (b"readonly",), 0, 0, 0), b"BKV.DIGEST": (1, (b"readonly",), 0, 0, 0),
 }
 _PUBLIC: list[bytes] = []

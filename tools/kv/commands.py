@@ -11,8 +11,8 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from mlsyskit.core import __version__
-from mlsyskit.tools.kv import admin, peerauth, resp
-from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT
+from mlsyskit.tools.kv import admin, peerauth, resp, rmw
+from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT, RMW
 from mlsyskit.tools.kv.requests import PEER_AUTH, PEER_MESSAGE, PEER_NONCE, Ready
 from mlsyskit.tools.kv.shardmap import hash64
 
@@ -40,7 +40,7 @@ def cmd_get(conn: ClientConnection, cmd: list) -> None:
 def cmd_set(conn: ClientConnection, cmd: list) -> None:
     if len(cmd) != 3:
         if len(cmd) > 3:
-            return conn.reply(resp.error("syntax error: SET options (EX, PX, NX, XX, GET, ...) are not supported"))
+            return cmd_rmw(conn, cmd)  # SET with NX / XX / GET
         return _arity(conn, cmd, "set")
     key, value = cmd[1], cmd[2]
     if conn.bad_key(key) or conn.bad_value(value):
@@ -51,6 +51,23 @@ def cmd_set(conn: ClientConnection, cmd: list) -> None:
         conn.out.append(resp.OK)
     else:
         conn.single(PUT, key, value)
+
+
+def cmd_rmw(conn: ClientConnection, cmd: list) -> None:
+    """INCR, INCRBY, DECR, DECRBY, SETNX, SET ... NX|XX|GET: resolved at the shard's write point (rmw.py)."""
+    try:
+        command = rmw.parse(cmd)
+    except rmw.RmwSyntaxError as e:
+        return conn.reply(resp.error(str(e)))
+    key = command[1]
+    if conn.bad_key(key) or (len(command) > 2 and command[0] != b"INCRBY" and command[0] != b"DECRBY"
+                             and conn.bad_value(command[2])):
+        return None
+    conn.single(RMW, key, None, command)
+
+
+def cmd_no_expiry(conn: ClientConnection, cmd: list) -> None:
+    conn.reply(resp.error(f"{cmd[0].decode(errors='replace').upper()} is not supported: bespokv keys do not expire"))
 
 
 def _keys_command(op: str, name: str, kind: bytes):
@@ -207,5 +224,7 @@ HANDLERS: dict[bytes, Any] = {
     b"DISCARD": admin.cmd_discard, b"WATCH": admin.cmd_watch, b"UNWATCH": admin.cmd_unwatch,
     b"BKV.SHARDMAP": cmd_shardmap, b"BKV.DIGEST": cmd_digest,
     PEER_MESSAGE: cmd_peer, PEER_NONCE: cmd_nonce, PEER_AUTH: cmd_peer_auth,
+    **dict.fromkeys(rmw.COMMANDS, cmd_rmw),
+    **dict.fromkeys((b"EXPIRE", b"PEXPIRE", b"TTL", b"PTTL", b"PERSIST", b"SETEX", b"PSETEX"), cmd_no_expiry),
 }
 admin.register_arities(HANDLERS)

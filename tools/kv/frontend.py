@@ -297,8 +297,9 @@ class ClientConnection(asyncio.Protocol):
         self.out_bytes = 0
 
     # -- requests --------------------------------------------------------------
-    def single(self, op: str, key: bytes, value: bytes | None) -> None:
+    def single(self, op: str, key: bytes, value: bytes | None, rmw: list[bytes] | None = None) -> None:
         req = Request(op, key, value, self)
+        req.rmw = rmw
         self.slots.append(req)
         self._admit(op in WRITES, req)
 

@@ -23,7 +23,7 @@ import hiredis
 
 from mlsyskit.core import __version__
 from mlsyskit.core.clock import Clock, RealClock
-from mlsyskit.tools.kv import resp
+from mlsyskit.tools.kv import resp, rmw
 from mlsyskit.tools.kv.controlets import Controlet, controlet_class
 from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
@@ -70,6 +70,8 @@ class Node:
         self.controlet: Controlet | None = (
             cls(node_id, shard_map.shards[self.shard], shard_map.epoch, options,
                 incarnation=_secrets.randbits(30)) if node_id else None)
+        if self.controlet is not None and self.sync_datalet_of(datalet):
+            self.controlet.read_local = datalet.get
         self.visible = getattr(cls, "visible", None)  # stored bytes -> client value (aa-ec's versions)
         self.epoch_bytes = str(shard_map.epoch).encode()
         self.src_bytes = (node_id or "proxy").encode()
@@ -95,6 +97,10 @@ class Node:
                       "connections": 0, "refused_peer_messages": 0, "auth_failures": 0,
                       "datalet_errors": 0, "sends_dropped": 0, "link_give_ups": 0,
                       "rejected_connections": 0, "output_limit_closes": 0}
+
+    @staticmethod
+    def sync_datalet_of(datalet: Datalet | None) -> bool:
+        return datalet is not None and not datalet.is_async
 
     def _refresh_fast_paths(self) -> None:
         """Hot path: ops this replica answers from its own synchronous datalet; off while catching up."""
@@ -402,6 +408,8 @@ def _relay(req: Request, fut: asyncio.Future) -> bytes:
             return resp.error(str(exc))
         return resp.error(f"TRYAGAIN forward failed: {exc}")
     value = fut.result()
+    if req.rmw is not None:
+        return rmw.relayed(req.rmw, value)
     if req.op is GET:
         return resp.bulk(value)
     if req.op is PUT:

@@ -25,7 +25,7 @@ class Request:
     in `Request.duplicate_completions`, which the tests assert stays 0.
     """
 
-    __slots__ = ("op", "key", "value", "conn", "payload", "existed", "parent", "index")
+    __slots__ = ("op", "key", "value", "conn", "payload", "existed", "parent", "index", "rmw", "reply")
     duplicate_completions: ClassVar[int] = 0
 
     def __init__(self, op: str, key: bytes, value: bytes | None, conn: Any, parent: Any = None,
@@ -34,6 +34,8 @@ class Request:
         self.payload: bytes | None = None
         self.existed = False
         self.parent, self.index = parent, index
+        self.rmw: list[bytes] | None = None  # the command of a read-modify-write (INCR, SETNX, SET NX ...)
+        self.reply: bytes | None = None  # its answer, computed where it was resolved
 
     def complete(self, payload: bytes) -> None:
         if self.payload is not None:
@@ -47,6 +49,8 @@ class Request:
 
     def frame(self) -> bytes:
         """The command that performs this operation on another node."""
+        if self.rmw is not None and self.reply is None:
+            return hiredis.pack_command(tuple(self.rmw))
         if self.op is PUT:
             return hiredis.pack_command((b"SET", self.key, self.value))
         return hiredis.pack_command(({GET: b"GET", EXISTS: b"EXISTS", DEL: b"DEL"}[self.op], self.key))
@@ -62,4 +66,6 @@ class Ready:
 
 
 def write_reply(req: Request) -> bytes:
+    if req.reply is not None:
+        return req.reply
     return resp.OK if req.op is PUT else (resp.ONE if req.existed else resp.ZERO)

@@ -19,6 +19,7 @@ from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
     GET,
     PUT,
+    RMW,
     Apply,
     ControletOptions,
     Fail,
@@ -32,7 +33,7 @@ from mlsyskit.tools.kv.controlets.base import (
 )
 from mlsyskit.tools.kv.history import History
 
-OPS = {"get": GET, "put": PUT, "del": DEL, "exists": EXISTS}
+OPS = {"get": GET, "put": PUT, "del": DEL, "exists": EXISTS, "rmw": RMW}
 
 
 class SimRequest:
@@ -42,6 +43,8 @@ class SimRequest:
         self.done = False
         self.completions = 0
         self.result: Any = None
+        self.rmw: list[bytes] | None = None
+        self.reply: bytes | None = None
 
 
 class SimShard:
@@ -70,7 +73,9 @@ class SimShard:
         self.accepted: dict[str, set[SimRequest]] = {n: set() for n in self.ids}  # client connections per replica
 
     def _controlet(self, node: str):
-        return self.cls(node, self.ids, self.epoch, self.options, incarnation=self.incarnations[node])
+        c = self.cls(node, self.ids, self.epoch, self.options, incarnation=self.incarnations[node])
+        c.read_local = lambda key: self.data[node].get(key)
+        return c
 
     def submit(self, node: str, op: str, key: bytes, value: bytes | None = None, process: int = 0,
                delay: float = 0.0) -> SimRequest:
@@ -193,7 +198,10 @@ class SimShard:
                 value = self.visible(node, data.get(req.key))
                 self._complete(req, value if req.op is GET else value is not None)
             elif kind is Reply:
-                self._complete(a.req, "OK" if a.req.op is PUT else int(a.req.existed))
+                if a.req.reply is not None:
+                    self._complete(a.req, a.req.reply)
+                else:
+                    self._complete(a.req, "OK" if a.req.op is PUT else int(a.req.existed))
             elif kind is Fail:
                 self._complete(a.req, RuntimeError(a.message))
             elif kind is Send:

@@ -28,9 +28,11 @@ from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
     GET,
     PUT,
+    RMW,
     Action,
     Apply,
     Controlet,
+    Fail,
     Read,
     Reply,
     Send,
@@ -123,6 +125,9 @@ class LastWriterWins(Controlet):
         op = req.op
         if op is GET or op is EXISTS:
             return [Read(req)]
+        if op is RMW:
+            return [Fail(req, "ERR read-modify-write commands are not supported by aa-ec: "
+                              "last-writer-wins cannot order a read against concurrent writes")]
         self.counter = max(self.counter + 1, int(self.now * 1000))
         key = req.key
         old = self.versions.get(key)

@@ -35,10 +35,12 @@ from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
     GET,
     PUT,
+    RMW,
     TRYAGAIN,
     Action,
     Apply,
     Fail,
+    Forward,
     Read,
     Reply,
     Send,
@@ -104,6 +106,13 @@ class SequencedActiveActive(OrderedStream):
         if len(self.writes) + len(self.reads) >= self.options.max_pending:
             return [Fail(req, OVERLOADED)]
         op = req.op
+        if op is RMW:  # computed where the shard's order is decided
+            if not self.is_sequencer:
+                return [Forward(req, self.sequencer)]
+            refused = self.resolve(req)
+            if refused:
+                return refused
+            op = req.op
         self.next_rid += 1
         rid = self.next_rid
         deadline = self.now + self.options.write_timeout

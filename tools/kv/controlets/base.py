@@ -40,7 +40,9 @@ GET = "get"
 EXISTS = "exists"
 PUT = "put"
 DEL = "del"
-WRITES = (PUT, DEL)
+RMW = "rmw"  # a read-modify-write command (INCR, SETNX, SET NX...): resolved to PUT/DEL where writes are ordered
+WRITES = (PUT, DEL, RMW)
+RMW_NEEDS_LOCAL = "ERR read-modify-write commands need a local datalet (memory or lmdb) at the shard's write point"
 
 
 class Apply(NamedTuple):
@@ -140,6 +142,8 @@ class Controlet(ABC):
         # earlier process of this replica (delivered after a restart) can never match a new one.
         self.incarnation = incarnation
         self.now = 0.0  # the injected clock's last reading (on_tick)
+        # Injected by the runtime for a local (synchronous) datalet: read a key as applied here.
+        self.read_local: Any = None
 
     @staticmethod
     @abstractmethod
@@ -188,6 +192,20 @@ class Controlet(ABC):
     def on_apply_failed(self, req: Any) -> list[Action]:
         """A datalet write failed (req None: a replicated write). The runtime already failed req."""
         return []
+
+    def resolve(self, req: Any) -> list[Action] | None:
+        """At the shard's write point: turn a read-modify-write into the PUT/DEL it amounts to.
+
+        Returns actions that answer the request instead (an error), or None when req is now a
+        plain write whose Reply will carry the command's own answer (req.reply).
+        """
+        if self.read_local is None:
+            return [Fail(req, RMW_NEEDS_LOCAL)]
+        from mlsyskit.tools.kv import rmw
+
+        after, req.reply = rmw.apply(req.rmw, self.read_local(req.key))
+        req.op, req.value = (PUT, after) if after is not None else (DEL, None)
+        return None
 
     def serves_locally(self, op: str) -> bool:
         """True when this replica answers `op` from its own datalet with no coordination at all.

@@ -16,6 +16,7 @@ from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
     GET,
     PUT,
+    RMW,
     Action,
     Apply,
     Forward,
@@ -70,9 +71,10 @@ class AsyncPrimaryBackup(OrderedStream):
             return self.refuse_if_catching_up(req) or [Read(req)]
         if self.node_id != self.master:
             return [Forward(req, self.master)]
-        refused = self.refuse_if_catching_up(req)
+        refused = self.refuse_if_catching_up(req) or (self.resolve(req) if op is RMW else None)
         if refused:
             return refused
+        op = req.op
         self.applied += 1
         value = req.value if op is PUT else None
         out: list[Action] = [Apply(req.key, value, req), Reply(req)]

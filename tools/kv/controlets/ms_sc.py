@@ -23,6 +23,7 @@ from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
     GET,
     PUT,
+    RMW,
     TRYAGAIN,
     Action,
     Apply,
@@ -96,6 +97,11 @@ class ChainReplication(OrderedStream):
             return self.refuse_if_catching_up(req) or [Read(req)]
         if self.node_id != self.head:
             return [Forward(req, self.head)]
+        if op is RMW:
+            refused = self.refuse_if_catching_up(req) or self.resolve(req)
+            if refused:
+                return refused
+            op = req.op
         value = req.value if op is PUT else None
         if self.successor is None:  # a chain of one
             return [Apply(req.key, value, req), Reply(req)]
