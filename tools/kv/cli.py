@@ -27,7 +27,7 @@ from mlsyskit.core.cli import (
     seed_option,
     verbose_option,
 )
-from mlsyskit.core.console import emit_json, emit_table, log, make_table, reporter, set_verbosity
+from mlsyskit.core.console import debug, emit_json, emit_table, log, make_table, reporter, set_verbosity
 from mlsyskit.core.errors import RuntimeFailure, UsageError
 from mlsyskit.tools.kv import processes
 from mlsyskit.tools.kv.client import KVError, SmartClient
@@ -146,6 +146,7 @@ def cluster_address(data_dir: Path | None, host: str | None, port: int | None) -
 
 
 def fetch_map(host: str, port: int) -> ShardMap:
+    debug(f"fetching the shard map from {host}:{port}")
     try:
         return ShardMap.from_json(processes.sync_call(host, port, "BKV.SHARDMAP"))
     except OSError as e:
