@@ -58,7 +58,7 @@ def cmd_rmw(conn: ClientConnection, cmd: list) -> None:
     try:
         command = rmw.parse(cmd)
     except rmw.RmwSyntaxError as e:
-        return conn.reply(resp.error(str(e)))
+        return conn.reply(resp.error(f"ERR {e}"))
     key = command[1]
     if conn.bad_key(key) or (len(command) > 2 and command[0] != b"INCRBY" and command[0] != b"DECRBY"
                              and conn.bad_value(command[2])):
@@ -67,7 +67,8 @@ def cmd_rmw(conn: ClientConnection, cmd: list) -> None:
 
 
 def cmd_no_expiry(conn: ClientConnection, cmd: list) -> None:
-    conn.reply(resp.error(f"{cmd[0].decode(errors='replace').upper()} is not supported: bespokv keys do not expire"))
+    name = cmd[0].decode(errors="replace").upper()
+    conn.reply(resp.error(f"ERR {name} is not supported: bespokv keys do not expire"))
 
 
 def _keys_command(op: str, name: str, kind: bytes):

@@ -4,9 +4,10 @@ Everything a connection received in one read is parsed (hiredis) and dispatched 
 single write of all ready replies goes back, which is what makes pipelined clients cheap.
 Replies leave in request order even when some complete later (a replicated write waiting
 for its ack): each request holds a slot in `slots`, and only a ready prefix is flushed.
-Session order: a read waits until the connection's earlier writes are answered (and
-anything after a waiting read waits too), so a pipelined SET k / GET k through a node
-that forwards the two to different replicas (chain head and tail) still reads its write.
+Session order: a read waits until the connection's earlier writes are answered, a write
+waits until its earlier reads are answered (and anything after a waiting request waits
+too), so a pipelined SET k / GET k -- or GET k / DEL k -- through a node that forwards the
+two to different replicas (chain head and tail) keeps the connection's order.
 Bad input never raises out of here: malformed frames -- anything but an array of bulk
 strings, a length header over the limits -- close the connection after an error (as Redis
 does); unknown commands, wrong arity and oversize keys/values get errors.
@@ -93,6 +94,7 @@ class ClientConnection(asyncio.Protocol):
         self.in_batch = False
         self.transport: asyncio.Transport | None = None
         self.unacked_writes = 0
+        self.unanswered_reads = 0
         self.held: deque[tuple[bool, Any]] = deque()  # (is_write, request) waiting for session order
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -269,8 +271,11 @@ class ClientConnection(asyncio.Protocol):
             self.out.append(payload)
 
     def slot_done(self, done: Any = None) -> None:
-        if done is not None and _is_write(done):
-            self.unacked_writes -= 1
+        if done is not None:
+            if _is_write(done):
+                self.unacked_writes -= 1
+            else:
+                self.unanswered_reads -= 1
             self._release()
         slots = self.slots
         out = self.out
@@ -310,20 +315,23 @@ class ClientConnection(asyncio.Protocol):
         self._admit(op in WRITES, agg)
 
     def _admit(self, is_write: bool, item: Any) -> None:
-        if self.held or (not is_write and self.unacked_writes):
+        if self.held or (self.unanswered_reads if is_write else self.unacked_writes):
             self.held.append((is_write, item))
             return
+        self._begin(is_write, item)
+
+    def _begin(self, is_write: bool, item: Any) -> None:
         if is_write:
             self.unacked_writes += 1
+        else:
+            self.unanswered_reads += 1
         self._start(item)
 
     def _release(self) -> None:
         held = self.held
-        while held and (held[0][0] or not self.unacked_writes):
+        while held and not (self.unanswered_reads if held[0][0] else self.unacked_writes):
             is_write, item = held.popleft()
-            if is_write:
-                self.unacked_writes += 1
-            self._start(item)
+            self._begin(is_write, item)
 
     def _start(self, item: Any) -> None:
         if type(item) is Request:
