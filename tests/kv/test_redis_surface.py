@@ -145,3 +145,23 @@ def test_client_command_config_and_hello_are_truthful() -> None:
         with pytest.raises(redis.ResponseError):
             r.config_set("maxclients", "10")
         r.close()
+
+
+def test_dbsize_keys_and_scan_span_every_shard(tmp_path) -> None:
+    smap = make_map("aa-ec", shards=3, replicas=2)
+    with ThreadedCluster(LocalCluster(smap, lambda n: node_datalet("memory", n))) as tc:
+        r = redis.Redis(*addr(tc, "s1r1"))
+        for i in range(30):
+            r.set(f"user:{i}", i)
+        r.set("other", 1)
+        r.delete("user:0")  # an aa-ec tombstone is not a key
+        assert r.dbsize() == 30
+        assert sorted(r.keys("user:*")) == sorted(f"user:{i}".encode() for i in range(1, 30))
+        assert sorted(r.scan_iter(match="user:1*")) == sorted(
+            k.encode() for k in {f"user:{i}" for i in range(1, 30)} if k.startswith("user:1"))
+        with pytest.raises(redis.ResponseError, match="FLUSHALL is not supported"):
+            r.flushall()
+        with socket.create_connection(addr(tc, "s0r0"), timeout=5) as s:  # peer-only
+            s.sendall(hiredis.pack_command((b"BKV.KEYS", b"*")))
+            assert s.recv(100).startswith(b"-NOPERM")
+        r.close()

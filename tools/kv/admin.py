@@ -42,6 +42,9 @@ ARITY: dict[bytes, tuple[int, tuple[bytes, ...], int, int, int]] = {
     b"INCR": (2, (b"write",), 1, 1, 1), b"DECR": (2, (b"write",), 1, 1, 1),
     b"INCRBY": (3, (b"write",), 1, 1, 1), b"DECRBY": (3, (b"write",), 1, 1, 1),
     b"SETNX": (3, (b"write",), 1, 1, 1),
+    b"DBSIZE": (1, (b"readonly",), 0, 0, 0), b"KEYS": (2, (b"readonly",), 0, 0, 0),
+    b"SCAN": (-2, (b"readonly",), 0, 0, 0), b"FLUSHALL": (-1, (b"write",), 0, 0, 0),
+    b"FLUSHDB": (-1, (b"write",), 0, 0, 0),
     b"BKV.SHARDMAP": (1, (b"readonly",), 0, 0, 0), b"BKV.DIGEST": (1, (b"readonly",), 0, 0, 0),
 }
 _PUBLIC: list[bytes] = []

@@ -11,7 +11,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from mlsyskit.core import __version__
-from mlsyskit.tools.kv import admin, peerauth, resp, rmw
+from mlsyskit.tools.kv import admin, keyspace, peerauth, resp, rmw
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT, RMW
 from mlsyskit.tools.kv.requests import PEER_AUTH, PEER_MESSAGE, PEER_NONCE, Ready
 from mlsyskit.tools.kv.shardmap import hash64
@@ -225,7 +225,7 @@ HANDLERS: dict[bytes, Any] = {
     b"DISCARD": admin.cmd_discard, b"WATCH": admin.cmd_watch, b"UNWATCH": admin.cmd_unwatch,
     b"BKV.SHARDMAP": cmd_shardmap, b"BKV.DIGEST": cmd_digest,
     PEER_MESSAGE: cmd_peer, PEER_NONCE: cmd_nonce, PEER_AUTH: cmd_peer_auth,
-    **dict.fromkeys(rmw.COMMANDS, cmd_rmw),
+    **dict.fromkeys(rmw.COMMANDS, cmd_rmw), **keyspace.HANDLERS,
     **dict.fromkeys((b"EXPIRE", b"PEXPIRE", b"TTL", b"PTTL", b"PERSIST", b"SETEX", b"PSETEX"), cmd_no_expiry),
 }
 admin.register_arities(HANDLERS)
