@@ -212,3 +212,15 @@ def test_random_faults_never_lose_an_acknowledged_write(name: str) -> None:
         assert all(c.ready for c in shard.controlets.values()), f"{name} seed {seed}"
         assert shard.converged(), f"{name} seed {seed}: replicas differ"
         assert shard.duplicate_completions == 0
+
+
+@pytest.mark.parametrize("name", ["ms-sc", "aa-sc"])
+def test_pending_tables_are_bounded(name: str) -> None:
+    options = ControletOptions(write_timeout=0.5, max_pending=2)
+    shard = SimShard(name, replicas=3, seed=10, options=options, max_delay=1e-2)
+    reqs = [shard.submit("r0", "put", b"k%d" % i, b"v") for i in range(4)]  # all arrive before any ack
+    shard.run_for(0.001)
+    refused = [r for r in reqs if r.done]
+    assert len(refused) == 2 and all("too many" in str(r.result) for r in refused)
+    shard.run_for(1.0)
+    assert [r.result for r in reqs[:2]] == ["OK", "OK"]

@@ -128,3 +128,17 @@ def test_digest_matches_across_replicas_and_differs_on_divergence(tmp_path) -> N
                 await c.close()
 
     run(body())
+
+
+def test_a_proxy_spreads_active_active_operations_over_the_replicas() -> None:
+    from mlsyskit.tools.kv.node import Node
+    from mlsyskit.tools.kv.requests import Request
+
+    for controlet, spread in (("aa-sc", 3), ("aa-ec", 3), ("ms-sc", 1)):
+        smap = make_map(controlet, shards=1, replicas=3)
+        proxy = Node(smap, None, None)
+        targets: list[str] = []
+        proxy.forward = lambda req, node, seen=targets: seen.append(node)  # type: ignore[method-assign]
+        for i in range(30):
+            proxy.submit(Request("put", b"k%d" % i, b"v", None))
+        assert len(set(targets)) == spread, (controlet, targets)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from mlsyskit.core.config import require
+from mlsyskit.tools.kv import rmw
 
 GET = "get"
 EXISTS = "exists"
@@ -201,8 +202,6 @@ class Controlet(ABC):
         """
         if self.read_local is None:
             return [Fail(req, RMW_NEEDS_LOCAL)]
-        from mlsyskit.tools.kv import rmw
-
         after, req.reply = rmw.apply(req.rmw, self.read_local(req.key))
         req.op, req.value = (PUT, after) if after is not None else (DEL, None)
         return None
