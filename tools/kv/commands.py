@@ -145,7 +145,7 @@ def cmd_peer(conn: ClientConnection, cmd: list) -> None:
     if conn.peer is None:
         conn.node.stats["refused_peer_messages"] += 1
         return conn.reply(b"-NOPERM peer messages need a replica connection authenticated with BKV.AUTH\r\n")
-    conn.node.on_peer_message(conn.peer, cmd)
+    conn.node.on_peer_message(conn.peer, conn.peer_bytes, cmd)
 
 
 def cmd_nonce(conn: ClientConnection, cmd: list) -> None:
@@ -164,7 +164,7 @@ def cmd_peer_auth(conn: ClientConnection, cmd: list) -> None:
     if not known or not peerauth.verify(node.secret, nonce, name, node.src_bytes, cmd[2]):
         node.stats["auth_failures"] += 1
         return conn.reply(b"-NOPERM peer authentication failed\r\n")
-    conn.peer = name.decode()
+    conn.peer, conn.peer_bytes = name.decode(), name
     conn.authed = True
     conn.reply(resp.OK)
 

@@ -79,6 +79,7 @@ class ClientConnection(asyncio.Protocol):
         self.name = b""
         self.lib: dict[bytes, bytes] = {}
         self.peer: str | None = None  # the node name, once BKV.AUTH proved the cluster secret
+        self.peer_bytes = b""
         self.nonce: bytes | None = None
         self.authed = node.requirepass is None
         self.in_refused_multi = False

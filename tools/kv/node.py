@@ -197,7 +197,7 @@ class Node:
         fut = self.link(node_id).call_frame(req.frame())
         fut.add_done_callback(lambda f: req.complete(_relay(req, f)))
 
-    def on_peer_message(self, peer: str, cmd: list) -> None:
+    def on_peer_message(self, peer: str, peer_bytes: bytes, cmd: list) -> None:
         """BKV.MSG epoch src kind fields... from an authenticated peer; other epochs are fenced off."""
         self.stats["peer_messages"] += 1
         if len(cmd) < 4 or self.controlet is None:
@@ -205,7 +205,7 @@ class Node:
         if cmd[1] != self.epoch_bytes:
             self.stats["fenced"] += 1
             return
-        if cmd[2] != peer.encode():  # the sender is who authenticated, whatever the message claims
+        if cmd[2] != peer_bytes:  # the sender is who authenticated, whatever the message claims
             self.stats["refused_peer_messages"] += 1
             return
         self.quiet_due = True
