@@ -208,3 +208,51 @@ def test_a_second_daemon_on_the_same_state_is_refused(daemon, tmp_path):
 def test_no_daemon_is_a_runtime_failure(tmp_path):
     res = marble("status", "--state-dir", str(tmp_path / "none"), check=False)
     assert res.returncode == 1 and "no marble daemon found" in res.stderr
+
+
+def test_forged_and_malformed_requests_are_refused_and_change_nothing(daemon, tmp_path):
+    client = DaemonClient(Endpoint.resolve(daemon.state))
+    for method, payload, message in [
+        ("submit", {"job": ["cmd", "true"]}, "must be a table"),
+        ("submit", {"job": {"cmd": "true", "app": "ncf", "gpus": 10**9}}, "gpus"),
+        ("submit", {"job": {"cmd": "true", "app": "ncf", "gpus": 1, "env": {"MARBLE_JOB_ID": "7"}}}, "env"),
+        ("cancel", {"job": "1; DROP TABLE marble_jobs"}, "expected a job id"),
+        ("cancel", {"job": True}, "expected a job id"),
+        ("logs", {"job": 1, "offset": -5}, "no job 1"),
+        ("status", {"job": 2**70}, ""),
+    ]:
+        with pytest.raises(Exception) as caught:
+            client.call(method, payload)
+        assert type(caught.value).__name__ in ("UsageError", "RuntimeFailure"), caught.value
+        assert message in str(caught.value)
+    assert daemon.jobs() == []
+    job = client.call("submit", {"job": {"cmd": "echo ok", "app": "ncf", "gpus": 1}})
+    with pytest.raises(Exception, match="offset"):
+        client.call("logs", {"job": job["id"], "offset": -5})
+    wait_for(lambda: daemon.jobs()[0]["state"] == "done", 60, "the job")
+    assert client.call("logs", {"job": job["id"], "offset": 1 << 40})["data"] == b""
+
+
+def test_tls_daemon_and_no_plain_listener_off_loopback(tmp_path):
+    d = Daemon(tmp_path, "--tls")
+    d.start()
+    try:
+        info = json.loads((d.state / "daemon.json").read_text())
+        assert info["tls_ca"] and Path(info["tls_ca"]).exists()
+        assert d.cli("queue", "--json").stdout.strip() == "[]"        # clients find the CA in daemon.json
+        plain = d.cli("queue", "--tls-ca", "/nonexistent/ca.pem", check=False)
+        assert plain.returncode == 2 and "cannot read TLS CA" in plain.stderr
+    finally:
+        d.stop()
+    res = marble("serve", "--cluster", str(tmp_path / "cluster.toml"), "--state-dir", str(tmp_path / "s2"),
+                 "--listen", "0.0.0.0:0", check=False)
+    assert res.returncode == 2 and "not loopback" in res.stderr
+
+
+def test_a_corrupt_job_table_is_a_one_line_runtime_failure(tmp_path):
+    (tmp_path / "cluster.toml").write_text(CLUSTER)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "jobs.db").write_bytes(b"this is not a database" * 100)
+    res = marble("serve", "--cluster", str(tmp_path / "cluster.toml"), "--state-dir", str(state), check=False)
+    assert res.returncode == 1 and "corrupt" in res.stderr and "Traceback" not in res.stderr

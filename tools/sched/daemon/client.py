@@ -62,8 +62,8 @@ class DaemonClient:
         return asyncio.run(self._call(method, payload or {}))
 
     async def _call(self, method: str, payload: dict) -> Any:
-        tls = ClientTls.from_files(self.endpoint.tls_ca) if self.endpoint.tls_ca else None
         try:
+            tls = ClientTls.from_files(self.endpoint.tls_ca) if self.endpoint.tls_ca else None
             async with RpcClient(self.endpoint.address, token=self.endpoint.token, tls=tls, service=SERVICE,
                                  timeout=self.timeout) as rpc:
                 return await rpc.call(method, payload)

@@ -19,7 +19,7 @@ import typer
 from mlsyskit.core.cli import ensure_out_dir, json_option, out_option, quiet_option, verbose_option
 from mlsyskit.core.clock import RealClock
 from mlsyskit.core.console import emit_json, emit_table, log, make_table, reporter, set_verbosity
-from mlsyskit.core.errors import RuntimeFailure, UsageError
+from mlsyskit.core.errors import UsageError
 from mlsyskit.core.rpc import ServerTls
 from mlsyskit.tools.sched.daemon.client import DaemonClient, Endpoint, default_state_dir
 from mlsyskit.tools.sched.daemon.jobstore import JobStore
@@ -293,12 +293,9 @@ def _server_tls(files: DaemonFiles, tls: bool, cert: Path | None, key: Path | No
         return ServerTls.from_files(cert, key), None
     if not tls:
         return None, None
-    from mlsyskit.core.rpc_tls import make_self_signed
+    from mlsyskit.core.rpc_tls import issue_certs
 
-    try:
-        made = make_self_signed(files.tls_dir)
-    except RuntimeError as e:
-        raise RuntimeFailure(str(e)) from None
+    made = issue_certs(files.tls_dir)  # kept across restarts: clients keep trusting the same CA
     return ServerTls.from_files(made.server_cert, made.server_key), made.ca
 
 

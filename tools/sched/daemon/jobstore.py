@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlsyskit.core.errors import UsageError
-from mlsyskit.core.storage import MetaStore
+from mlsyskit.core.errors import RuntimeFailure, UsageError
+from mlsyskit.core.storage import MetaStore, StorageError
 from mlsyskit.tools.sched.daemon.specs import JobRequest
 
 QUEUED, LAUNCHING, RUNNING, CANCELLING = "queued", "launching", "running", "cancelling"
@@ -73,11 +73,14 @@ def _row(r: tuple) -> Job:
 
 class JobStore:
     def __init__(self, path: str | Path) -> None:
-        self.db = MetaStore(path, synchronous="FULL")
-        self.db.ensure_table(_DDL)
-        with self.db.transaction():
-            if self.db.get("marble", "instance", None) is None:
-                self.db.put("marble", "instance", secrets.token_hex(4))
+        try:
+            self.db = MetaStore(path, synchronous="FULL")
+            self.db.ensure_table(_DDL)
+            with self.db.transaction():
+                if self.db.get("marble", "instance", None) is None:
+                    self.db.put("marble", "instance", secrets.token_hex(4))
+        except StorageError as e:  # corrupt, unreadable or full: say so, do not guess
+            raise RuntimeFailure(f"the job table cannot be used: {e}") from None
 
     @property
     def instance(self) -> str:
