@@ -116,6 +116,9 @@ async def run_check(spec: CheckSpec, out_dir: Path, log: Callable[[str], None] =
         nemesis_task = asyncio.get_running_loop().create_task(nemesis.run(load_done.is_set))
         try:
             await workload.run(keep_going=lambda: not (nemesis.covered or nemesis_task.done()))
+        except BaseException:
+            nemesis_task.cancel()  # the cluster is about to be stopped: no fault may touch it after
+            raise
         finally:
             load_done.set()
         await nemesis_task  # finishes the fault in progress; a failure here (no restart) ends the run
