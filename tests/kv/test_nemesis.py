@@ -104,3 +104,30 @@ def test_proxy_to_a_dead_target_resets_the_caller() -> None:
             await proxy.close()
 
     run(body())
+
+
+def test_cluster_faults_and_stop_leave_no_process_behind(tmp_path) -> None:
+    from mlsyskit.tools.kv.check.procs import ProcCluster, call
+
+    async def body() -> None:
+        cluster = ProcCluster("ms-ec", "memory", 1, 3, tmp_path / "c", partitionable=True)
+        await cluster.start()
+        procs = dict(cluster.procs)
+        try:
+            master, slave, other = cluster.map.shards[0]
+            await cluster.kill(slave)
+            assert procs[slave].returncode == -9
+            cluster.pause(other)
+            await cluster.isolate(master)
+            assert all(p.severed for (s, d), p in cluster.proxies.items() if master in (s, d))
+            await cluster.heal()  # resumes, reconnects and restarts
+            assert cluster.alive(slave) and not cluster.paused
+            addr = cluster.map.nodes[other]
+            assert await call(addr.host, addr.port, b"PING") == b"PONG"
+            procs.update(cluster.procs)
+        finally:
+            await cluster.stop()
+        assert all(p.poll() is not None for p in [*procs.values(), *cluster.procs.values()])
+        assert all(p.severed for p in cluster.proxies.values())
+
+    run(body(), timeout=90)
