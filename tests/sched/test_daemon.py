@@ -256,3 +256,24 @@ def test_a_corrupt_job_table_is_a_one_line_runtime_failure(tmp_path):
     (state / "jobs.db").write_bytes(b"this is not a database" * 100)
     res = marble("serve", "--cluster", str(tmp_path / "cluster.toml"), "--state-dir", str(state), check=False)
     assert res.returncode == 1 and "corrupt" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_serve_settings_from_config_flags_win(tmp_path):
+    (tmp_path / "cluster.toml").write_text(CLUSTER)
+    config = tmp_path / "serve.toml"
+    config.write_text(f'[serve]\ncluster = "{tmp_path / "cluster.toml"}"\npolicy = "fifo"\npoll_interval = 0.1\n')
+    d = Daemon(tmp_path, "--config", str(config), "--policy", "backfill")
+    d.start()
+    try:
+        assert DaemonClient(Endpoint.resolve(d.state)).call("info")["policy"] == "backfill"
+    finally:
+        d.stop()
+    for text, message in [('[serve]\npolicy = "lsf"\ncluster = "c.toml"\n', "policy: unknown 'lsf'"),
+                          ('[serve]\ncluster = "c.toml"\nthreads = 4\n', "'threads'"),
+                          ('[serve]\npolicy = "fifo"\n', "cluster: required")]:
+        config.write_text(text)
+        res = marble("serve", "--config", str(config), "--state-dir", str(tmp_path / "s"), check=False)
+        assert res.returncode == 2 and message in res.stderr, res.stderr
+    res = marble("serve", "--cluster", str(tmp_path / "cluster.toml"), "--state-dir", str(tmp_path / "s"),
+                 "--tls-cert", str(tmp_path / "none.pem"), "--tls-key", str(tmp_path / "none.key"), check=False)
+    assert res.returncode == 2 and "cannot read TLS certificate" in res.stderr

@@ -6,8 +6,6 @@ every command.
 """
 from __future__ import annotations
 
-import asyncio
-import os
 import sys
 import time
 from datetime import datetime
@@ -20,25 +18,12 @@ from mlsyskit.core.cli import ensure_out_dir, json_option, out_option, quiet_opt
 from mlsyskit.core.clock import RealClock
 from mlsyskit.core.console import emit_json, emit_table, log, make_table, reporter, set_verbosity
 from mlsyskit.core.errors import UsageError
-from mlsyskit.core.rpc import ServerTls
 from mlsyskit.tools.sched.daemon.client import DaemonClient, Endpoint, default_state_dir
-from mlsyskit.tools.sched.daemon.jobstore import JobStore
-from mlsyskit.tools.sched.daemon.scheduler import Scheduler
-from mlsyskit.tools.sched.daemon.service import DaemonFiles, ensure_token, lock_state_dir, run_daemon
-from mlsyskit.tools.sched.daemon.specs import job_from_mapping, load_cluster
-from mlsyskit.tools.sched.executors import EXECUTORS
-from mlsyskit.tools.sched.policies import POLICIES, PolicyOptions, create_policy
-from mlsyskit.tools.sched.throughput import ThroughputModel
+from mlsyskit.tools.sched.daemon.serve_command import register_serve
+from mlsyskit.tools.sched.daemon.specs import job_from_mapping
 
 
-class WallClock(RealClock):
-    """Seconds since the epoch: job times in the store must mean the same after a restart."""
-
-    def now(self) -> float:
-        return time.time()
-
-
-def _state_dir_option() -> Any:
+def state_dir_option() -> Any:
     return typer.Option(None, "--state-dir", envvar="MLSYSKIT_MARBLE_STATE_DIR",
                         help="The daemon's folder (job table, logs, token, daemon.json); "
                              "default $XDG_STATE_HOME/marble or ~/.local/state/marble.")
@@ -74,50 +59,6 @@ def _jobs_table(title: str, jobs: list[dict]) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    def serve(
-        cluster: Path = typer.Option(..., "--cluster", help="cluster.toml: [[nodes]] with name, gpus, host, devices, logical."),
-        executor: str = typer.Option("local", "--executor", help=f"How jobs run: {', '.join(EXECUTORS.names())}."),
-        policy: str = typer.Option("marble", "--policy",
-                                   help=f"Scheduling policy (the simulator's): {', '.join(POLICIES.names())}. "
-                                        "Preempting policies cannot preempt real jobs here."),
-        efficiency_threshold: float = typer.Option(0.5, "--efficiency-threshold", help="marble: least gain per added GPU."),
-        state_dir: Path | None = _state_dir_option(),
-        addr: str = typer.Option("127.0.0.1:0", "--listen", help="Address to serve on (port 0: any free port)."),
-        token_file: Path | None = typer.Option(None, "--token-file", help="Shared secret (default: made in the state dir)."),
-        tls: bool = typer.Option(False, "--tls", help="Serve TLS with a self-signed CA made in the state dir."),
-        tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Server certificate (PEM); with --tls-key."),
-        tls_key: Path | None = typer.Option(None, "--tls-key", help="Server key (PEM)."),
-        profiles: Path | None = typer.Option(None, "--profiles", help="Folder of measured applications "
-                                             "(APP/placements.csv, as marble profile --out writes) to add to the model."),
-        poll_interval: float = typer.Option(0.5, "--poll-interval", min=0.05, max=60.0, help="Seconds between job checks."),
-        verbose: bool = verbose_option(), quiet: bool = quiet_option(),
-    ) -> None:
-        """Run the scheduler daemon: a job table that survives restarts, the policy, an executor."""
-        set_verbosity(verbose, quiet)
-        spec = load_cluster(cluster)
-        files = DaemonFiles((state_dir or default_state_dir()).absolute())
-        try:
-            files.state_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"cannot create --state-dir {files.state_dir}: {e.strerror}") from None
-        lock_fd = lock_state_dir(files)
-        token = ensure_token(files, token_file)
-        server_tls, ca = _server_tls(files, tls, tls_cert, tls_key)
-        if server_tls is None and not addr.startswith(("127.", "localhost", "[::1]")):
-            raise UsageError(f"--listen {addr} is not loopback: serve it with --tls or --tls-cert/--tls-key")
-        model = _model(profiles)
-        chosen = create_policy(policy, model, PolicyOptions(efficiency_threshold=efficiency_threshold))
-        scheduler = Scheduler(spec, JobStore(files.db), EXECUTORS.get(executor)(), chosen, model, WallClock(),
-                              files.state_dir, log=log)
-        info = {"policy": policy, "executor": executor, "nodes": len(spec.nodes), "gpus_per_node": spec.gpus_per_node,
-                "pid": os.getpid()}
-        try:
-            asyncio.run(run_daemon(scheduler, files, addr, token, server_tls, ca, poll_interval, info, log))
-        finally:
-            scheduler.store.close()
-            os.close(lock_fd)
-
-    @app.command()
     def submit(
         job_file: Path | None = typer.Argument(None, help="job.toml (cmd, app, gpus, min_gpus, max_gpus, name, ...)."),
         cmd: str | None = typer.Option(None, "--cmd", help="Shell command to run."),
@@ -128,7 +69,7 @@ def register(app: typer.Typer) -> None:
         name: str | None = typer.Option(None, "--name", help="A name to show."),
         batch_size: int | None = typer.Option(None, "--batch-size", help="Global batch (default: per app)."),
         workdir: Path | None = typer.Option(None, "--workdir", help="Working directory (default: this one)."),
-        state_dir: Path | None = _state_dir_option(), addr: str | None = _addr_option(),
+        state_dir: Path | None = state_dir_option(), addr: str | None = _addr_option(),
         token_file: Path | None = _token_option(), tls_ca: Path | None = _ca_option(), as_json: bool = json_option(),
     ) -> None:
         """Queue a job from job.toml or flags (flags override the file)."""
@@ -149,7 +90,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def status(job: int | None = typer.Argument(None, help="Job id (default: all jobs)."),
-               state_dir: Path | None = _state_dir_option(), addr: str | None = _addr_option(),
+               state_dir: Path | None = state_dir_option(), addr: str | None = _addr_option(),
                token_file: Path | None = _token_option(), tls_ca: Path | None = _ca_option(),
                as_json: bool = json_option()) -> None:
         """Jobs and their state, GPUs, times and exit codes."""
@@ -157,7 +98,7 @@ def register(app: typer.Typer) -> None:
         emit_json(jobs) if as_json else _jobs_table("marble jobs (gpus = asked/held)", jobs)
 
     @app.command()
-    def queue(state_dir: Path | None = _state_dir_option(), addr: str | None = _addr_option(),
+    def queue(state_dir: Path | None = state_dir_option(), addr: str | None = _addr_option(),
               token_file: Path | None = _token_option(), tls_ca: Path | None = _ca_option(),
               as_json: bool = json_option()) -> None:
         """Jobs waiting or holding GPUs."""
@@ -165,7 +106,7 @@ def register(app: typer.Typer) -> None:
         emit_json(jobs) if as_json else _jobs_table("marble queue", jobs)
 
     @app.command()
-    def cancel(job: int = typer.Argument(..., help="Job id."), state_dir: Path | None = _state_dir_option(),
+    def cancel(job: int = typer.Argument(..., help="Job id."), state_dir: Path | None = state_dir_option(),
                addr: str | None = _addr_option(), token_file: Path | None = _token_option(),
                tls_ca: Path | None = _ca_option(), as_json: bool = json_option()) -> None:
         """Cancel a job: a queued one at once, a running one by stopping its processes."""
@@ -175,7 +116,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def logs(job: int = typer.Argument(..., help="Job id."),
              follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
-             state_dir: Path | None = _state_dir_option(), addr: str | None = _addr_option(),
+             state_dir: Path | None = state_dir_option(), addr: str | None = _addr_option(),
              token_file: Path | None = _token_option(), tls_ca: Path | None = _ca_option()) -> None:
         """A job's output (stdout and stderr together)."""
         client = _client(state_dir, addr, token_file, tls_ca)
@@ -191,7 +132,7 @@ def register(app: typer.Typer) -> None:
                 time.sleep(0.5)  # polling for new output, not synchronising
 
     @app.command()
-    def nodes(state_dir: Path | None = _state_dir_option(), addr: str | None = _addr_option(),
+    def nodes(state_dir: Path | None = state_dir_option(), addr: str | None = _addr_option(),
               token_file: Path | None = _token_option(), tls_ca: Path | None = _ca_option(),
               as_json: bool = json_option()) -> None:
         """Nodes, their GPUs and which job holds each."""
@@ -252,7 +193,8 @@ def register(app: typer.Typer) -> None:
                          f"{_pct(report['mean_fit_error'])} in-sample, "
                          f"{_pct(report['mean_leave_one_out_error'])} leave-one-out\n")
 
-    del serve, submit, status, queue, cancel, logs, nodes, profile
+    register_serve(app)
+    del submit, status, queue, cancel, logs, nodes, profile
 
 
 def _pct(value: float | None) -> str:
@@ -267,36 +209,6 @@ def _gpu_counts(text: str) -> list[int]:
     if not counts or any(not 1 <= k <= 9 for k in counts) or len(set(counts)) != len(counts):
         raise UsageError(f"--gpus {text!r}: distinct counts in 1..9 (one node) expected")
     return sorted(counts)
-
-
-def _model(extra: Path | None) -> ThroughputModel:
-    """The shipped Pollux measurements plus the user's own (`marble profile --out`), same names refused."""
-    if extra is None:
-        return ThroughputModel()
-    from mlsyskit.tools.sched.profiles import load_profiles
-
-    shipped = load_profiles()
-    try:
-        own = load_profiles(extra)
-    except (FileNotFoundError, KeyError, ValueError) as e:
-        raise UsageError(f"--profiles {extra}: {e}") from None
-    clash = sorted(set(own) & set(shipped))
-    if clash:
-        raise UsageError(f"--profiles {extra}: {', '.join(clash)} would replace a shipped application")
-    return ThroughputModel({**shipped, **own})
-
-
-def _server_tls(files: DaemonFiles, tls: bool, cert: Path | None, key: Path | None):
-    if (cert is None) != (key is None):
-        raise UsageError("--tls-cert and --tls-key go together")
-    if cert is not None:
-        return ServerTls.from_files(cert, key), None
-    if not tls:
-        return None, None
-    from mlsyskit.core.rpc_tls import issue_certs
-
-    made = issue_certs(files.tls_dir)  # kept across restarts: clients keep trusting the same CA
-    return ServerTls.from_files(made.server_cert, made.server_key), made.ca
 
 
 __all__ = ["register"]
