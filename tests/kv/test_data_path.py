@@ -215,3 +215,53 @@ def test_non_bulk_arguments_are_refused_and_never_stored(frame: bytes, controlet
             await conn.close()
 
     run(body())
+
+
+def test_redis_datalet_under_maxmemory_fails_the_write_and_replicates_nothing(tmp_path, redis_port) -> None:
+    """The issue's repro: the head's redis-server is full (maxmemory, noeviction); the client gets
+    the OOM error, middle and tail do not apply the write, and the connection's next read answers."""
+    import redis as redis_py
+
+    from mlsyskit.tools.kv.cluster import node_datalet
+    from tests.conftest import ProcManager, free_port, wait_for_port
+
+    manager = ProcManager()
+    full_port = free_port()
+    proc = manager.start(["redis-server", "--port", str(full_port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", "--maxmemory-policy", "noeviction"])
+    try:
+        wait_for_port(full_port, proc=proc)
+        filler = redis_py.Redis(port=full_port)
+        for i in range(1000):
+            filler.set(f"fill{i}", b"x" * 4096)
+        filler.config_set("maxmemory", "1mb")  # now well over it: every write is refused
+        with pytest.raises(redis_py.ResponseError, match="maxmemory"):
+            filler.set("probe", "1")
+        filler.close()
+        dbs = {"s0r1": 40, "s0r2": 41}
+
+        def datalet(node: str):
+            if node == "s0r0":
+                return node_datalet("redis", node, redis={"port": full_port})
+            return node_datalet("redis", node, redis={"port": redis_port, "db": dbs[node]})
+
+        async def body() -> None:
+            for db in dbs.values():
+                r = redis_py.Redis(port=redis_port, db=db)
+                r.flushdb()
+                r.close()
+            smap = make_map("ms-sc", "redis", shards=1, replicas=3)
+            before = Request.duplicate_completions
+            async with LocalCluster(smap, datalet, options=FAST) as cluster:
+                conn = await connect(smap, "s0r0")
+                with pytest.raises(hiredis.ReplyError, match="OOM"):
+                    await conn.call(b"SET", b"x", b"v")
+                assert await asyncio.wait_for(conn.call(b"GET", b"x"), 5) is None  # no hang after the error
+                for node in ("s0r1", "s0r2"):
+                    assert await cluster.nodes[node].datalet.get(b"x") is None
+                assert Request.duplicate_completions == before
+                await conn.close()
+
+        run(body())
+    finally:
+        manager.stop_all()
