@@ -115,6 +115,16 @@ def test_cluster_faults_and_stop_leave_no_process_behind(tmp_path) -> None:
         procs = dict(cluster.procs)
         try:
             master, slave, other = cluster.map.shards[0]
+            maddr = cluster.map.nodes[master]
+            assert await call(maddr.host, maddr.port, b"SET", b"k", b"v") == b"OK"
+            # replication really flows through the proxies (else a partition would cut nothing)
+            for dst in (slave, other):
+                proxy = cluster.proxies[(master, dst)]
+                for _ in range(100):
+                    if proxy.stats["bytes"]:
+                        break
+                    await asyncio.sleep(0.02)  # poll with a deadline
+                assert proxy.stats["bytes"] > 0
             await cluster.kill(slave)
             assert procs[slave].returncode == -9
             cluster.pause(other)
