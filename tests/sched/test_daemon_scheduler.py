@@ -1,5 +1,6 @@
 """The daemon's scheduling loop without processes or network: a fake executor, a virtual clock."""
 import random
+from pathlib import Path
 
 import pytest
 
@@ -185,3 +186,64 @@ def test_job_and_cluster_specs_name_the_bad_field(tmp_path):
         bad.write_text(text)
         with pytest.raises(ConfigError, match=field):
             load_cluster(bad)
+
+
+def _real(tmp_path, grace):
+    from mlsyskit.core.clock import RealClock
+    from mlsyskit.tools.sched.executors.local import LocalExecutor
+
+    cluster = ClusterConfig((NodeConfig("n0", 4, logical=True),))
+    return Scheduler(cluster, JobStore(tmp_path / "jobs.db"), LocalExecutor(), create_policy("fifo", MODEL), MODEL,
+                     RealClock(), tmp_path, cancel_grace_s=grace)
+
+
+def _step_until(sched, condition, timeout, what):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sched.step()
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_a_stopped_job_is_cancelled_without_waiting_for_the_kill(tmp_path):
+    import os
+    import signal
+
+    sched = _real(tmp_path, grace=600.0)   # a SIGKILL would come only after 10 minutes
+    a = sched.submit(JobRequest(cmd="sleep 300", app="ncf", gpus=1))
+    _step_until(sched, lambda: sched.store.get(a.id).state == "running", 30, "the start")
+    os.killpg(int(sched.store.get(a.id).handle), signal.SIGSTOP)
+    sched.cancel(a.id)
+    _step_until(sched, lambda: sched.store.get(a.id).state == "cancelled", 30, "the cancel of a stopped job")
+
+
+def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    sched = _real(tmp_path, grace=0.5)
+    ready = tmp_path / "ready"
+    a = sched.submit(JobRequest(cmd=f"trap '' TERM; touch {ready}; while :; do sleep 0.1; done", app="ncf", gpus=1))
+    _step_until(sched, ready.exists, 30, "the job to install its trap")
+    sched.cancel(a.id)
+    import time
+
+    t0 = time.monotonic()
+    _step_until(sched, lambda: sched.store.get(a.id).state == "cancelled", 30, "the kill")
+    assert time.monotonic() - t0 >= 0.5, "cancelled before the grace: the loop that ignores SIGTERM was still alive"
+    assert not sched.store.jobs(("running", "cancelling"))
+    from mlsyskit.tools.sched.executors.local import _group_members
+
+    job = sched.store.get(a.id)
+    assert _group_members(int(job.handle), Path(job.run_dir)) == []
+
+
+def test_background_leftovers_of_a_finished_job_are_killed(tmp_path):
+    from mlsyskit.tools.sched.executors.local import _group_members
+
+    sched = _real(tmp_path, grace=10.0)
+    a = sched.submit(JobRequest(cmd="sleep 300 & echo started", app="ncf", gpus=1))
+    _step_until(sched, lambda: sched.store.get(a.id).state == "done", 30, "the job to end")
+    job = sched.store.get(a.id)
+    assert _group_members(int(job.handle), Path(job.run_dir)) == []

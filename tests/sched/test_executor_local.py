@@ -66,16 +66,22 @@ def test_a_reused_pid_or_an_outside_kill_is_not_taken_for_the_job(tmp_path):
     ex = LocalExecutor()
     spec = launch(tmp_path, "sleep 300")
     ex.launch(spec)
-    impostor = str(os.getpid())  # alive, but not this job's wrapper
+    impostor = str(os.getpgrp())  # a live process group, but not this job's
     assert LocalExecutor().poll(spec, impostor).kind == GONE
     ex.cancel(spec, impostor, force=True)  # must not signal an unrelated process group
-    other = launch(tmp_path, "sleep 300", job_id=2)
+    other = launch(tmp_path, f"touch {tmp_path}/up; sleep 300", job_id=2)
     handle = ex.launch(other)
-    os.kill(int(handle), signal.SIGKILL)  # killed from outside marble: the wrapper cannot write an exit status
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "up").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(int(handle), signal.SIGKILL)  # only the wrapper: the job's command still runs and holds its GPUs
+    assert poll_until(ex, other, handle, RUNNING).kind == RUNNING
+    os.killpg(int(handle), signal.SIGKILL)  # now all of it, from outside marble: no exit status
     status = poll_until(ex, other, handle, GONE)
     assert "without an exit status" in status.reason
-    os.killpg(int(handle), signal.SIGKILL)
     ex.cancel(spec, ex.recover(spec), force=True)
+    poll_until(ex, spec, ex.recover(spec), GONE)
 
 
 def test_recover_says_never_started_without_waiting_on_a_virtual_clock(tmp_path):

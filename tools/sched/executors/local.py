@@ -5,7 +5,7 @@ then writes the command's exit status (`exit`, by rename, so it is whole or abse
 new session, so the job outlives a daemon crash; a restarted daemon re-attaches by pid, checking the
 process's command line names this job's run directory (a reused pid is not mistaken for the job).
 A process gone without an `exit` file was killed from outside (the wrapper died too): `gone`.
-Cancel sends SIGTERM to the whole group, and SIGKILL when forced.
+Cancel sends SIGTERM (and SIGCONT, so a stopped job sees it) to the whole group, SIGKILL when forced.
 """
 from __future__ import annotations
 
@@ -42,6 +42,28 @@ def _proc_alive(pid: int, run_dir: Path) -> bool:
     return state not in ("Z", "X") and str(run_dir).encode() in cmdline
 
 
+def _group_members(pgid: int, run_dir: Path) -> list[int]:
+    """Live (non-zombie) processes of process group `pgid` that carry this job's MARBLE_RUN_DIR (a job's
+    commands can outlive a killed wrapper; a reused id of an unrelated group is not the job)."""
+    mark = b"MARBLE_RUN_DIR=" + str(run_dir).encode() + b"\0"
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) != pgid or fields[0] in ("Z", "X"):
+            continue
+        try:
+            if mark in (entry / "environ").read_bytes() + b"\0":
+                members.append(int(entry.name))
+        except OSError:
+            continue
+    return members
+
+
 @EXECUTORS.register("local")
 class LocalExecutor(Executor):
     name = "local"
@@ -54,7 +76,7 @@ class LocalExecutor(Executor):
 
     def launch(self, launch: Launch) -> str:
         launch.run_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **launch.job_env()}
+        env = {**os.environ, **launch.job_env(), "MARBLE_RUN_DIR": str(launch.run_dir)}
         try:
             with launch.log_path.open("ab") as log:
                 proc = subprocess.Popen(["/bin/sh", "-c", _WRAPPER, launch.tag, str(launch.run_dir), launch.cmd],
@@ -67,6 +89,8 @@ class LocalExecutor(Executor):
         return str(proc.pid)
 
     def poll(self, launch: Launch, handle: str) -> Status:
+        """Running while the wrapper or anything else in its group lives. When the command has ended
+        (exit file written), leftovers it started in the background are killed, as Slurm does."""
         pid = int(handle)
         child = self._children.get(pid)
         if child is not None:
@@ -75,7 +99,16 @@ class LocalExecutor(Executor):
             del self._children[pid]
         elif _proc_alive(pid, launch.run_dir):
             return Status(RUNNING)
-        return self._ended(launch)
+        status = self._ended(launch)
+        if _group_members(pid, launch.run_dir):
+            if status.kind != EXITED:
+                return Status(RUNNING)   # the wrapper was killed but the job's commands still hold its GPUs
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return Status(RUNNING)       # reported ended once the group is gone
+        return status
 
     def _ended(self, launch: Launch) -> Status:
         try:
@@ -105,10 +138,12 @@ class LocalExecutor(Executor):
 
     def cancel(self, launch: Launch, handle: str, force: bool) -> None:
         pid = int(handle)
-        if pid not in self._children and not _proc_alive(pid, launch.run_dir):
+        if pid not in self._children and not _proc_alive(pid, launch.run_dir) and not _group_members(pid, launch.run_dir):
             return
         try:
             os.killpg(pid, signal.SIGKILL if force else signal.SIGTERM)
+            if not force:
+                os.killpg(pid, signal.SIGCONT)  # a SIGSTOPped job would hold SIGTERM pending until the kill
         except ProcessLookupError:
             pass
         except PermissionError as e:
