@@ -26,7 +26,8 @@ def test_the_observation_has_no_ground_truth_fields():
     with pytest.raises(AttributeError):
         view.work = 1.0   # __slots__: nothing can be attached by accident
     fields = {f.name for f in dataclasses.fields(ClusterState)}
-    assert fields == {"spec", "free", "now", "queue", "running", "by_end", "restart_cost", "history"}
+    assert fields == {"spec", "free", "now", "queue", "running", "by_end", "restart_cost", "history", "arrived",
+                      "finished"}
 
 
 @pytest.mark.parametrize("module", ["base", "common", "fifo", "backfill", "marble", "marble_elastic", "optimus",
@@ -51,7 +52,8 @@ class Recorder:
 
     def __init__(self, policy):
         self.policy, self.name, self.log = policy, policy.name, []
-        self.wants_loss_reports = getattr(policy, "wants_loss_reports", False)
+        if hasattr(policy, "wants_loss_reports"):
+            self.wants_loss_reports = policy.wants_loss_reports
 
     def decide(self, state):
         if state.history.by_app or any(len(j.loss_reports) >= loss_fit.MIN_REPORTS for j in state.running.values()):

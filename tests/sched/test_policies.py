@@ -186,3 +186,32 @@ def test_decide_does_not_mutate_the_state(name):
     create_policy(name, MODEL).decide(state)
     after = (state.free.free, state.free.total, list(state.queue), list(state.running), list(state.by_end))
     assert before == after
+
+
+def test_tiresias_incremental_index_decides_as_a_fresh_rebuild():
+    # Every decision of the long-lived policy (index kept across decisions from the journals and
+    # crossings) must equal that of a fresh policy that builds its index from the state alone.
+    from mlsyskit.tools.sched.experiment import WorkloadSource
+    from mlsyskit.tools.sched.throughput import ThroughputModel
+
+    truth = ThroughputModel()
+    opts = PolicyOptions(tiresias_thresholds=(600.0, 6000.0))
+
+    class Checked:
+        name = "tiresias-checked"
+
+        def __init__(self):
+            self.inner, self.compared = create_policy("tiresias", truth, opts), 0
+
+        def decide(self, state):
+            reference = create_policy("tiresias", truth, opts).decide(state)
+            decision = self.inner.decide(state)
+            assert decision.actions == reference.actions, state.now
+            self.compared += bool(decision.actions)
+            return decision
+
+    spec = ClusterSpec(4, 6)
+    jobs = WorkloadSource("synthetic:300@1.5/1:4,2:2,4:1,8:1").load(truth, 3, spec)
+    policy = Checked()
+    Simulator(spec, policy, truth, jobs, restart_cost=30.0).run()
+    assert policy.compared > 100

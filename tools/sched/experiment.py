@@ -41,8 +41,9 @@ def parse_policies(text: str) -> list[str]:
 @dataclass(frozen=True)
 class WorkloadSource:
     """'workload-1'..'workload-4', a Pollux or Philly CSV path (format from its header), or
-    'synthetic:JOBS[@LOAD][/GPUS:WEIGHT,...]' (the optional job-size mix, e.g. '/1:4,6:2,12:1',
-    replaces the Pollux workloads' GPU counts)."""
+    'synthetic:JOBS[@LOAD][/GPUS:WEIGHT,...][~heavy]' (the optional job-size mix, e.g.
+    '/1:4,6:2,12:1', replaces the Pollux workloads' GPU counts; '~heavy' draws heavy-tailed
+    GPU-hours instead of the Pollux size classes)."""
 
     text: str
 
@@ -51,15 +52,16 @@ class WorkloadSource:
         return Path(self.text).stem if not self.text.startswith("synthetic") else self.text
 
     def load(self, model: ThroughputModel, seed: int, spec: ClusterSpec) -> list[JobSpec]:
-        m = re.fullmatch(r"synthetic:(\d+)(?:@([0-9.]+))?(?:/(\d+:[0-9.]+(?:,\d+:[0-9.]+)*))?", self.text)
+        m = re.fullmatch(r"synthetic:(\d+)(?:@([0-9.]+))?(?:/(\d+:[0-9.]+(?:,\d+:[0-9.]+)*))?(~heavy)?", self.text)
         if m:
             mix = tuple((int(g), float(w)) for g, w in (p.split(":") for p in m.group(3).split(","))) \
                 if m.group(3) else ()
-            syn = SyntheticSpec(jobs=int(m.group(1)), load=float(m.group(2) or 0.9), size_mix=mix)
+            syn = SyntheticSpec(jobs=int(m.group(1)), load=float(m.group(2) or 0.9), size_mix=mix,
+                                heavy_tail=m.group(4) is not None)
             return synthetic(syn, model, seed, spec.total_gpus, spec.gpus_per_node)
         if self.text.startswith("synthetic"):
             raise WorkloadError("synthetic workloads look like synthetic:JOBS, synthetic:JOBS@LOAD or "
-                                f"synthetic:JOBS@LOAD/GPUS:WEIGHT,... (e.g. synthetic:500@0.9/1:4,6:2), got {self.text!r}")
+                                f"synthetic:JOBS@LOAD/GPUS:WEIGHT,...[~heavy] (e.g. synthetic:500@0.9/1:4,6:2~heavy), got {self.text!r}")
         path = builtin_workload(self.text)
         if not path.is_file():
             raise WorkloadError(f"workload not found: {self.text} (give a CSV path or workload-1..workload-4)")

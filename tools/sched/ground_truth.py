@@ -16,6 +16,7 @@ import math
 import random
 from dataclasses import dataclass
 from functools import lru_cache
+from statistics import NormalDist
 
 from mlsyskit.core.sim import sub_seed
 from mlsyskit.tools.sched.profiles import Shape
@@ -23,6 +24,7 @@ from mlsyskit.tools.sched.state import JobSpec
 from mlsyskit.tools.sched.throughput import ThroughputModel
 
 LOSS_NOISE = 0.01
+_NORMAL = NormalDist()
 
 
 @dataclass(frozen=True)
@@ -44,16 +46,19 @@ def loss_curve(seed: int, job: JobSpec) -> LossCurve:
     return LossCurve(b0, b1, b2, b2 + gap)
 
 
+def _gauss(seed: int, key: str) -> float:
+    """A standard normal draw keyed by (seed, key): a hash, not an RNG object (cheap per call)."""
+    return _NORMAL.inv_cdf((sub_seed(seed, key) + 0.5) / 2.0 ** 63)
+
+
 def noisy_loss(seed: int, job: JobSpec, curve: LossCurve, samples: float, report: int) -> float:
-    rng = random.Random(sub_seed(seed, f"loss-report/{job.name}/{report}"))
-    return curve.at(samples) * (1.0 + LOSS_NOISE * rng.gauss(0.0, 1.0))
+    return curve.at(samples) * (1.0 + LOSS_NOISE * _gauss(seed, f"loss-report/{job.name}/{report}"))
 
 
 def measured_rate(seed: int, job: JobSpec, start: int, true_rate: float, noise: float) -> float:
     if noise == 0:
         return true_rate
-    rng = random.Random(sub_seed(seed, f"rate/{job.name}/{start}"))
-    return true_rate * max(0.5, 1.0 + noise * rng.gauss(0.0, 1.0))
+    return true_rate * max(0.5, 1.0 + noise * _gauss(seed, f"rate/{job.name}/{start}"))
 
 
 class ModelWithError:

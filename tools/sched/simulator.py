@@ -101,7 +101,7 @@ class Simulator:
         self.records = {j.job_id: JobRecord(j) for j in self.jobs}
         self.curves: dict[int, LossCurve] = {j.job_id: loss_curve(seed, j) for j in self.jobs}
         self.views = {j.job_id: JobView.of(j, self.curves[j.job_id].target) for j in self.jobs}
-        self._wants_losses = bool(getattr(policy, "wants_loss_reports", False))
+        self._wants_losses = getattr(policy, "wants_loss_reports", None)   # callable(now) -> bool
         self._last_report: dict[int, float] = {}
         self._released: dict[int, object] = {}     # placement a resized job gave back, for its event
         self.finish: dict[int, float] = {}
@@ -137,6 +137,7 @@ class Simulator:
             view = self.views[spec.job_id]
             view.since = now
             self.state.queue[spec.job_id] = view
+            self.state.arrived.append(spec.job_id)
             self._next_arrival += 1
         if self._next_arrival < len(self.jobs):
             self.loop.schedule_at(self.jobs[self._next_arrival].arrival, self._arrive)
@@ -150,6 +151,7 @@ class Simulator:
         self.views[job_id].progress = rec.spec.work
         self.state.history.add(rec.spec.app, rec.spec.work)   # the scheduler learns a finished job's size
         self.finish[job_id] = now
+        self.state.finished.append(job_id)
         self.telemetry.event("finish", job=rec.spec.name, jct=now - rec.spec.arrival)
         if self.on_finish is not None:
             self.on_finish(len(self.finish))
@@ -164,7 +166,7 @@ class Simulator:
         self._decision_pending = False
         now = self.loop.now()
         self.state.now = now
-        if self._wants_losses:
+        if self._wants_losses is not None and self._wants_losses(now):
             for job_id in self.state.running:
                 if now - self._last_report.get(job_id, -math.inf) >= LOSS_REPORT_S:
                     self._report_loss(self.records[job_id], now)
@@ -280,7 +282,7 @@ class Simulator:
         self.state.by_end.remove((view.est_end, rec.spec.job_id))
         del self.state.running[rec.spec.job_id]
         self._effective_now -= self._speedup(rec)
-        if self._wants_losses and rec.done < rec.spec.work:
+        if self._wants_losses is not None and rec.done < rec.spec.work:
             self._report_loss(rec, now)
         view.progress, view.attained, view.since = rec.done, rec.attained, now   # the job's step counter
         view.placement, view.shape, view.measured_rate, view.est_end = (), (), 0.0, math.inf

@@ -148,7 +148,10 @@ def estimated_remaining(history: WorkHistory, job: JobView, now: float, fallback
 @dataclass
 class ClusterState:
     """Everything a policy may read. `queue` keeps (re)entry order; `by_end` holds (estimated
-    end, job_id) of running jobs, earliest first (estimates already passed count as now)."""
+    end, job_id) of running jobs, earliest first (estimates already passed count as now).
+    `arrived` and `finished` are append-only journals of job ids, so a policy that keeps an index
+    (tiresias) can follow changes from a cursor instead of rescanning the queue; a caller that
+    builds a fresh state per decision may leave them empty (the policy then rebuilds)."""
 
     spec: ClusterSpec
     free: FreeMap
@@ -158,6 +161,8 @@ class ClusterState:
     by_end: SortedList = field(default_factory=SortedList)
     restart_cost: float = 0.0
     history: WorkHistory = field(default_factory=WorkHistory)
+    arrived: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -154,11 +154,15 @@ def load_philly(path: Path, model: ThroughputModel, seed: int, gpus_per_node: in
     return [JobSpec(j.job_id, j.name, j.app, j.arrival - t0, j.gpus, j.batch_size, j.work) for j in jobs]
 
 
+HEAVY_MAX_GPU_HOURS = 5000.0
+
+
 @dataclass(frozen=True)
 class SyntheticSpec:
     jobs: int = 1000
     load: float = 0.9              # offered GPU-seconds per second / cluster GPUs
     size_mix: tuple[tuple[int, float], ...] = ()  # (GPUs, weight); empty = the Pollux workloads' mix
+    heavy_tail: bool = False       # GPU-hours log-normal (median 0.3, sigma 2) instead of the size classes
 
     def __post_init__(self) -> None:
         if self.jobs < 1 or not 0 < self.load <= 10:
@@ -192,8 +196,12 @@ def synthetic(spec: SyntheticSpec, model: ThroughputModel, seed: int, total_gpus
         if sizes:
             gpus = size_rng.choices(sizes, weights)[0]
         gpus = min(gpus, total_gpus)
-        lo, hi = SIZE_CLASSES[APP_CLASS[app]]
-        gpu_seconds = math.exp(work_rng.uniform(math.log(lo), math.log(hi))) * 3600.0
+        if spec.heavy_tail:   # Philly-like: most jobs short, a few run for days
+            gpu_hours = min(HEAVY_MAX_GPU_HOURS, max(0.005, math.exp(work_rng.gauss(math.log(0.3), 2.0))))
+        else:
+            lo, hi = SIZE_CLASSES[APP_CLASS[app]]
+            gpu_hours = math.exp(work_rng.uniform(math.log(lo), math.log(hi)))
+        gpu_seconds = gpu_hours * 3600.0
         drafts.append((i, app, gpus, batch, gpu_seconds))
     rate = spec.load * total_gpus / (sum(d[4] for d in drafts) / len(drafts))  # jobs per second
     t = 0.0

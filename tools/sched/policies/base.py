@@ -17,8 +17,9 @@ the simulator's truth) and options, and answers `decide(state) -> Decision`:
 
 A policy may keep memo tables and its own event bookkeeping (optimus remembers when it last
 re-planned, tiresias keeps a priority index); the simulator and the scheduler daemon call it the
-same way, once per decision, with the same kind of state. A policy that wants loss reports
-refreshed before each decision sets `wants_loss_reports = True`.
+same way, once per decision, with the same kind of state. A policy that reads loss reports
+defines `wants_loss_reports(now) -> bool`; the caller refreshes the reports of running jobs
+before a decision for which it answers True.
 """
 from __future__ import annotations
 

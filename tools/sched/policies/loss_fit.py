@@ -28,16 +28,20 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float, float] | None:
     lowest = float(loss.min())
     if lowest <= 0:
         return None
-    design = np.stack([k, np.ones_like(k)], axis=1)
-    best: tuple[float, tuple[float, float, float]] | None = None
-    for b2 in np.linspace(0.0, lowest * 0.995, GRID):
-        (b0, b1), *_ = np.linalg.lstsq(design, 1.0 / (loss - b2), rcond=None)
-        if b0 <= 0 or b1 <= 0:
-            continue
-        err = float(np.sum((1.0 / (b0 * k + b1) + b2 - loss) ** 2))
-        if best is None or err < best[0]:
-            best = (err, (float(b0), float(b1), float(b2)))
-    return None if best is None else best[1]
+    # All asymptotes at once: for each b2, ordinary least squares of y = 1 / (l - b2) on k.
+    b2 = np.linspace(0.0, lowest * 0.995, GRID)[:, None]
+    y = 1.0 / (loss[None, :] - b2)
+    k_mean, y_mean = k.mean(), y.mean(axis=1, keepdims=True)
+    slope = ((k - k_mean)[None, :] * (y - y_mean)).sum(axis=1) / ((k - k_mean) ** 2).sum()
+    intercept = y_mean[:, 0] - slope * k_mean
+    valid = (slope > 0) & (intercept > 0)
+    if not valid.any():
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pred = 1.0 / (slope[:, None] * k[None, :] + intercept[:, None]) + b2
+    err = np.where(valid, ((pred - loss[None, :]) ** 2).sum(axis=1), np.inf)
+    best = int(np.argmin(err))
+    return float(slope[best]), float(intercept[best]), float(b2[best, 0])
 
 
 def total_work(points: list[tuple[float, float]], target: float) -> float | None:

@@ -18,6 +18,7 @@ allocation assumed (compact, best fit), else on the fewest nodes with free GPUs.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 
 from mlsyskit.tools.sched.cluster import FreeMap, Placement
@@ -32,21 +33,26 @@ from mlsyskit.tools.sched.throughput import compact_shape
 class Optimus(Policy):
     name = "optimus"
     description = "greedy marginal gain in remaining time (loss-curve fit), count-based model, event-driven re-allocation"
-    wants_loss_reports = True
 
     def __init__(self, model, options=None) -> None:
         super().__init__(model, options)
         self._last_plan: float | None = None
-        self._fits: dict[int, tuple[int, float, float | None]] = {}   # job -> (reports, last progress, total)
+        self._fits: dict[int, tuple[float, float | None]] = {}   # job -> (newest report fitted, total)
+
+    def wants_loss_reports(self, now: float) -> bool:
+        """Loss reports are read at full re-allocations only."""
+        return self._last_plan is None or now - self._last_plan >= self.options.optimus_interval
 
     def remaining_work(self, state: ClusterState, job: JobView) -> float:
         reports = job.loss_reports
+        newest = reports[-1][0] if reports else 0.0
         cached = self._fits.get(job.job_id)
-        if cached is None or cached[0] != len(reports) or cached[1] != (reports[-1][0] if reports else 0.0):
+        # Refit when the job's progress has doubled since the last fit (a fit costs ~0.1 ms).
+        if (cached is None or newest > 2.0 * cached[0]) and len(reports) >= loss_fit.MIN_REPORTS:
             total = loss_fit.total_work(reports, job.target_loss) if job.target_loss > 0 else None
-            cached = (len(reports), reports[-1][0] if reports else 0.0, total)
+            cached = (newest, total)
             self._fits[job.job_id] = cached
-        total, progress = cached[2], job.progress_at(state.now)
+        total, progress = (cached[1] if cached else None), job.progress_at(state.now)
         if total is not None and total > progress:
             return total - progress
         return remaining_work(self.model, state, job)
@@ -111,7 +117,7 @@ class Optimus(Policy):
                 return Decision((), self._wake(state, now, interval))
             if self._last_plan is None:
                 self._last_plan = now
-            waiting = list(state.queue.values())[: free.total]
+            waiting = list(itertools.islice(state.queue.values(), free.total))
             counts = self.allocate(state, waiting, free.total)
         for job in waiting:
             k = counts.get(job.job_id, 0)

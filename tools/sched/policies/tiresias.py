@@ -6,15 +6,29 @@ decision walks jobs in that order and admits each whose requested GPU count stil
 cluster's capacity; running jobs left out are preempted (they pay the restart cost when resumed).
 Admitted waiting jobs are placed consolidated (fewest nodes, best fit). Jobs get exactly what they
 asked for. The policy asks to be woken when a running job will cross into the next queue.
+
+Incremental (ours; the rule is the paper's): the priority order is kept in two sorted indexes,
+waiting and running, updated from the state's arrival/finish journals, from the policy's own
+starts and preemptions, and at queue crossings (a heap of crossing times). A decision walks the
+merged order only until the capacity is used (and at most `backfill_depth` jobs that do not fit
+once every running job is seen), and when no waiting job outranks a running one it only fills
+free GPUs. If the state was not built by applying this policy's decisions (a fresh state per call,
+or counts that disagree), the indexes are rebuilt from it.
 """
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
+
+from sortedcontainers import SortedList
 
 from mlsyskit.tools.sched.policies.base import Policy, register
 from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Preempt, Start
 from mlsyskit.tools.sched.throughput import compact_shape
+
+Key = tuple[int, float, int]   # (queue level, arrival, job id)
+CROSSING_SLACK = 1e-6          # GPU-seconds
 
 
 @register
@@ -22,49 +36,121 @@ class Tiresias(Policy):
     name = "tiresias"
     description = "discretised 2D-LAS with preemption, requested GPUs, consolidated placement"
 
-    def level(self, attained: float) -> int:
-        return bisect.bisect_right(self.options.tiresias_thresholds, attained)
+    def __init__(self, model, options=None) -> None:
+        super().__init__(model, options)
+        self._state: ClusterState | None = None
 
-    def decide(self, state: ClusterState) -> Decision:
-        now, gpn = state.now, state.spec.gpus_per_node
-        thresholds = self.options.tiresias_thresholds
-        jobs: list[tuple[int, float, int, JobView]] = []
+    def level(self, attained: float) -> int:
+        # A job woken at its crossing time may fall short of the threshold by float rounding.
+        return bisect.bisect_right(self.options.tiresias_thresholds, attained + CROSSING_SLACK)
+
+    # ---- the index ------------------------------------------------------------------------------
+    def _rebuild(self, state: ClusterState) -> None:
+        self._state = state
+        self._arrived, self._finished = len(state.arrived), len(state.finished)
+        self._key: dict[int, Key] = {}
+        self._waiting, self._running = SortedList(), SortedList()
+        self._cross: list[tuple[float, int]] = []
         for job in state.queue.values():
-            jobs.append((self.level(job.attained), job.arrival, job.job_id, job))
+            self._add(job, self._waiting, job.attained)
         for job in state.running.values():
-            jobs.append((self.level(job.attained_at(now)), job.arrival, job.job_id, job))
-        jobs.sort(key=lambda t: t[:3])
-        capacity = state.spec.total_gpus
-        admitted: list[JobView] = []
-        keep: set[int] = set()
-        for _, _, job_id, job in jobs:
-            if capacity <= 0:
-                break
-            if job.gpus <= capacity:
-                capacity -= job.gpus
-                if job_id in state.running:
-                    keep.add(job_id)
-                else:
-                    admitted.append(job)
+            self._add(job, self._running, job.attained_at(state.now))
+            self._push_crossing(job, state.now, job.attained_at(state.now), job.held_gpus)
+
+    def _add(self, job: JobView, index: SortedList, attained: float) -> None:
+        key = (self.level(attained), job.arrival, job.job_id)
+        self._key[job.job_id] = key
+        index.add(key)
+
+    def _push_crossing(self, job: JobView, now: float, attained: float, gpus: int) -> None:
+        thresholds = self.options.tiresias_thresholds
+        i = self.level(attained)
+        if i < len(thresholds) and gpus > 0:
+            heapq.heappush(self._cross, (now + (thresholds[i] - attained) / gpus, job.job_id))
+
+    def _sync(self, state: ClusterState) -> None:
+        if (state is not self._state or len(state.arrived) < self._arrived or len(state.finished) < self._finished):
+            self._rebuild(state)
+            return
+        for job_id in state.finished[self._finished:]:
+            key = self._key.pop(job_id, None)
+            if key is not None:
+                (self._running if key in self._running else self._waiting).discard(key)
+        for job_id in state.arrived[self._arrived:]:
+            if job_id in state.queue and job_id not in self._key:
+                self._add(state.queue[job_id], self._waiting, state.queue[job_id].attained)
+        self._arrived, self._finished = len(state.arrived), len(state.finished)
+        while self._cross and self._cross[0][0] <= state.now + 1e-9:   # queue crossings due
+            _, job_id = heapq.heappop(self._cross)
+            job = state.running.get(job_id)
+            if job is None:
+                continue   # stale: preempted or finished since
+            attained = job.attained_at(state.now)
+            key = self._key[job_id]
+            if self.level(attained) != key[0]:
+                self._running.discard(key)
+                self._add(job, self._running, attained)
+            self._push_crossing(job, state.now, attained, job.held_gpus)
+        if len(self._running) != len(state.running) or len(self._waiting) != len(state.queue):
+            self._rebuild(state)   # the caller did not apply our decisions as given
+
+    # ---- the decision ---------------------------------------------------------------------------
+    def decide(self, state: ClusterState) -> Decision:
+        self._sync(state)
+        now = state.now
+        if self._waiting and (not self._running or self._waiting[0] < self._running[-1]):
+            admitted, keep = self._walk(state, heapq.merge(self._waiting, self._running), state.spec.total_gpus)
+        elif self._waiting and state.free.total > 0:
+            admitted, keep = self._walk(state, iter(self._waiting), state.free.total)
+            keep = None   # no waiting job outranks a running one: nothing is preempted
+        else:
+            admitted, keep = [], None
         actions: list[Action] = []
         free = state.free.copy()
         if admitted:
-            for job_id, job in state.running.items():
-                if job_id not in keep:
-                    actions.append(Preempt(job_id))
-                    free.give(job.placement)
+            if keep is not None:
+                for job_id, job in state.running.items():
+                    if job_id not in keep:
+                        actions.append(Preempt(job_id))
+                        free.give(job.placement)
+                        key = self._key[job_id]
+                        self._running.discard(key)
+                        self._waiting.add(key)
             for job in admitted:
-                shape = compact_shape(job.gpus, gpn)
-                placement = free.fit(shape) or free.spread(job.gpus)
+                placement = free.fit(compact_shape(job.gpus, state.spec.gpus_per_node)) or free.spread(job.gpus)
                 if placement is None:
                     continue
                 free.take(placement)
-                actions.append(Start(job.job_id, placement, tuple(sorted((g for _, g in placement),
-                                                                              reverse=True))))
-        wake = math.inf
-        for job in state.running.values():
-            attained = job.attained_at(now)
-            i = bisect.bisect_right(thresholds, attained)
-            if i < len(thresholds):
-                wake = min(wake, now + (thresholds[i] - attained) / job.held_gpus)
-        return Decision(tuple(actions), None if math.isinf(wake) else wake)
+                actions.append(Start(job.job_id, placement, tuple(sorted((g for _, g in placement), reverse=True))))
+                key = self._key[job.job_id]
+                self._waiting.discard(key)
+                self._running.add(key)
+                self._push_crossing(job, now, job.attained, job.gpus)
+        while self._cross and self._cross[0][1] not in state.running and \
+                not any(isinstance(a, Start) and a.job_id == self._cross[0][1] for a in actions):
+            heapq.heappop(self._cross)   # drop stale crossings so the wake-up is a live one
+        wake = self._cross[0][0] if self._cross else math.inf
+        return Decision(tuple(actions), None if math.isinf(wake) or wake <= now else wake)
+
+    def _walk(self, state: ClusterState, order, capacity: int) -> tuple[list[JobView], set[int]]:
+        """Admit jobs in priority order while their requested GPUs fit `capacity`."""
+        admitted: list[JobView] = []
+        keep: set[int] = set()
+        misses, seen_running = 0, 0
+        for _, _, job_id in order:
+            if capacity <= 0:
+                break
+            running = job_id in state.running
+            seen_running += running
+            job = state.running[job_id] if running else state.queue[job_id]
+            if job.gpus <= capacity:
+                capacity -= job.gpus
+                if running:
+                    keep.add(job_id)
+                else:
+                    admitted.append(job)
+            else:
+                misses += 1
+                if misses > self.options.backfill_depth and seen_running == len(state.running):
+                    break
+        return admitted, keep
