@@ -21,17 +21,21 @@ INSTALL = ("needs a running Slurm: apt-get install slurmctld slurmd slurm-client
            "then run .ci/slurm_start.sh as root (single host, 4 fake GPUs)")
 
 
-def slurm_node() -> tuple[str, int] | None:
+def slurm_node(timeout: float = 15.0) -> tuple[str, int] | None:
+    """(NodeName, GPUs) of a usable Slurm node, polling briefly (a node may still be completing jobs)."""
     if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
         return None
-    try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %G %T"], capture_output=True, text=True, timeout=5)
-    except subprocess.TimeoutExpired:
-        return None
-    for line in out.stdout.splitlines():
-        name, gres, state = line.split()
-        if gres.startswith("gpu:") and state in ("idle", "mixed", "allocated"):
-            return name, int(gres.split(":")[-1].split("(")[0])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %G %T"], capture_output=True, text=True, timeout=5)
+        except subprocess.TimeoutExpired:
+            continue
+        for line in out.stdout.splitlines():
+            name, gres, state = line.split()
+            if gres.startswith("gpu:") and state.rstrip("*") in ("idle", "mixed", "allocated", "completing"):
+                return name, int(gres.split(":")[-1].split("(")[0])
+        time.sleep(0.2)
     return None
 
 
@@ -93,3 +97,27 @@ def test_two_2gpu_jobs_share_a_4gpu_node_a_third_waits_cancel_works(tmp_path):
     finally:
         for job in sched.store.jobs(("running", "cancelling")):
             subprocess.run(["scancel", job.handle], timeout=10, check=False)
+
+
+def test_a_launch_cut_short_is_found_by_name_after_a_restart(tmp_path):
+    node = slurm_node()
+    if node is None:
+        pytest.skip(INSTALL)
+    host, _ = node
+    ex = SlurmExecutor()
+    spec = Launch(1, "a", "sleep 300", tmp_path / "run", str(tmp_path), {},
+                  (NodeSlice("n0", host, (0,), (0,)),), f"marble-test{time.monotonic_ns()}-1")
+    never = Launch(2, "b", "true", tmp_path / "run2", str(tmp_path), {}, spec.nodes, spec.tag[:-2] + "-2")
+    handle = ex.launch(spec)
+    try:
+        assert SlurmExecutor().recover(spec) == handle      # the daemon died before recording the job id
+        assert SlurmExecutor().recover(never) is None       # never submitted: safe to queue again
+        assert ex.poll(spec, handle).kind == "running"
+        ex.cancel(spec, handle, force=False)
+        deadline = time.monotonic() + 60
+        while (status := ex.poll(spec, handle)).kind == "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert status.kind == "gone" and "CANCELLED" in status.reason
+    finally:
+        subprocess.run(["scancel", handle], timeout=10, check=False)
