@@ -226,6 +226,9 @@ def test_forged_and_malformed_requests_are_refused_and_change_nothing(daemon, tm
         assert type(caught.value).__name__ in ("UsageError", "RuntimeFailure"), caught.value
         assert message in str(caught.value)
     assert daemon.jobs() == []
+    by_env = subprocess.run([*MARBLE, "queue", "--json"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "MLSYSKIT_MARBLE_STATE_DIR": str(daemon.state)})
+    assert by_env.returncode == 0 and json.loads(by_env.stdout) == []
     job = client.call("submit", {"job": {"cmd": "echo ok", "app": "ncf", "gpus": 1}})
     with pytest.raises(Exception, match="offset"):
         client.call("logs", {"job": job["id"], "offset": -5})

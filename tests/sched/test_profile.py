@@ -61,3 +61,21 @@ def test_the_ddp_example_gives_a_real_curve(tmp_path):
     assert two["sync_time"] > 0 and one["sync_time"] == 0          # gloo all-reduce measured on 2 processes
     assert two["efficiency"] < 1.0                                  # sublinear on CPU processes
     assert Path(tmp_path / "myjob" / "placements.csv").read_text().startswith("placement,local_bsz")
+
+
+def test_serve_profiles_adds_measured_apps_and_refuses_shipped_names(tmp_path):
+    from mlsyskit.core.errors import UsageError
+    from mlsyskit.tools.sched.daemon.serve_command import _model
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "placements.csv").write_text(
+        "placement,local_bsz,step_time,sync_time\n1,64,0.1,0\n2,32,0.08,0.03\n4,16,0.09,0.06\n")
+    model = _model(tmp_path)
+    assert "mine" in model.apps and "bert" in model.apps
+    assert model.rate("mine", (2,), 64) == pytest.approx(64 / 0.08)
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "placements.csv").write_text("placement,local_bsz,step_time,sync_time\n1,64,0.1,0\n")
+    with pytest.raises(UsageError, match="bert would replace a shipped application"):
+        _model(tmp_path)
+    with pytest.raises(UsageError, match="--profiles"):
+        _model(tmp_path / "missing")
