@@ -17,12 +17,17 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
+# gRPC's C core prints info lines of its own on stderr (e.g. "Handshake failed ... WRONG_VERSION_NUMBER"
+# for every plaintext client at a TLS port), without the peer's address; our own messages say what
+# happened. Errors still show; a user who wants its traces sets GRPC_VERBOSITY/GRPC_TRACE explicitly.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+import grpc  # noqa: E402 (after the environment above)
 
 from mlsyskit.core.rpc_codec import CodecError, decode, encode
 

@@ -53,9 +53,16 @@ def _crypto():
 
 
 def issue_certs(directory: str | Path, client_ids: tuple[str, ...] | list[str] = (),
-                hosts: tuple[str, ...] | list[str] = ("localhost",), ips: tuple[str, ...] | list[str] = ("127.0.0.1",),
+                hosts: tuple[str, ...] | list[str] | None = None, ips: tuple[str, ...] | list[str] | None = None,
                 days: int = 30) -> CertFiles:
-    """Write (or extend) a CA, a server pair and one pair per client id into `directory`."""
+    """Write (or extend) a CA, a server pair and one pair per client id into `directory`.
+
+    An existing server pair is kept unless `hosts` or `ips` are given; without them a new pair is valid
+    for localhost and 127.0.0.1."""
+    keep_server = hosts is None and ips is None and (Path(directory) / "server.pem").exists()
+    if hosts is None and ips is None:
+        hosts, ips = ("localhost",), ("127.0.0.1",)
+    hosts, ips = tuple(hosts or ()), tuple(ips or ())
     x509, hashes, serialization, ec, eku, oid = _crypto()
     if days < 1:
         raise UsageError(f"--days must be at least 1, got {days}")
@@ -100,15 +107,16 @@ def issue_certs(directory: str | Path, client_ids: tuple[str, ...] | list[str] =
         write_key(ca_key_path, ca_key)
         write_cert(ca_path, ca_cert)
 
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    sans = [x509.DNSName(h) for h in hosts] + [x509.IPAddress(a) for a in addresses]
-    server = (builder(hosts[0] if hosts else "fl-server", ca_cert.subject, server_key)
-              .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-              .add_extension(x509.ExtendedKeyUsage([eku.SERVER_AUTH]), critical=False)
-              .sign(ca_key, hashes.SHA256()))
     files = CertFiles(directory, ca_path, directory / "server.pem", directory / "server.key")
-    write_key(files.server_key, server_key)
-    write_cert(files.server_cert, server)
+    if not keep_server:
+        server_key = ec.generate_private_key(ec.SECP256R1())
+        sans = [x509.DNSName(h) for h in hosts] + [x509.IPAddress(a) for a in addresses]
+        server = (builder(hosts[0] if hosts else "fl-server", ca_cert.subject, server_key)
+                  .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+                  .add_extension(x509.ExtendedKeyUsage([eku.SERVER_AUTH]), critical=False)
+                  .sign(ca_key, hashes.SHA256()))
+        write_key(files.server_key, server_key)
+        write_cert(files.server_cert, server)
     for cid in client_ids:
         key = ec.generate_private_key(ec.SECP256R1())
         cert = (builder(cid, ca_cert.subject, key)

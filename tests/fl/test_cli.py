@@ -1,20 +1,35 @@
-"""fl-server simulate/report through the CLI, and clear one-line errors for bad input."""
+"""fl-server simulate/report/certs through the CLI; one-line errors, exit 2 for usage errors and 1 for
+runtime failures."""
 from __future__ import annotations
 
 import json
 import warnings
+from types import SimpleNamespace
 
 from typer.testing import CliRunner
 
+from mlsyskit.core.errors import UserError
 from mlsyskit.tools.fl.client_cli import app as client_app
 from mlsyskit.tools.fl.server_cli import app as server_app
 
-runner = CliRunner()
+
+class _Runner:
+    """CliRunner plus what run_app does: a UserError becomes `error: <message>` and its exit code."""
+
+    def invoke(self, app, args):
+        result = CliRunner().invoke(app, args)
+        if isinstance(result.exception, UserError):
+            return SimpleNamespace(exit_code=result.exception.exit_code, stdout=result.stdout,
+                                   output=f"{result.output}error: {result.exception}")
+        return result
+
+
+runner = _Runner()
 
 
 def simulate(run_dir, strategy):
     return runner.invoke(server_app, ["simulate", "--strategy", strategy, "--clients", "20", "--per-round", "5",
-                                      "--rounds", "8", "--malicious", "0.3", "--seed", "2", "--run-dir", str(run_dir),
+                                      "--rounds", "8", "--malicious-fraction", "0.3", "--seed", "2", "--run-dir", str(run_dir),
                                       "--json"])
 
 
@@ -23,8 +38,8 @@ def test_simulate_then_report_against_the_default(tmp_path):
     assert tiff.exit_code == 0 and default.exit_code == 0, tiff.output + default.output
     summary = json.loads(tiff.stdout)
     assert summary["rounds"] == 8 and summary["malicious_providers"] == 6 and abs(summary["ledger_total"]) < 1e-9
-    result = runner.invoke(server_app, ["report", str(tmp_path / "tiff"), "--baseline", str(tmp_path / "default"),
-                                        "--plots", str(tmp_path / "plots"), "--json"])
+    result = runner.invoke(server_app, ["report", "--run-dir", str(tmp_path / "tiff"), "--baseline",
+                                        str(tmp_path / "default"), "--out", str(tmp_path / "plots"), "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["malicious_tokens_vs_baseline"] < 1.0 < report["honest_tokens_vs_baseline"]
@@ -51,26 +66,83 @@ def test_bad_input_gives_one_line_errors(tmp_path):
         (server_app, ["simulate", "--dataset", "cifar", "--run-dir", str(tmp_path / "b")], "dataset must be one of"),
         (server_app, ["simulate", "--clients", "500", "--per-round", "5", "--run-dir", str(tmp_path / "c")],
          "cannot give 500 clients"),
-        (server_app, ["report", str(tmp_path / "nothing")], "holds no FL run"),
+        (server_app, ["report", "--run-dir", str(tmp_path / "nothing")], "holds no FL run"),
         (server_app, ["run", "--tls-cert", str(tmp_path / "x.pem"), "--run-dir", str(tmp_path / "d")],
          "--tls-cert and --tls-key go together"),
         (server_app, ["run", "--token-file", str(tmp_path / "missing"), "--run-dir", str(tmp_path / "e")],
          "cannot read token file"),
-        (client_app, ["run", "--client-id", "0", "--malicious", "evil"], "--malicious must be one of"),
+        (client_app, ["run", "--client-id", "0", "--attack", "evil"], "--attack must be one of"),
+        (client_app, ["run", "--server", "127.0.0.1:1"], "--client-id is required"),
+        (client_app, ["run", "--client-id", "0", "--certs", str(tmp_path / "no-certs")], "fl-server certs"),
+        (server_app, ["run", "--certs", str(tmp_path / "no-certs"), "--run-dir", str(tmp_path / "j")],
+         "fl-server certs"),
+        (server_app, ["simulate", "--strategy", "nope", "--run-dir", str(tmp_path / "k")], "fedavg"),
+        (server_app, ["simulate", "--malicious-fraction", "1.5", "--run-dir", str(tmp_path / "l")],
+         "--malicious-fraction and --dropout must be in [0, 1)"),
+        (server_app, ["certs", str(tmp_path / "certs"), "--clients", "2", "--client", "7"], "not both"),
+        (server_app, ["certs", str(tmp_path / "certs"), "--ip", "not-an-ip"], "--ip"),
         (client_app, ["run", "--client-id", "0", "--server", "localhost"], "--server must be HOST:PORT"),
         (server_app, ["run", "--address", "nonsense", "--run-dir", str(tmp_path / "g")], "--address must be HOST:PORT"),
         (server_app, ["run", "--address", "127.0.0.1:99999", "--run-dir", str(tmp_path / "h")], "port in 0..65535"),
         (client_app, ["run", "--client-id", "0", "--token-file", str(empty)], "is empty"),
         (server_app, ["run", "--token-file", str(empty), "--run-dir", str(tmp_path / "f")], "is empty"),
-        (server_app, ["run", "--clients", "2", "--per-round", "1", "--address", "127.0.0.1:0", "--run-dir",
-                      str(tmp_path / "i"), "--registration-timeout", "0.5"], "only 0 of 2 clients connected"),
         (client_app, ["run", "--client-id", "0", "--tls-ca", str(tmp_path / "no-ca.pem")], "cannot read TLS CA"),
     ]
     for app, args, message in cases:
         result = runner.invoke(app, args)
-        assert result.exit_code == 2, (args, result.output)
+        assert result.exit_code == 2, (args, result.output)  # usage errors
         assert message in " ".join(result.output.split()), (args, result.output)  # rich wraps long lines
         assert "Traceback" not in result.output
+
+
+def test_runtime_failures_exit_1(tmp_path):
+    """Valid requests that cannot be carried out: too few clients, no server, a server that refuses."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        (tmp_path / "token").write_text("secret")
+        cases = [
+            (server_app, ["run", "--clients", "2", "--per-round", "1", "--address", "127.0.0.1:0", "--run-dir",
+                          str(tmp_path / "i"), "--registration-timeout", "0.5"],
+             "only 0 of the 2 clients a round needs were connected"),
+            (server_app, ["run", "--address", f"127.0.0.1:{taken}", "--run-dir", str(tmp_path / "m")],
+             "cannot listen"),
+            (client_app, ["run", "--client-id", "0", "--server", f"127.0.0.1:{_free_port()}", "--reconnect", "0.3"],
+             "no server at"),
+        ]
+        for app, args, message in cases:
+            result = runner.invoke(app, args)
+            assert result.exit_code == 1, (args, result.output)
+            assert message in " ".join(result.output.split()), (args, result.output)
+            assert "Traceback" not in result.output
+
+
+def _free_port() -> int:
+    from tests.conftest import free_port
+
+    return free_port()
+
+
+def test_certs_writes_a_ca_server_and_client_pairs_and_extends_them(tmp_path):
+    result = runner.invoke(server_app, ["certs", str(tmp_path / "c"), "--clients", "2", "--host", "fl.local",
+                                        "--ip", "10.0.0.5", "--days", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    written = json.loads(result.stdout)
+    assert set(written["clients"]) == {"0", "1"}
+    again = runner.invoke(server_app, ["certs", str(tmp_path / "c"), "--client", "7", "--json"])
+    assert again.exit_code == 0 and set(json.loads(again.stdout)["clients"]) == {"7"}
+    assert {p.name for p in (tmp_path / "c").iterdir()} == {
+        "ca.pem", "ca.key", "server.pem", "server.key", "client-0.pem", "client-0.key", "client-1.pem",
+        "client-1.key", "client-7.pem", "client-7.key"}
+    from cryptography import x509
+
+    server = x509.load_pem_x509_certificate((tmp_path / "c" / "server.pem").read_bytes())
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["fl.local"]
+    assert [str(a) for a in names.get_values_for_type(x509.IPAddress)] == ["10.0.0.5"]
 
 
 def test_report_of_a_run_without_rounds_or_attackers_is_strict_json(tmp_path):
@@ -89,8 +161,8 @@ def test_report_of_a_run_without_rounds_or_attackers_is_strict_json(tmp_path):
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # e.g. matplotlib's "no artists with labels" on empty plots
-        result = runner.invoke(server_app, ["report", str(tmp_path / "run"), "--plots", str(tmp_path / "plots"),
-                                            "--json"])
+        result = runner.invoke(server_app, ["report", "--run-dir", str(tmp_path / "run"), "--out",
+                                            str(tmp_path / "plots"), "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout, parse_constant=no_nan)
     assert report["rounds"] == 0 and report["final_accuracy"] is None

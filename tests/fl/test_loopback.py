@@ -1,10 +1,13 @@
-"""Real fl-server and fl-client processes on loopback: 10 clients with TLS and a token, a client
-killed mid-round that rejoins, and a server restart that resumes from its checkpoint."""
+"""Real fl-server and fl-client processes on loopback: 10 clients with mutual TLS (`fl-server certs`) and a
+token, a client killed mid-round that rejoins, a server restart that resumes from its checkpoint, and a
+server killed with SIGKILL while every selected client trains: the job completes with the same client
+processes."""
 from __future__ import annotations
 
+import json
 import subprocess
+import time
 
-from mlsyskit.core.rpc_tls import issue_certs
 from mlsyskit.core.storage import MetaStore
 from mlsyskit.tools.fl.incentive.ledger import Ledger
 from tests.conftest import free_port, wait_for_port
@@ -18,9 +21,17 @@ def start_server(pm, port, run_dir, *extra):
     return proc
 
 
-def start_client(pm, port, cid, *extra):
+def start_client(pm, port, cid, *extra, **popen):
     return pm.start(["fl-client", "run", "--server", f"127.0.0.1:{port}", "--client-id", str(cid),
-                     "--dataset", "digits", "--reconnect", "60", *extra])
+                     "--dataset", "digits", "--reconnect", "60", *extra], **popen)
+
+
+def proc_env() -> dict:
+    import os
+
+    from tests.conftest import VENV_BIN
+
+    return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 def finish(pm, proc, timeout=120) -> tuple[int, str]:
@@ -29,7 +40,7 @@ def finish(pm, proc, timeout=120) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         pm.stop(proc)
         raise
-    return proc.returncode, stderr.decode()
+    return proc.returncode, " ".join((stderr or b"").decode().split())  # rich wraps long lines at the terminal width
 
 
 def books(run_dir):
@@ -39,21 +50,32 @@ def books(run_dir):
         return ledger.total(), ledger.totals_by("endowment"), ledger.totals_by("pay"), rounds
 
 
-def test_ten_client_processes_five_tiff_rounds_with_tls_and_token(proc_manager, tmp_path):
-    tls = issue_certs(tmp_path / "tls")
+def test_ten_client_processes_five_tiff_rounds_with_mutual_tls_and_token(proc_manager, tmp_path):
+    certs = tmp_path / "certs"
+    subprocess.run(["fl-server", "certs", str(certs), "--clients", "10"], check=True, capture_output=True,
+                   env=proc_env())
     (tmp_path / "token").write_text("fl-secret\n")
     port = free_port()
     server = start_server(proc_manager, port, tmp_path / "run", "--clients", "10", "--per-round", "5",
-                          "--rounds", "5", "--tls-cert", str(tls.server_cert), "--tls-key", str(tls.server_key),
+                          "--rounds", "5", "--min-clients", "10", "--certs", str(certs),
                           "--token-file", str(tmp_path / "token"), "--json")
-    auth = ["--tls-ca", str(tls.ca), "--token-file", str(tmp_path / "token")]
-    clients = [start_client(proc_manager, port, cid, *auth, *(["--malicious", "label-flip"] if cid < 2 else []))
+    auth = ["--certs", str(certs), "--token-file", str(tmp_path / "token")]
+    clients = [start_client(proc_manager, port, cid, *auth, *(["--attack", "label-flip"] if cid < 2 else []))
                for cid in range(10)]
-    # a client without the token is refused with a clear message and does not disturb the job
+    # while the job runs: a client without the token, one with the token but another client's certificate,
+    # and one in plaintext are each refused with a clear message; none disturbs the job
     (tmp_path / "bad").write_text("guess")
-    intruder = start_client(proc_manager, port, 3, "--tls-ca", str(tls.ca), "--token-file", str(tmp_path / "bad"))
+    intruder = start_client(proc_manager, port, 3, "--certs", str(certs), "--token-file", str(tmp_path / "bad"))
+    impostor = start_client(proc_manager, port, 4, "--tls-ca", str(certs / "ca.pem"), "--tls-cert",
+                            str(certs / "client-5.pem"), "--tls-key", str(certs / "client-5.key"),
+                            "--token-file", str(tmp_path / "token"))
+    plain = start_client(proc_manager, port, 6, "--token-file", str(tmp_path / "token"))
     code, stderr = finish(proc_manager, intruder)
-    assert code == 2 and "bad or missing token" in stderr
+    assert code == 1 and "bad or missing token" in stderr
+    code, stderr = finish(proc_manager, impostor)
+    assert code == 1 and "certificate is for client 5; it cannot act as client 4" in stderr
+    code, stderr = finish(proc_manager, plain)
+    assert code == 1 and "expects TLS and this client sent plaintext" in stderr
     code, stderr = finish(proc_manager, server)
     assert code == 0, stderr
     for client in clients:
@@ -69,12 +91,15 @@ def test_ten_client_processes_five_tiff_rounds_with_tls_and_token(proc_manager, 
 def test_client_killed_mid_round_is_failed_unpaid_and_rejoins(proc_manager, tmp_path):
     port = free_port()
     run_dir = tmp_path / "run"
-    server = start_server(proc_manager, port, run_dir, "--clients", "3", "--per-round", "3", "--rounds", "3")
+    # --fill-timeout 60: a round waits (up to 60 s) for per_round=3 connected clients, so round 2 waits for
+    # the rejoin; --min-clients 2 alone would let it go on with the two that stayed
+    server = start_server(proc_manager, port, run_dir, "--clients", "3", "--per-round", "3", "--rounds", "3",
+                          "--fill-timeout", "60")
     clients = [start_client(proc_manager, port, cid) for cid in (0, 1)]
     crasher = start_client(proc_manager, port, 2, "--crash-in-round", "1")
     code, _ = finish(proc_manager, crasher)
     assert code == 3
-    clients.append(start_client(proc_manager, port, 2))  # rejoins; round 2 waits for it
+    clients.append(start_client(proc_manager, port, 2))  # rejoins with the same id
     code, stderr = finish(proc_manager, server)
     assert code == 0, stderr
     assert all(finish(proc_manager, c)[0] == 0 for c in clients)
@@ -105,3 +130,45 @@ def test_server_restart_resumes_from_checkpoint(proc_manager, tmp_path):
     total, endowments, _, rounds = books(run_dir)
     assert [r["round"] for r in rounds] == [1, 2, 3, 4]
     assert abs(total) < 1e-9 and all(v == 1000.0 for v in endowments.values()) and len(endowments) == 3
+
+
+def test_server_killed_while_every_selected_client_trains_job_completes_with_the_same_clients(proc_manager, tmp_path):
+    """kill -9 of fl-server once every client has said it is training round 2 (20 epochs: a second or more), then
+    the same command again. The three client processes are never restarted: each finishes training, finds the
+    server gone (any transport error), backs off, reconnects, gets the very same round-2 task from the restarted
+    server and re-sends its update; rounds 1-3 are each recorded and paid once."""
+    port = free_port()
+    run_dir = tmp_path / "run"
+    (tmp_path / "job.toml").write_text("[train]\nepochs = 20\n")
+    # generous deadlines: on a loaded 2-core machine 20 epochs can take tens of seconds per client
+    common = ["--clients", "3", "--per-round", "3", "--rounds", "3", "--min-clients", "3",
+              "--config", str(tmp_path / "job.toml"), "--round-timeout", "600", "--registration-timeout", "600"]
+    server = start_server(proc_manager, port, run_dir, *common)
+    logs = [tmp_path / f"client-{cid}.log" for cid in range(3)]
+    clients = [start_client(proc_manager, port, cid, "-v", stderr=logs[cid].open("w")) for cid in range(3)]
+
+    def training(path) -> bool:  # the client prints this line just before it starts local training
+        return "round 2: selected; training" in " ".join(path.read_text().split())
+
+    deadline = time.monotonic() + 240
+    while not all(training(path) for path in logs):
+        assert time.monotonic() < deadline and server.poll() is None, "round 2 never reached every client"
+        time.sleep(0.01)  # polling files for a condition, with a deadline
+    proc_manager.kill(server)
+    assert all(c.poll() is None for c in clients)
+    server = start_server(proc_manager, port, run_dir, *common)
+    code, stderr = finish(proc_manager, server, timeout=180)
+    assert code == 0, stderr
+    assert "resuming after round 1" in stderr
+    for client, path in zip(clients, logs, strict=True):
+        code, _ = finish(proc_manager, client)
+        out = " ".join(path.read_text().split())
+        assert code == 0, out
+        assert "lost the server" in out and "the same task again (server restarted); re-sending the update" in out
+        assert out.index("round 2: selected; training") < out.index("lost the server")
+    total, endowments, pay, rounds = books(run_dir)
+    assert [r["round"] for r in rounds] == [1, 2, 3] and abs(total) < 1e-9 and len(endowments) == 3
+    assert all(r["reports"][str(c)]["status"] == "valid" for r in rounds for c in range(3))
+    starts = [json.loads(line)["round"] for line in (run_dir / "events.jsonl").read_text().splitlines()
+              if '"round_start"' in line]
+    assert starts == [1, 2, 2, 3]  # round 2 was opened twice, recorded once

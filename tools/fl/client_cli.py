@@ -2,69 +2,84 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 
 import typer
 
-from mlsyskit.core.cli import fail, make_app, run_app
-from mlsyskit.core.console import emit_json, log
-from mlsyskit.core.rpc import ClientTls, RpcError
-from mlsyskit.tools.fl.config import ATTACKS, DATASETS, check_address
+from mlsyskit.core.cli import (
+    config_option,
+    json_option,
+    load_command_config,
+    make_app,
+    quiet_option,
+    run_app,
+    verbose_option,
+)
+from mlsyskit.core.console import emit_json, log, set_verbosity
+from mlsyskit.core.errors import RuntimeFailure
+from mlsyskit.tools.fl.config import ATTACKS, ClientConfig
 
 app = make_app(
     "fl-client",
     "Federated learning client: registers with an fl-server, trains on its own data partition when "
-    "selected and reports its update with measured quality and resource use.",
+    "selected and reports its update with measured quality and resource use. It reconnects on its own "
+    "after any lost connection (a server restart included).",
 )
 
 
+def _path(value: str | None) -> Path | None:
+    return None if value is None else Path(value)
+
+
 @app.command()
-def run(server: str = typer.Option("127.0.0.1:7070", "--server", help="fl-server HOST:PORT."),
-        client_id: int = typer.Option(..., "--client-id", help="This client's partition index (0..N-1)."),
+def run(server: str | None = typer.Option(None, "--server", help="fl-server HOST:PORT (default 127.0.0.1:7070)."),
+        client_id: int | None = typer.Option(None, "--client-id", help="This client's partition index (0..N-1)."),
         dataset: str | None = typer.Option(None, "--dataset", help="Expected dataset (checked against the server's)."),
-        malicious: str = typer.Option("none", "--malicious", help="label-flip | noisy-labels | random-update"),
+        attack: str | None = typer.Option(None, "--attack", help=f"Behave as an attacker: {' | '.join(ATTACKS)} "
+                                          "(default none; for experiments)."),
+        certs: Path | None = typer.Option(None, "--certs", file_okay=False,
+                                          help="Folder from `fl-server certs`: uses ca.pem and client-ID.pem/.key "
+                                               "(mutual TLS: the server knows this client by its certificate)."),
         tls_ca: Path | None = typer.Option(None, "--tls-ca", help="CA (PEM) that signed the server certificate."),
+        tls_cert: Path | None = typer.Option(None, "--tls-cert", help="This client's certificate (PEM), mutual TLS."),
+        tls_key: Path | None = typer.Option(None, "--tls-key", help="This client's private key (PEM), mutual TLS."),
         tls_server_name: str | None = typer.Option(None, "--tls-server-name",
                                                    help="Name to check in the server certificate."),
         token_file: Path | None = typer.Option(None, "--token-file", help="Shared secret the server expects."),
-        reconnect: float = typer.Option(30.0, "--reconnect", help="Seconds to keep trying to reach the server."),
+        reconnect: float | None = typer.Option(None, "--reconnect",
+                                               help="Give up after this many seconds without a server (default 60)."),
         crash_in_round: int | None = typer.Option(None, "--crash-in-round", hidden=True,
                                                   help="Fault injection: die mid-round N (tests)."),
-        json_out: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout.")) -> None:
-    """Join a server and take part until the job is done."""
+        config: Path | None = config_option(), json_out: bool = json_option(),
+        verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+    """Join a server and take part until the job is done (-v: selection, receipt and balance per round)."""
     from mlsyskit.tools.fl.threads import pause_gc_for_startup
 
+    set_verbosity(verbose, quiet)
     pause_gc_for_startup()  # until the client is ready (FlClient(freeze_heap=True))
+    from mlsyskit.tools.fl.cli_common import client_tls, read_token, route_logging
     from mlsyskit.tools.fl.client import ClientStopped, FlClient
 
-    if (problem := check_address(server, "--server")) is not None:
-        raise fail(problem)
-    if malicious not in ATTACKS:
-        raise fail(f"--malicious must be one of {', '.join(ATTACKS)}")
-    if dataset is not None and dataset not in DATASETS:
-        raise fail(f"--dataset must be one of {', '.join(DATASETS)}")
-    token = None
-    if token_file is not None:
-        try:
-            token = token_file.read_text().strip()
-        except OSError as e:
-            raise fail(f"cannot read token file {token_file}: {e.strerror}") from None
-        if not token:  # an empty secret would silently send no token at all
-            raise fail(f"token file {token_file} is empty")
-    try:
-        tls = ClientTls.from_files(tls_ca, server_name=tls_server_name) if tls_ca else None
-    except RpcError as e:
-        raise fail(e.message) from None
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    client = FlClient(server, client_id, dataset=dataset, attack=malicious, token=token, tls=tls,
-                      reconnect_s=reconnect, exit_after_round=crash_in_round, freeze_heap=True)
+    settings = load_command_config(ClientConfig, config, {
+        "server": server, "client_id": client_id, "dataset": dataset, "attack": attack,
+        "certs": None if certs is None else str(certs), "tls_ca": None if tls_ca is None else str(tls_ca),
+        "tls_cert": None if tls_cert is None else str(tls_cert), "tls_key": None if tls_key is None else str(tls_key),
+        "tls_server_name": tls_server_name, "token_file": None if token_file is None else str(token_file),
+        "reconnect_s": reconnect})
+    token = read_token(_path(settings.token_file))
+    tls = client_tls(_path(settings.certs), settings.client_id, _path(settings.tls_ca), _path(settings.tls_cert),
+                     _path(settings.tls_key), settings.tls_server_name)
+    route_logging(info_by_default=False)
+    client = FlClient(settings.server, settings.client_id, dataset=settings.dataset, attack=settings.attack,
+                      token=token, tls=tls, reconnect_s=settings.reconnect_s, exit_after_round=crash_in_round,
+                      freeze_heap=True)
     try:
         summary = asyncio.run(client.run())
     except ClientStopped as e:
-        raise fail(f"client {client_id}: {e}") from None
-    log(f"client {client_id}: done after training in {summary.rounds_trained} rounds "
-        f"({summary.rejected} rejected)")
+        raise RuntimeFailure(f"client {settings.client_id}: {e}") from None
+    balance = "" if summary.balance is None else f"; balance {summary.balance:.6g}"
+    log(f"client {settings.client_id}: done; trained in {summary.rounds_trained} rounds, {summary.accepted} "
+        f"updates accepted, {summary.rejected} rejected, {summary.tokens_earned:.4g} tokens earned{balance}")
     if json_out:
         emit_json(summary.__dict__)
 

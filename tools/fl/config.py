@@ -133,3 +133,27 @@ def check_address(address: str, option: str) -> str | None:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         return f"{option} must be HOST:PORT with a port in 0..65535, got {address!r}"
     return None
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """`fl-client run` settings (its --config FILE.toml takes these keys; flags override them)."""
+
+    server: str = "127.0.0.1:7070"
+    client_id: int | None = None
+    dataset: str | None = None  # expected dataset, checked against the server's
+    attack: str = "none"
+    certs: str | None = None  # folder from `fl-server certs`: ca.pem, client-<ID>.pem/.key
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_server_name: str | None = None
+    token_file: str | None = None
+    reconnect_s: float = 60.0  # give up after this long without any message from a server
+
+    def __post_init__(self) -> None:
+        require(self.client_id is not None, "--client-id is required (or client_id in --config)")
+        require(self.client_id is None or self.client_id >= 0, f"--client-id must be >= 0, got {self.client_id}")
+        require(self.attack in ATTACKS, f"--attack must be one of {', '.join(ATTACKS)}, got {self.attack!r}")
+        require(self.reconnect_s > 0, "--reconnect must be positive")
+        require(check_address(self.server, "--server") is None, check_address(self.server, "--server") or "")

@@ -1,24 +1,34 @@
-"""fl-server command line: run (gRPC), simulate (virtual clock), report (a finished run)."""
+"""fl-server command line: run (gRPC), simulate (virtual clock), report (a finished run), certs (TLS files)."""
 from __future__ import annotations
 
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from mlsyskit.core.cli import fail, make_app, run_app
-from mlsyskit.core.config import ConfigError, load_config
-from mlsyskit.core.console import emit_json, emit_table, err, log, make_table
-from mlsyskit.core.rpc import RpcError, ServerTls
+from mlsyskit.core.cli import (
+    ensure_out_dir,
+    json_option,
+    load_command_config,
+    make_app,
+    out_option,
+    quiet_option,
+    run_app,
+    verbose_option,
+)
+from mlsyskit.core.console import debug, emit_json, emit_table, log, make_table, reporter, set_verbosity
+from mlsyskit.core.errors import RuntimeFailure, UsageError
+from mlsyskit.core.rpc import RpcError
 from mlsyskit.core.sim import Seeds
 from mlsyskit.core.storage import MetaStore, StorageError
-from mlsyskit.core.telemetry import Telemetry
-from mlsyskit.tools.fl.config import ATTACKS, JobConfig, check_address
-from mlsyskit.tools.fl.coordinator import JobMismatch
+from mlsyskit.tools.fl.config import ATTACKS, DATASETS, PARTITIONS, JobConfig, check_address
 from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.report import DB_NAME, load_run, plot, summarize
-from mlsyskit.tools.fl.threads import freeze_startup_heap, pause_gc_for_startup, single_threaded
+from mlsyskit.tools.fl.strategy import STRATEGIES
+
+log_ = logging.getLogger("mlsyskit.fl.server")
 
 app = make_app(
     "fl-server",
@@ -26,18 +36,20 @@ app = make_app(
     "updates and runs a token economy that pays providers of good data and starves bad data.",
 )
 
-CONFIG = typer.Option(None, "--config", help="TOML job config (flags override it).")
-STRATEGY = typer.Option(None, "--strategy", help="fedavg | tiff")
-DATASET = typer.Option(None, "--dataset", help="digits | mnist1d | synthetic")
+STRATEGY = typer.Option(None, "--strategy", help=f"{' | '.join(STRATEGIES.names())} (default tiff).")
+DATASET = typer.Option(None, "--dataset", help=f"{' | '.join(DATASETS)} (default digits).")
 CLIENTS = typer.Option(None, "--clients", help="Number of clients (data partitions).")
 PER_ROUND = typer.Option(None, "--per-round", help="Clients selected per round.")
 ROUNDS = typer.Option(None, "--rounds", help="Rounds to run.")
-PARTITION = typer.Option(None, "--partition", help="iid | dirichlet | shards (digits, mnist1d; synthetic clients "
-                         "each draw their own LEAF distribution, so it ignores this).")
+PARTITION = typer.Option(None, "--partition", help=f"{' | '.join(PARTITIONS)} (digits, mnist1d; synthetic "
+                         "clients each draw their own LEAF distribution, so it ignores this).")
 ALPHA = typer.Option(None, "--alpha", help="Dirichlet concentration (smaller = more label skew); LEAF's "
                      "synthetic(alpha, beta) are data.synthetic_alpha/_beta in --config.")
-SEED = typer.Option(None, "--seed", help="Master seed (data, model, selection).")
-JSON = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
+SEED = typer.Option(None, "--seed", help="Master seed (data, model, selection; default 0).")
+FRESH = typer.Option(False, "--fresh", help="Discard an existing run in --run-dir instead of resuming it.")
+JOB_CONFIG = typer.Option(None, "--config", dir_okay=False,
+                          help="TOML job file: any JobConfig field, e.g. rounds = 20 and [economy] "
+                               "quality_exponent = 1.5; flags given here override it.")
 
 
 def _job(config: Path | None, strategy, dataset, clients, per_round, rounds, partition, alpha, seed,
@@ -45,13 +57,10 @@ def _job(config: Path | None, strategy, dataset, clients, per_round, rounds, par
     overrides = {"strategy": strategy, "rounds": rounds, "per_round": per_round, "seed": seed,
                  "data.dataset": dataset, "data.num_clients": clients, "data.partition": partition,
                  "data.alpha": alpha, "data.seed": seed, **extra}
-    try:
-        return load_config(JobConfig, config, overrides)
-    except ConfigError as e:
-        raise fail(str(e)) from None
-
-
-FRESH = typer.Option(False, "--fresh", help="Discard an existing run in --run-dir instead of resuming it.")
+    job = load_command_config(JobConfig, config, overrides)
+    if job.strategy not in STRATEGIES.names():
+        raise UsageError(f"--strategy must be one of {', '.join(STRATEGIES.names())}, got {job.strategy!r}")
+    return job
 
 
 def _open_store(run_dir: Path, fresh: bool = False) -> MetaStore:
@@ -63,118 +72,142 @@ def _open_store(run_dir: Path, fresh: bool = False) -> MetaStore:
             (run_dir / "events.jsonl").unlink(missing_ok=True)
         return MetaStore(run_dir / DB_NAME)
     except (OSError, StorageError) as e:
-        raise fail(f"cannot use run directory {run_dir}: {e}") from None
+        raise UsageError(f"cannot use run directory {run_dir}: {e}") from None
 
 
-def _round_line(outcome: RoundOutcome) -> None:
-    counts = {s: len(outcome.with_status(s)) for s in ("valid", "rejected", "failed")}
-    aggregated = sum(r.aggregated for r in outcome.reports.values())
-    log(f"round {outcome.round}: acc {outcome.global_metrics['accuracy']:.3f} sel {len(outcome.selected)} "
-        f"ok {counts['valid']} agg {aggregated} rej {counts['rejected']} fail {counts['failed']} "
-        f"{outcome.duration_s:.2f}s")
+def _round_progress(rep, total: int):
+    rep.start("round", total=total)
+
+    def on_round(outcome: RoundOutcome) -> None:
+        counts = {s: len(outcome.with_status(s)) for s in ("valid", "rejected", "failed")}
+        note = (f"acc {outcome.global_metrics['accuracy']:.3f}  ok {counts['valid']} rej {counts['rejected']} "
+                f"fail {counts['failed']}")
+        rep.update(completed=outcome.round, note=note)
+        debug(f"round {outcome.round}/{total}: {note}, selected {outcome.selected}, {outcome.duration_s:.2f}s")
+
+    return on_round
 
 
-def _read_token(path: Path | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        token = path.read_text().strip()
-    except OSError as e:
-        raise fail(f"cannot read token file {path}: {e.strerror}") from None
-    if not token:
-        raise fail(f"token file {path} is empty")
-    return token
+def _run_dir_option(default: str) -> Any:
+    return typer.Option(Path(default), "--run-dir", file_okay=False,
+                        help="Checkpoints, ledger and events.jsonl; an existing run resumes.")
 
 
 @app.command()
-def run(config: Path | None = CONFIG, strategy: str | None = STRATEGY, dataset: str | None = DATASET,
+def run(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, dataset: str | None = DATASET,
         clients: int | None = CLIENTS, per_round: int | None = PER_ROUND, rounds: int | None = ROUNDS,
         partition: str | None = PARTITION, alpha: float | None = ALPHA, seed: int | None = SEED,
         address: str = typer.Option("127.0.0.1:7070", "--address", help="HOST:PORT to listen on."),
-        run_dir: Path = typer.Option(Path("runs/fl-server"), "--run-dir",
-                                     help="Checkpoints, ledger and events; an existing run resumes."),
+        run_dir: Path = _run_dir_option("runs/fl-server"),
         round_timeout: float | None = typer.Option(None, "--round-timeout", help="Per-round deadline, seconds."),
         registration_timeout: float = typer.Option(300.0, "--registration-timeout",
-                                                   help="Give up if too few clients join within this."),
+                                                   help="Give up when fewer than --min-clients are connected "
+                                                        "for this long."),
+        min_clients: int | None = typer.Option(None, "--min-clients",
+                                               help="Connected clients a round needs; the job goes on while at least "
+                                                    "this many are connected (default 2)."),
+        fill_timeout: float | None = typer.Option(None, "--fill-timeout",
+                                                  help="Seconds a round then waits for --per-round connected clients "
+                                                       "before selecting among fewer (default 5)."),
+        certs: Path | None = typer.Option(None, "--certs", file_okay=False,
+                                          help="Folder from `fl-server certs`: TLS with server.pem/.key, and each "
+                                               "client known by its certificate signed by ca.pem (mutual TLS)."),
         tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Server certificate (PEM) for TLS."),
         tls_key: Path | None = typer.Option(None, "--tls-key", help="Server private key (PEM) for TLS."),
+        tls_client_ca: Path | None = typer.Option(None, "--tls-client-ca",
+                                                  help="CA (PEM) of client certificates: mutual TLS, each client "
+                                                       "may act only as the id in its certificate's CN."),
         token_file: Path | None = typer.Option(None, "--token-file", help="Shared secret clients must send."),
-        min_clients: int | None = typer.Option(None, "--min-clients",
-                                               help="Connected clients each round waits for (default: all)."),
         crash_after_round: int | None = typer.Option(None, "--crash-after-round", hidden=True,
                                                      help="Fault injection: die after committing round N."),
-        fresh: bool = FRESH, json_out: bool = JSON) -> None:
+        fresh: bool = FRESH, json_out: bool = json_option(),
+        verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Serve a federated job over gRPC until all rounds are done (resumes from --run-dir)."""
+    from mlsyskit.tools.fl.threads import freeze_startup_heap, pause_gc_for_startup, single_threaded
+
+    set_verbosity(verbose, quiet)
     pause_gc_for_startup()
+    from mlsyskit.core.telemetry import Telemetry
+    from mlsyskit.tools.fl.cli_common import read_token, route_logging, server_tls
+    from mlsyskit.tools.fl.coordinator import JobMismatch
     from mlsyskit.tools.fl.server import FlServer
 
     job = _job(config, strategy, dataset, clients, per_round, rounds, partition, alpha, seed,
-               round_timeout_s=round_timeout, min_clients=min_clients)
+               round_timeout_s=round_timeout, min_clients=min_clients, fill_timeout_s=fill_timeout)
     if (problem := check_address(address, "--address")) is not None:
-        raise fail(problem)
-    if (tls_cert is None) != (tls_key is None):
-        raise fail("--tls-cert and --tls-key go together")
-    try:
-        tls = ServerTls.from_files(tls_cert, tls_key) if tls_cert else None
-    except RpcError as e:
-        raise fail(e.message) from None
-    token = _read_token(token_file)
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+        raise UsageError(problem)
+    tls = server_tls(certs, tls_cert, tls_key, tls_client_ca)
+    token = read_token(token_file)
+    route_logging(info_by_default=True)
     single_threaded()
     store = _open_store(run_dir, fresh)
 
-    async def main() -> FlServer:
+    async def main() -> None:
         telemetry = Telemetry(log_path=run_dir / "events.jsonl")
-        server = FlServer(job, store, address=address, token=token, tls=tls, telemetry=telemetry,
-                          on_round=_round_line, crash_after_round=crash_after_round)
-        port = await server.start()
-        freeze_startup_heap()
-        if server.coordinator.round:
-            log(f"resuming after round {server.coordinator.round} from {run_dir}")
-        log(f"fl-server listening on {address.rsplit(':', 1)[0]}:{port} ({'TLS' if tls else 'plaintext'}"
-            f"{', token' if token else ''}); waiting for {job.wait_for} clients")
-        try:
-            await server.serve(registration_timeout)
-        finally:
-            await server.stop()
-            telemetry.close()
-        return server
+        with reporter() as rep:
+            server = FlServer(job, store, address=address, token=token, tls=tls, telemetry=telemetry,
+                              on_round=_round_progress(rep, job.rounds), crash_after_round=crash_after_round)
+            port = await server.start()
+            freeze_startup_heap()
+            if server.coordinator.round:
+                log(f"resuming after round {server.coordinator.round} from {run_dir}")
+            security = ("mutual TLS (clients known by certificate)" if server.require_identity
+                        else "TLS" if tls else "plaintext")
+            log(f"fl-server listening on {address.rsplit(':', 1)[0]}:{port} ({security}"
+                f"{', token' if token else ''}); a round needs {job.wait_for} connected clients")
+            if tls is not None and not server.require_identity:
+                log_.warning("clients are not authenticated one by one: anyone with the token can act as any "
+                             "client id (use --certs DIR from `fl-server certs` for per-client identity)")
+            try:
+                await server.serve(registration_timeout)
+            finally:
+                await server.stop()
+                telemetry.close()
 
     try:
         asyncio.run(main())
     except (JobMismatch, ValueError) as e:
-        raise fail(str(e)) from None
-    except RpcError as e:
-        raise fail(e.message) from None
+        raise UsageError(str(e)) from None
+    except RpcError as e:  # cannot listen (address in use, ...)
+        raise RuntimeFailure(e.message) from None
     finally:
         store.close()
     _print_summary(summarize(load_run(run_dir)), json_out)
 
 
 @app.command()
-def simulate(config: Path | None = CONFIG, strategy: str | None = STRATEGY, dataset: str | None = DATASET,
+def simulate(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, dataset: str | None = DATASET,
              clients: int | None = CLIENTS, per_round: int | None = PER_ROUND, rounds: int | None = ROUNDS,
              partition: str | None = PARTITION, alpha: float | None = ALPHA, seed: int | None = SEED,
-             malicious: float = typer.Option(0.0, "--malicious", help="Fraction of clients that attack."),
-             attack: str = typer.Option("label-flip", "--attack", help="label-flip | noisy-labels | random-update"),
+             malicious_fraction: float = typer.Option(0.0, "--malicious-fraction",
+                                                      help="Fraction of clients that attack (0 to <1)."),
+             attack: str = typer.Option("label-flip", "--attack",
+                                        help=f"What the attackers do: {' | '.join(a for a in ATTACKS if a != 'none')}."),
              dropout: float = typer.Option(0.0, "--dropout", help="Chance a selected client vanishes mid-round."),
-             run_dir: Path = typer.Option(Path("runs/fl-sim"), "--run-dir", help="Where the run's store goes."),
-             fresh: bool = FRESH, json_out: bool = JSON) -> None:
+             run_dir: Path = _run_dir_option("runs/fl-sim"),
+             fresh: bool = FRESH, json_out: bool = json_option(),
+             verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """The same server logic with in-process clients on a virtual clock (deterministic for a seed)."""
+    set_verbosity(verbose, quiet)
+    from mlsyskit.tools.fl.coordinator import JobMismatch
     from mlsyskit.tools.fl.simulator import Simulation
+    from mlsyskit.tools.fl.threads import single_threaded
 
     job = _job(config, strategy, dataset, clients, per_round, rounds, partition, alpha, seed)
     if attack not in ATTACKS or attack == "none":
-        raise fail(f"--attack must be one of {', '.join(a for a in ATTACKS if a != 'none')}")
-    if not 0 <= malicious < 1 or not 0 <= dropout < 1:
-        raise fail("--malicious and --dropout must be in [0, 1)")
-    attacks = malicious_clients(job.data.num_clients, malicious, attack, job.seed)
+        raise UsageError(f"--attack must be one of {', '.join(a for a in ATTACKS if a != 'none')}, got {attack!r}")
+    if not 0 <= malicious_fraction < 1 or not 0 <= dropout < 1:
+        raise UsageError("--malicious-fraction and --dropout must be in [0, 1)")
+    attacks = malicious_clients(job.data.num_clients, malicious_fraction, attack, job.seed)
     single_threaded()
     store = _open_store(run_dir, fresh)
     try:
-        Simulation(job, store, attacks, dropout).run(on_round=_round_line)
+        with reporter() as rep:
+            rep.phase(f"preparing {job.data.num_clients} clients")
+            simulation = Simulation(job, store, attacks, dropout)
+            simulation.run(on_round=_round_progress(rep, job.rounds))
     except (JobMismatch, ValueError) as e:
-        raise fail(str(e)) from None
+        raise UsageError(str(e)) from None
     finally:
         store.close()
     _print_summary(summarize(load_run(run_dir)), json_out)
@@ -188,20 +221,64 @@ def malicious_clients(num_clients: int, fraction: float, attack: str, seed: int)
 
 
 @app.command()
-def report(run_dir: Path = typer.Argument(..., help="A run directory from `run` or `simulate`."),
-           baseline: Path | None = typer.Option(None, "--baseline", help="A default-strategy run to compare to."),
-           plots: Path | None = typer.Option(None, "--plots", help="Write accuracy.png and tokens.png here."),
-           json_out: bool = JSON) -> None:
+def report(run_dir: Path = typer.Option(..., "--run-dir", file_okay=False,
+                                        help="A run directory from `run` or `simulate`."),
+           baseline: Path | None = typer.Option(None, "--baseline", file_okay=False,
+                                                help="Run directory of a default-strategy run to compare to."),
+           out: Path | None = out_option("accuracy.png (accuracy per round) and tokens.png (cumulative provider "
+                                         "tokens, honest vs malicious)"),
+           json_out: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Tokens per honest and malicious provider (vs a baseline), accuracy, TRR/UIR per consumer."""
+    set_verbosity(verbose, quiet)
     try:
         run_data = load_run(run_dir)
         base = load_run(baseline) if baseline else None
-    except (FileNotFoundError, StorageError) as e:
-        raise fail(str(e)) from None
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
+    except StorageError as e:
+        raise RuntimeFailure(str(e)) from None
     summary = summarize(run_data, base)
-    if plots is not None:
-        summary["plots"] = [str(p) for p in plot(run_data, plots, base)]
+    if out is not None:
+        summary["plots"] = [str(p) for p in plot(run_data, ensure_out_dir(out), base)]
     _print_summary(summary, json_out, consumers=True)
+
+
+@app.command()
+def certs(directory: Path = typer.Argument(..., file_okay=False, help="Folder to write into (created if missing)."),
+          host: list[str] | None = typer.Option(None, "--host", help="DNS name the server certificate is valid "
+                                                "for (repeat for several; default localhost, with --ip 127.0.0.1)."),
+          ip: list[str] | None = typer.Option(None, "--ip", help="IP address the server certificate is valid for "
+                                              "(repeat for several). Without --host and --ip an existing server "
+                                              "pair is kept (so adding clients does not replace it)."),
+          days: int = typer.Option(30, "--days", help="Validity in days."),
+          clients: int | None = typer.Option(None, "--clients", help="Client pairs for ids 0..N-1."),
+          client: list[str] = typer.Option([], "--client", help="A client pair for this id (repeat for several)."),
+          json_out: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+    """Write a CA, a server pair and one pair per client (CN = client id) for mutual TLS.
+
+    Files: ca.pem, ca.key (kept: a later call adds clients signed by the same CA), server.pem, server.key,
+    client-ID.pem, client-ID.key (keys 0600). Then: fl-server run --certs DIR; fl-client run --certs DIR
+    --client-id ID. Give each client only its own pair and ca.pem; keep ca.key away from clients.
+    """
+    from mlsyskit.core.rpc_tls import issue_certs
+
+    set_verbosity(verbose, quiet)
+    if clients is not None and client:
+        raise UsageError("give --clients N or --client ID, not both")
+    if clients is not None and clients < 0:
+        raise UsageError(f"--clients must be >= 0, got {clients}")
+    ids = [str(i) for i in range(clients)] if clients is not None else list(client)
+    files = issue_certs(directory, ids, hosts=host or None, ips=ip or None, days=days)
+    written = {"ca": str(files.ca), "server_cert": str(files.server_cert), "server_key": str(files.server_key),
+               "clients": {cid: [str(p) for p in pair] for cid, pair in files.clients.items()}}
+    if json_out:
+        emit_json(written)
+        return
+    emit_table(make_table(f"TLS files in {directory}", ["file", "for"],
+                          [("ca.pem", "everyone (trust)"), ("ca.key", "only whoever issues certificates"),
+                           ("server.pem + server.key", "fl-server" + (f" ({', '.join((host or []) + (ip or []))}, "
+                                                                       f"{days} days)" if host or ip else ""))] +
+                          [(f"client-{cid}.pem + .key", f"fl-client --client-id {cid}") for cid in files.clients]))
 
 
 def _print_summary(summary: dict, json_out: bool, consumers: bool = False) -> None:
@@ -217,7 +294,7 @@ def _print_summary(summary: dict, json_out: bool, consumers: bool = False) -> No
                 for cid, c in sorted(summary["consumers"].items(), key=lambda kv: int(kv[0]))]
         emit_table(make_table("consumers", ["client", "paid", "refund", "TRR", "UIR"], rows))
     if "plots" in summary:
-        err.print(f"plots: {', '.join(summary['plots'])}")
+        log(f"plots: {', '.join(summary['plots'])}")
 
 
 def main() -> None:
