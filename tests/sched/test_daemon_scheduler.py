@@ -247,3 +247,11 @@ def test_background_leftovers_of_a_finished_job_are_killed(tmp_path):
     _step_until(sched, lambda: sched.store.get(a.id).state == "done", 30, "the job to end")
     job = sched.store.get(a.id)
     assert _group_members(int(job.handle), Path(job.run_dir)) == []
+
+
+def test_a_job_reports_progress_through_marble_progress(tmp_path):
+    sched = _real(tmp_path, grace=10.0)
+    cmd = 'echo "100.0 0 2.0" >> "$MARBLE_PROGRESS"; echo "110.0 640 1.5" >> "$MARBLE_PROGRESS"'
+    a = sched.submit(JobRequest(cmd=cmd, app="ncf", gpus=1))
+    _step_until(sched, lambda: sched.store.get(a.id).state == "done", 30, "the job")
+    assert sched.store.get(a.id).samples == 640.0

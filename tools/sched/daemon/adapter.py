@@ -2,10 +2,11 @@
 
 It builds the same `ClusterState` the simulator builds (state.py: `JobView`s, never ground truth)
 from the jobs the store knows, calls `policy.decide`, and returns the starts to carry out. What the
-daemon knows stands in for the simulator's signals: a running job's measured rate is the model's
-rate on its shape (real jobs do not report samples to the daemon yet), its progress is elapsed time
-x that rate, and the history of finished jobs (`WorkHistory`) holds each finished job's run time x
-its rate, so policies estimate remaining work exactly as they do in the simulator.
+daemon knows stands in for the simulator's signals: a running job's measured rate and progress are
+what the job reported (progress.py: samples over time, and its losses); a job that reports nothing
+gets the model's rate on its shape and elapsed time x that rate. The history of finished jobs
+(`WorkHistory`) holds each finished job's last reported samples (else run time x rate), so policies
+estimate remaining work exactly as they do in the simulator.
 
 Real commands cannot be checkpointed by the daemon, so `Preempt` and `Resize` actions are not carried
 out (the job keeps its GPUs) and starts that only fit after them are skipped; the daemon is meant for
@@ -14,12 +15,14 @@ non-preemptive policies (fifo, backfill, marble). A start below the job's `min_g
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sortedcontainers import SortedList
 
 from mlsyskit.tools.sched.cluster import ClusterSpec, FreeMap, Placement
 from mlsyskit.tools.sched.daemon.jobstore import ACTIVE, DONE, QUEUED, Job
+from mlsyskit.tools.sched.daemon.progress import Progress
 from mlsyskit.tools.sched.daemon.specs import ClusterConfig
 from mlsyskit.tools.sched.policies.base import Policy
 from mlsyskit.tools.sched.state import (
@@ -60,13 +63,18 @@ def _shape_of(job: Job) -> tuple[int, ...]:
     return tuple(sorted((g for g in job.shape if g), reverse=True))
 
 
-def build_state(cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel, now: float) -> ClusterState:
+def build_state(cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel, now: float,
+                reports: Mapping[int, Progress] | None = None) -> ClusterState:
     spec = ClusterSpec(len(cluster.nodes), cluster.gpus_per_node)
     state = ClusterState(spec, FreeMap(spec), now=now, by_end=SortedList(), restart_cost=0.0, history=WorkHistory())
+    reports = reports or {}
     for job in jobs:
         if job.state == DONE and job.started is not None and job.ended is not None and job.shape:
-            rate = model.rate(job.request.app, _shape_of(job), batch_of(job, model))
-            state.history.add(job.request.app, max(0.0, job.ended - job.started) * rate)
+            if job.samples:
+                state.history.add(job.request.app, job.samples)
+            else:
+                rate = model.rate(job.request.app, _shape_of(job), batch_of(job, model))
+                state.history.add(job.request.app, max(0.0, job.ended - job.started) * rate)
     for job in jobs:
         if job.state not in (QUEUED, *ACTIVE):
             continue
@@ -80,6 +88,13 @@ def build_state(cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel,
         view.since = view.first_start = started      # attained and progress count from here
         view.started_before = True
         view.measured_rate = model.rate(job.request.app, view.shape, view.batch_size)
+        report = reports.get(job.id)
+        if report is not None and report.rate is not None and report.t_last >= started:
+            # reported samples at t_last; attained service and progress counted up to then
+            view.measured_rate = report.rate
+            view.progress, view.since = report.s_last, min(report.t_last, now)
+            view.attained = view.held_gpus * (view.since - started)
+            view.loss_reports = list(report.losses)
         left = estimated_remaining(state.history, view, now, view.measured_rate)
         view.est_end = max(now, now + left / view.measured_rate)
         state.free.take(view.placement)
@@ -88,8 +103,9 @@ def build_state(cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel,
     return state
 
 
-def plan(policy: Policy, cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel, now: float) -> Plan:
-    state = build_state(cluster, jobs, model, now)
+def plan(policy: Policy, cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel, now: float,
+         reports: Mapping[int, Progress] | None = None) -> Plan:
+    state = build_state(cluster, jobs, model, now, reports)
     if not state.queue:
         return Plan((), ())
     by_id = {j.id: j for j in jobs}

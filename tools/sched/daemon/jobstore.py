@@ -27,8 +27,9 @@ FINAL = (DONE, FAILED, CANCELLED, LOST)
 _DDL = """CREATE TABLE IF NOT EXISTS marble_jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, request TEXT NOT NULL, state TEXT NOT NULL,
     submitted REAL NOT NULL, started REAL, ended REAL, placement TEXT, shape TEXT, gpus TEXT, handle TEXT,
-    exit_code INTEGER, reason TEXT NOT NULL DEFAULT '', run_dir TEXT)"""
-_COLUMNS = "id, name, request, state, submitted, started, ended, placement, shape, gpus, handle, exit_code, reason, run_dir"
+    exit_code INTEGER, reason TEXT NOT NULL DEFAULT '', run_dir TEXT, samples REAL)"""
+_COLUMNS = ("id, name, request, state, submitted, started, ended, placement, shape, gpus, handle, exit_code, reason, "
+            "run_dir, samples")
 
 
 class UnknownJobError(UsageError):
@@ -51,6 +52,7 @@ class Job:
     exit_code: int | None
     reason: str
     run_dir: str | None
+    samples: float | None = None             # last samples count the job reported (progress.py), once ended
 
     @property
     def held(self) -> int:
@@ -61,14 +63,15 @@ class Job:
                 "cmd": self.request.cmd, "gpus_requested": self.request.gpus, "submitted": self.submitted,
                 "started": self.started, "ended": self.ended, "placement": [list(p) for p in self.placement],
                 "shape": list(self.shape), "gpus": {str(k): list(v) for k, v in self.gpus.items()},
-                "handle": self.handle, "exit_code": self.exit_code, "reason": self.reason, "run_dir": self.run_dir}
+                "handle": self.handle, "exit_code": self.exit_code, "reason": self.reason, "run_dir": self.run_dir,
+                "samples": self.samples}
 
 
 def _row(r: tuple) -> Job:
     req = JobRequest(**json.loads(r[2]))
     gpus = {int(k): tuple(v) for k, v in json.loads(r[9]).items()} if r[9] else {}
     return Job(r[0], r[1], req, r[3], r[4], r[5], r[6], tuple(tuple(p) for p in json.loads(r[7] or "[]")),
-               tuple(json.loads(r[8] or "[]")), gpus, r[10], r[11], r[12], r[13])
+               tuple(json.loads(r[8] or "[]")), gpus, r[10], r[11], r[12], r[13], r[14])
 
 
 class JobStore:
@@ -137,10 +140,12 @@ class JobStore:
     def cancel_queued(self, job_id: int, now: float) -> bool:
         return self._move(job_id, (QUEUED,), {"state": CANCELLED, "ended": now, "reason": "cancelled while queued"})
 
-    def finish(self, job_id: int, state: str, now: float, exit_code: int | None, reason: str) -> bool:
+    def finish(self, job_id: int, state: str, now: float, exit_code: int | None, reason: str,
+               samples: float | None = None) -> bool:
         if state not in FINAL:
             raise ValueError(f"{state} is not a final state")
-        return self._move(job_id, ACTIVE, {"state": state, "ended": now, "exit_code": exit_code, "reason": reason})
+        return self._move(job_id, ACTIVE, {"state": state, "ended": now, "exit_code": exit_code, "reason": reason,
+                                           "samples": samples})
 
     def close(self) -> None:
         self.db.close()

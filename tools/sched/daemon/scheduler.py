@@ -29,6 +29,7 @@ from mlsyskit.tools.sched.daemon.jobstore import (
     Job,
     JobStore,
 )
+from mlsyskit.tools.sched.daemon.progress import Progress, read_progress
 from mlsyskit.tools.sched.daemon.specs import ClusterConfig, JobRequest
 from mlsyskit.tools.sched.executors.base import EXITED, Executor, ExecutorError, Launch, NodeSlice
 from mlsyskit.tools.sched.executors.base import RUNNING as EXEC_RUNNING
@@ -122,8 +123,9 @@ class Scheduler:
             return
         if status.kind == EXITED:
             state = DONE if status.exit_code == 0 else FAILED
+            report = read_progress(self.launch_of(job).run_dir / "progress")
             self.store.finish(job.id, state, now, status.exit_code, "" if state == DONE else
-                              f"exit status {status.exit_code}")
+                              f"exit status {status.exit_code}", report.s_last if report else None)
             self.log(f"job {job.id} {state} (exit {status.exit_code})")
         else:
             self.store.finish(job.id, LOST, now, None, status.reason)
@@ -140,7 +142,7 @@ class Scheduler:
         if not any(j.state == QUEUED for j in jobs):
             return
         now = self.clock.now()
-        result = adapter.plan(self.policy, self.cluster, jobs, self.model, now)
+        result = adapter.plan(self.policy, self.cluster, jobs, self.model, now, self._reports(jobs))
         for why in result.ignored:
             self._say(why)
         held = {node: set() for node in range(len(self.cluster.nodes))}
@@ -174,6 +176,16 @@ class Scheduler:
         self.store.mark_running(job.id, handle)
         where = " ".join(f"{s.node}:{','.join(map(str, s.visible))}" for s in launch.nodes)
         self.log(f"job {job.id} started on {where} ({self.executor.name} handle {handle})")
+
+    def _reports(self, jobs: list[Job]) -> dict[int, Progress]:
+        """Progress the running jobs reported (I/O here, so the adapter stays pure)."""
+        reports = {}
+        for job in jobs:
+            if job.state in ACTIVE and job.run_dir:
+                report = read_progress(self.launch_of(job).run_dir / "progress")
+                if report is not None:
+                    reports[job.id] = report
+        return reports
 
     # ---- views ---------------------------------------------------------------------------------------
     def launch_of(self, job: Job) -> Launch:

@@ -4,7 +4,8 @@ one process per GPU it is given (logical GPUs on a machine without any: one CPU 
     python -m mlsyskit.tools.sched.examples.ddp_train --steps 50          # as a marble job
     marble profile --cmd "python -m mlsyskit.tools.sched.examples.ddp_train" --gpus 1,2,4
 
-The world size is the number of ids in CUDA_VISIBLE_DEVICES (what marble hands the job), else 1.
+Run by the daemon it appends `time samples loss` lines to MARBLE_PROGRESS (the daemon's measured
+rate and loss reports for the policy). The world size is the number of ids in CUDA_VISIBLE_DEVICES (what marble hands the job), else 1.
 The global batch stays fixed (each of K processes takes batch/K), as marble's model assumes. Under
 `marble profile` (MARBLE_PROFILE_OUT set) it trains for MARBLE_PROFILE_SECONDS and writes what it
 measured: the full step time, and the compute-only step time from steps run under DDP's no_sync()
@@ -66,6 +67,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         return time.perf_counter() - t0
 
     profile_out = os.environ.get("MARBLE_PROFILE_OUT")
+    progress = os.environ.get("MARBLE_PROGRESS")
     full: list[float] = []
     compute: list[float] = []
     for _ in range(3):  # warm-up
@@ -81,6 +83,9 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         (full if sync else compute).append(step(sync))
         if rank == 0 and not profile_out and (i % 10 == 0 or i == args.steps - 1):
             print(f"step {i} loss {step.loss:.4f} world {world} local batch {local}", flush=True)
+            if progress:  # marble's daemon reads measured throughput and loss from here
+                with open(progress, "a") as f:
+                    f.write(f"{time.time():.3f} {(i + 1) * local * world} {step.loss:.6f}\n")
         i += 1
     if profile_out and rank == 0:
         step_time = statistics.median(full)

@@ -56,6 +56,7 @@ class Launch:
                 "MARBLE_NODES": ",".join(s.node for s in self.nodes),
                 "MARBLE_GPUS": str(len(self.visible)),
                 "MARBLE_PLACEMENT": ";".join(f"{s.node}:{','.join(map(str, s.visible))}" for s in self.nodes),
+                "MARBLE_PROGRESS": str(self.run_dir / "progress"),
                 "CUDA_VISIBLE_DEVICES": ",".join(map(str, self.visible))}
 
 
