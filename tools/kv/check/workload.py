@@ -39,6 +39,14 @@ def register_key(i: int) -> bytes:
     return b"k%d" % i
 
 
+def once_key(n: int) -> bytes:
+    return b"u%d" % n
+
+
+def is_write_once(key: str) -> bool:
+    return key.startswith("u")
+
+
 class Workload:
     def __init__(self, smap: ShardMap, history: History, clock: Clock, *, ops: int, clients: int, keys: int,
                  seed: int, timeout: float, mix: Mix | None = None,
@@ -88,7 +96,7 @@ class Workload:
     async def _one(self, client: SmartClient, rng: random.Random) -> None:
         f = self.mix.pick(rng)
         if f == "put-once":
-            key = b"u%d" % len(self.once_keys)
+            key = once_key(len(self.once_keys))
             self.once_keys.append(key)
             await client.put(key, self._value())
             return
