@@ -280,3 +280,23 @@ def test_serve_settings_from_config_flags_win(tmp_path):
     res = marble("serve", "--cluster", str(tmp_path / "cluster.toml"), "--state-dir", str(tmp_path / "s"),
                  "--tls-cert", str(tmp_path / "none.pem"), "--tls-key", str(tmp_path / "none.key"), check=False)
     assert res.returncode == 2 and "cannot read TLS certificate" in res.stderr
+
+
+def test_jobs_running_across_a_daemon_kill_are_reattached_with_their_exit_codes(daemon, tmp_path):
+    client = DaemonClient(Endpoint.resolve(daemon.state))
+    gated = ('echo run >> {t}/{n}.runs; while [ ! -e {t}/{n}.gate ]; do sleep 0.05; done; exit {code}')
+    a = client.call("submit", {"job": {"cmd": gated.format(t=tmp_path, n="a", code=3), "app": "ncf", "gpus": 1}})
+    b = client.call("submit", {"job": {"cmd": gated.format(t=tmp_path, n="b", code=0), "app": "ncf", "gpus": 1}})
+    wait_for(lambda: (tmp_path / "a.runs").exists() and (tmp_path / "b.runs").exists(), 60, "both jobs to run")
+    daemon.kill9()
+    (tmp_path / "a.gate").touch()          # a ends while no daemon is watching
+    pid_a = int((daemon.state / "jobs" / str(a["id"]) / "pid").read_text())
+    wait_for(lambda: not Path(f"/proc/{pid_a}").exists() or " Z " in Path(f"/proc/{pid_a}/stat").read_text(),
+             30, "job a to end")
+    daemon.start()
+    (tmp_path / "b.gate").touch()          # b ends under the new daemon
+    wait_for(lambda: {j["state"] for j in daemon.jobs()} <= {"done", "failed"}, 60, "both jobs to be recorded")
+    by_id = {j["id"]: j for j in daemon.jobs()}
+    assert (by_id[a["id"]]["state"], by_id[a["id"]]["exit_code"]) == ("failed", 3)
+    assert (by_id[b["id"]]["state"], by_id[b["id"]]["exit_code"]) == ("done", 0)
+    assert (tmp_path / "a.runs").read_text() == "run\n" and (tmp_path / "b.runs").read_text() == "run\n"
