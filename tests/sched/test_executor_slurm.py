@@ -121,3 +121,43 @@ def test_a_launch_cut_short_is_found_by_name_after_a_restart(tmp_path):
         assert status.kind == "gone" and "CANCELLED" in status.reason
     finally:
         subprocess.run(["scancel", handle], timeout=10, check=False)
+
+
+def test_marble_serve_with_the_slurm_executor_end_to_end(tmp_path):
+    import json
+    import sys
+
+    node = slurm_node()
+    if node is None:
+        pytest.skip(INSTALL)
+    host, _ = node
+    marble = [sys.executable, "-c", "from mlsyskit.tools.sched.cli import main; main()"]
+    (tmp_path / "cluster.toml").write_text(f'[[nodes]]\nname = "n0"\ngpus = 4\nhost = "{host}"\n')
+    state = tmp_path / "state"
+    with (tmp_path / "serve.err").open("w") as err:
+        proc = subprocess.Popen([*marble, "serve", "--cluster", str(tmp_path / "cluster.toml"), "--executor", "slurm",
+                                 "--state-dir", str(state), "--poll-interval", "0.2"], stderr=err)
+    try:
+        deadline = time.monotonic() + 60
+        while not (state / "daemon.json").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.err").read_text()
+            time.sleep(0.05)
+
+        def cli(*args):
+            res = subprocess.run([*marble, *args, "--state-dir", str(state)], capture_output=True, text=True,
+                                 timeout=60)
+            assert res.returncode == 0, res.stderr
+            return res.stdout
+
+        job = cli("submit", "--cmd", 'echo "gpus=$CUDA_VISIBLE_DEVICES job=$MARBLE_JOB_ID"', "--app", "ncf",
+                  "--gpus", "2", "--min-gpus", "2", "--workdir", str(tmp_path)).strip()
+        deadline = time.monotonic() + 60
+        while (doc := json.loads(cli("status", job, "--json"))[0])["state"] not in ("done", "failed", "lost"):
+            assert time.monotonic() < deadline, doc
+            time.sleep(0.2)
+        assert doc["state"] == "done" and doc["exit_code"] == 0 and doc["handle"].isdigit()
+        out = cli("logs", job)
+        assert out.startswith("gpus=") and f"job={job}" in out and len(out.split()[0][5:].split(",")) == 2
+    finally:
+        proc.terminate()
+        proc.wait(15)
