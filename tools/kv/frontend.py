@@ -85,7 +85,7 @@ class ClientConnection(asyncio.Protocol):
         self.in_refused_multi = False
         self.protocol = 2  # RESP version chosen by HELLO
         self.inline = b""  # an incomplete inline command line
-        self.unparsed = bytearray()  # the bytes hiredis still holds (an incomplete request)
+        self.waiting_bytes = 0  # received since the last request completed
         self.out_bytes = 0  # completed replies gathered in `out` during a read (slow path)
         self.node = node
         self.limits = node.limits
@@ -173,14 +173,20 @@ class ClientConnection(asyncio.Protocol):
                     return
                 fast_get, fast_put = node.fast_get, node.fast_put  # a peer message may change them
                 gated = self.in_refused_multi or not self.authed
-            pending = reader.len()
-            if pending > self.limits.max_request_bytes:
+            if reader.len() > self.limits.max_request_bytes:
                 self.fatal(f"Protocol error: request larger than {self.limits.max_request_bytes} bytes")
                 return
-            if pending and self._oversized(data, pending):
+            if count == 0 or reader.has_data():  # a request is incomplete: is a header absurd?
+                if data[-2:] == b"\r\n" and self._oversized(data):
+                    return
+                if count == 0 and data[:1] == b"*" and self._too_many_args(data):
+                    return
+            # Bytes received since a request last completed bound what a trickled request holds
+            # (hiredis keeps a partial multibulk's parsed arguments outside its buffer).
+            self.waiting_bytes = 0 if count else self.waiting_bytes + len(data)
+            if self.waiting_bytes > self.limits.max_request_bytes:
+                self.fatal(f"Protocol error: request larger than {self.limits.max_request_bytes} bytes")
                 return
-            if not pending:
-                self.unparsed.clear()
         except hiredis.ProtocolError as e:
             self.fatal(f"Protocol error: {e}")
             return
@@ -231,14 +237,19 @@ class ClientConnection(asyncio.Protocol):
             return b""
         return buf
 
-    def _oversized(self, data: bytes, pending: int) -> bool:
-        """An incomplete request is waiting: refuse it now if a header announces too much."""
-        if pending <= len(data):
-            self.unparsed[:] = data[len(data) - pending:]
-        else:
-            self.unparsed += data
-        why = resp.oversized_header(self.unparsed, self.limits.max_bulk_bytes_effective(),
-                                    self.limits.max_args)
+    def _too_many_args(self, data: bytes) -> bool:
+        """A read that completed nothing and starts with `*n`: refuse an n over max_args."""
+        end = data.find(b"\r\n", 0, 24)
+        if end > 1 and data[1:end].isdigit() and int(data[1:end]) > self.limits.max_args:
+            self.fatal(f"Protocol error: invalid multibulk length ({int(data[1:end])} arguments > "
+                       f"{self.limits.max_args})")
+            return True
+        return False
+
+    def _oversized(self, data: bytes) -> bool:
+        """An incomplete request waits on the header that ends this read: refuse it if it
+        announces more than the limits (hiredis would otherwise wait for, and buffer, all of it)."""
+        why = resp.oversized_tail(data, self.limits.max_bulk_bytes_effective(), self.limits.max_args)
         if why is None:
             return False
         self.fatal(f"Protocol error: {why}")

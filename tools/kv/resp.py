@@ -69,36 +69,22 @@ class Limits:
         return min(self.max_bulk_bytes, self.max_request_bytes)
 
 
-def oversized_header(pending: bytes | bytearray, max_bulk: int, max_args: int) -> str | None:
-    """Walk the headers of an incomplete request; name the first length over the limits.
+def oversized_tail(data: bytes, max_bulk: int, max_args: int) -> str | None:
+    """The length header that ends a read, when it announces more than the limits.
 
     hiredis waits for a whole frame, so a `$2147483647` header alone would make the server
-    wait for (and buffer) 2 GB. This looks only at the `*n` / `$len` headers of the bytes
-    still unparsed, jumping over bulk payloads, so it costs O(arguments), not O(bytes).
+    wait for (and buffer) 2 GB. The front end calls this only when a request is incomplete
+    and the read ends with CRLF, so its last line is the header hiredis is waiting on (or a
+    CRLF inside a bulk that happens to end the read, which a `$n` line over the limits could
+    only be in a value of that very shape). It looks at that one line: O(1) per read.
     """
-    if not pending or pending[:1] != b"*":
+    start = data.rfind(b"\r\n", 0, len(data) - 2) + 2
+    line = data[start:-2]
+    if len(line) < 2 or line[:1] not in (b"$", b"*") or not line[1:].isdigit():
         return None
-    end = pending.find(b"\r\n")
-    if end < 0:
-        return "invalid multibulk length" if len(pending) > 20 else None
-    try:
-        count = int(pending[1:end])
-    except ValueError:
-        return None  # hiredis reports the malformed header itself
-    if count > max_args:
-        return f"invalid multibulk length ({count} arguments > {max_args})"
-    pos = end + 2
-    for _ in range(count):
-        if pos >= len(pending) or pending[pos:pos + 1] != b"$":
-            return None
-        end = pending.find(b"\r\n", pos)
-        if end < 0:
-            return "invalid bulk length" if len(pending) - pos > 20 else None
-        try:
-            length = int(pending[pos + 1:end])
-        except ValueError:
-            return None
-        if length > max_bulk:
-            return f"invalid bulk length ({length} bytes > {max_bulk})"
-        pos = end + 2 + length + 2
+    n = int(line[1:])
+    if line[:1] == b"$" and n > max_bulk:
+        return f"invalid bulk length ({n} bytes > {max_bulk})"
+    if line[:1] == b"*" and n > max_args:
+        return f"invalid multibulk length ({n} arguments > {max_args})"
     return None
