@@ -29,3 +29,15 @@ def small_cfg(tmp_path) -> TrainConfig:
 @pytest.fixture(scope="session")
 def small_profile():
     return run_profile(TrainConfig(**SMALL, steps=1))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """One intra-op thread: the tests' tensors are small, and on a shared 2-core machine thread contention
+    made them ~4x slower. Results do not depend on it (every comparison runs in the same process)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

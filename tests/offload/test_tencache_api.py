@@ -1,7 +1,6 @@
 """Library API: wrap a user's own nn.Module with tencache.offload and train it."""
 from __future__ import annotations
 
-import pytest
 import torch
 from torch import nn
 
@@ -74,15 +73,5 @@ def test_offload_user_model_matches_plain_training(tmp_path):
     assert losses == plain_losses(20)
     assert losses[-1] < losses[0]
     up = model.blocks[0]["up"].weight
-    assert up.shape == (128, 32) and up.dtype == torch.bfloat16  # handed back as ordinary parameters
+    assert up.shape == (128, 32) and up.dtype == torch.float32  # handed back in their original dtype
 
-
-def test_torch_linear_saving_a_weight_view_is_refused(tmp_path):
-    torch.manual_seed(0)
-    model = TwoLayer(linear=nn.Linear)
-    prof = profile(model, lambda m: m(*data(0)), name="torch-linear")
-    budgets = Budgets(device=64 * 1024, cpu=64 * 1024, optimizer=1 << 20, nvme_dir=tmp_path)
-    with offload(model, None, budgets, prof) as engine:
-        engine.begin_step()
-        with pytest.raises(RuntimeError, match="saved a view of an offloaded parameter"):
-            model(*data(0))

@@ -14,7 +14,7 @@ from mlsyskit.core.storage import CorruptBlockError, DiskFullError, MissingDirec
 from mlsyskit.tools.offload import checkpoint
 from mlsyskit.tools.offload.engine import Budgets, OffloadEngine
 from mlsyskit.tools.offload.model import build_model
-from mlsyskit.tools.offload.optimizer import AdamConfig
+from mlsyskit.tools.offload.optimizer import AdamConfig, HyperParams
 from mlsyskit.tools.offload.pools import BudgetError
 from mlsyskit.tools.offload.profiler import ProfileError
 from mlsyskit.tools.offload.trainer import TrainConfig, run_profile, train, train_plain
@@ -67,7 +67,7 @@ def test_profile_from_another_model(small_cfg):
 
 def test_corrupted_nvme_block_is_detected(small_cfg, small_profile):
     model, masters = build_model(small_cfg.model, 0)
-    engine = OffloadEngine(model, masters, policy="tencache", profile=small_profile, adam=AdamConfig(),
+    engine = OffloadEngine(model, masters, policy="tencache", profile=small_profile, hyper=HyperParams.fixed(AdamConfig(), list(range(len(masters)))),
                            budgets=Budgets(small_cfg.device_mem, small_cfg.cpu_mem, small_cfg.opt_mem,
                                            small_cfg.nvme_dir), device=model.tok.weight.device)
     victim = next(e for e in engine.store.entries if e.where == "nvme")

@@ -28,10 +28,10 @@ def test_cuda_losses_match_plain_cuda_run(policy, small_cfg, small_profile):
 def test_cuda_engine_uses_pinned_cpu_pool_and_device_pool(small_cfg, small_profile):
     from mlsyskit.tools.offload.engine import Budgets, OffloadEngine
     from mlsyskit.tools.offload.model import build_model
-    from mlsyskit.tools.offload.optimizer import AdamConfig
+    from mlsyskit.tools.offload.optimizer import AdamConfig, HyperParams
 
     model, masters = build_model(small_cfg.model, 0)
-    engine = OffloadEngine(model.cuda(), masters, policy="tencache", profile=small_profile, adam=AdamConfig(),
+    engine = OffloadEngine(model.cuda(), masters, policy="tencache", profile=small_profile, hyper=HyperParams.fixed(AdamConfig(), list(range(len(masters)))),
                            budgets=Budgets(small_cfg.device_mem, small_cfg.cpu_mem, small_cfg.opt_mem,
                                            small_cfg.nvme_dir), device=torch.device("cuda"))
     try:

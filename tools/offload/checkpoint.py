@@ -9,10 +9,11 @@ Free space is checked before writing, so a disk that is already too full fails b
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,13 +49,14 @@ class Checkpoint:
                 yield t["name"], buf[:numel].view(shape), buf[numel:2 * numel].view(shape), buf[2 * numel:].view(shape)
 
 
-def save(directory: Path, step: int, manifest: dict[str, Any], states: dict[str, torch.Tensor],
+def save(directory: Path, step: int, manifest: dict[str, Any], states: Iterable[tuple[str, torch.Tensor]],
          shapes: dict[str, tuple[int, ...]]) -> Path:
-    """Write `states` (name -> fp32 master|m|v) as checkpoint `step`; returns its directory."""
+    """Write `states` ((name, fp32 master|m|v) pairs, consumed one at a time so only one tensor's state
+    is in memory) as checkpoint `step`; returns its directory."""
     directory = Path(directory)
     if not directory.is_dir():
         raise MissingDirectoryError(f"checkpoint directory {directory} does not exist")
-    need = sum(4096 + t.numel() * 4 + 4096 for t in states.values()) + (1 << 20)
+    need = sum(4096 + 12 * math.prod(shape) + 4096 for shape in shapes.values()) + (1 << 20)
     free = shutil.disk_usage(directory).free
     if free < need:
         raise DiskFullError(f"checkpoint of step {step} needs {format_size(need)} but {directory} has "
@@ -66,7 +68,7 @@ def save(directory: Path, step: int, manifest: dict[str, Any], states: dict[str,
         tmp.mkdir()
         entries = []
         with FileTier(tmp, fsync=True) as tier:
-            for i, (name, buf) in enumerate(states.items()):
+            for i, (name, buf) in enumerate(states):
                 tier.write(f"t{i}", buf)
                 entries.append({"name": name, "numel": buf.numel() // 3, "shape": list(shapes[name])})
         body = {"schema": SCHEMA, "step": step, **manifest, "tensors": entries}

@@ -1,15 +1,17 @@
-"""The offload engine: wires a model's module hooks to a policy, the tiers and the CPU optimizer.
+"""The offload engine: the use tracker's host, wiring a model's uses to a policy, the tiers and the CPU optimizer.
 
-Hooks: a forward pre-hook makes the module's parameters resident on the device (measuring whether
-they already were and how long the module waited), a forward hook releases them; a backward pre-hook
-makes them resident again; each parameter's post-accumulate-grad hook runs the CPU Adam step on its
-fp32 state (gradient copied into the state slot, update written back into the bf16 device copy) and
-releases it. The engine follows its position in the profiled use order and counts deviations.
-Nothing is allocated per step by the engine after warm-up except by the on-demand baseline, whose
-fresh allocations are the point of that baseline and are counted.
+`tracking.UseTracker` reports when a tensor must be resident (a module runs, a functional use, a saved
+view needed by backward) and when it may leave; the engine measures whether it already was and how long
+the use waited (look-ahead bookkeeping included), and asks the policy to make it resident or release it.
+Each trainable parameter's post-accumulate-grad hook adds its gradient into the fp32 gradient slot of
+its optimizer state; on the last of `accumulate` backward passes the CPU AdamW step runs per tensor as
+its gradient arrives, or, with `clip_norm`, in a second sweep after the global norm is known. The
+engine follows its position in the profiled use order and counts deviations. Nothing is allocated per
+step after warm-up except by the on-demand baseline, whose fresh allocations are counted.
 """
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -20,14 +22,16 @@ import torch
 from torch import nn
 
 from mlsyskit.core.config import format_size
+from mlsyskit.core.errors import UsageError
 from mlsyskit.core.filetier import FileTier
 from mlsyskit.core.memory import round_up
-from mlsyskit.tools.offload.optimizer import AdamConfig, OptimizerStateCache, adam_update
+from mlsyskit.tools.offload.optimizer import HyperParams, NonFiniteError, OptimizerStateCache, adam_update
 from mlsyskit.tools.offload.policies import Policy, make_policy
 from mlsyskit.tools.offload.policies.base import PlanContext
 from mlsyskit.tools.offload.pools import BudgetError
-from mlsyskit.tools.offload.profiler import Profile, model_signature, param_modules
+from mlsyskit.tools.offload.profiler import Profile, model_signature, named_tensors
 from mlsyskit.tools.offload.tiers import CPU, DEVICE, Entry, TierStore
+from mlsyskit.tools.offload.tracking import UseTracker, owning_modules
 
 
 @dataclass(frozen=True)
@@ -48,13 +52,13 @@ class StepStats:
     optimizer_s: float = 0.0
 
 
-def concurrent_by_class(model: nn.Module) -> dict[int, int]:
+def concurrent_by_class(model: nn.Module, entries: list[Entry]) -> dict[int, int]:
     """Size class -> the most tensors of that class one module holds (all resident while it runs)."""
     most: dict[int, int] = {}
-    for _, _, params in param_modules(model):
+    for _, _, owned in owning_modules(model, {id(e.param): e for e in entries}):
         counts: dict[int, int] = {}
-        for _, p in params:
-            n = p.numel() * p.element_size()
+        for e in owned:
+            n = e.nbytes
             counts[n] = counts.get(n, 0) + 1
         for n, c in counts.items():
             most[n] = max(most.get(n, 0), c)
@@ -80,11 +84,16 @@ def pick_device(requested: str | None = None) -> torch.device:
 
 
 class OffloadEngine:
-    """Owns the tiers for one model; use `step(loss)` after each forward (runs backward + optimizer)."""
+    """Owns the tiers for one model: `begin_step()`, then forward and `backward(loss)` `accumulate` times."""
 
     def __init__(self, model: nn.Module, masters: dict[str, torch.Tensor], *, policy: str | Policy,
-                 budgets: Budgets, profile: Profile | None, adam: AdamConfig, device: torch.device | None = None,
-                 states: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None, adam_step: int = 0) -> None:
+                 budgets: Budgets, profile: Profile | None, hyper: HyperParams, device: torch.device | None = None,
+                 states: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None, adam_step: int = 0,
+                 accumulate: int = 1, clip_norm: float | None = None) -> None:
+        if accumulate < 1:
+            raise UsageError(f"accumulate must be >= 1, got {accumulate}")
+        if clip_norm is not None and not (math.isfinite(clip_norm) and clip_norm > 0):
+            raise UsageError(f"clip_norm must be a positive finite number, got {clip_norm}")
         self.model = model
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         if self.policy.needs_profile and profile is None:
@@ -95,15 +104,18 @@ class OffloadEngine:
         self.signature = model_signature(model)  # before the parameters' storage moves into the tiers
         self.device = device or pick_device()
         self.emulated = self.device.type != "cuda"
-        self.adam = adam
+        self.hyper = hyper
         self.adam_step = adam_step
+        self.accumulate = accumulate
+        self.clip_norm = clip_norm
         self.nvme = FileTier(budgets.nvme_dir) if budgets.nvme_dir is not None else None
-        named = list(model.named_parameters())
-        entries = [Entry(i, n, p, p.shape, p.dtype, p.numel() * p.element_size()) for i, (n, p) in enumerate(named)]
+        entries = [Entry(i, n, p, p.shape, p.dtype, p.numel() * p.element_size(), trainable=p.requires_grad)
+                   for i, (n, p) in enumerate(named_tensors(model))]
         self.by_name = {e.name: e for e in entries}
+        self.trainable = [e for e in entries if e.trainable]
         ctx = PlanContext(sizes={e.idx: e.nbytes for e in entries}, model_order=[e.idx for e in entries],
                           profile=profile, device_budget=budgets.device, cpu_budget=budgets.cpu,
-                          has_nvme=self.nvme is not None, concurrent=concurrent_by_class(model))
+                          has_nvme=self.nvme is not None, concurrent=concurrent_by_class(model, entries))
         plan = self.policy.plan(ctx)
         if plan.placement.nvme and self.nvme is None:
             raise BudgetError(f"{len(plan.placement.nvme)} parameter tensors do not fit the device and CPU budgets "
@@ -114,22 +126,28 @@ class OffloadEngine:
                                cpu_slots=plan.cpu_slots, nvme=self.nvme)
         self._populate(plan)
         self.policy.attach(self.store, ctx)
-        order = profile.optimizer_order if profile is not None else [e.idx for e in reversed(entries)]
-        self.states = OptimizerStateCache({e.idx: e.shape.numel() for e in entries},
-                                          order, budgets.optimizer, self.nvme,
-                                          read_ahead=self.policy.prefetches)
-        for e in entries:
+        trainable_ids = {e.idx for e in self.trainable}
+        order = ([i for i in profile.optimizer_order if i in trainable_ids] if profile is not None
+                 else [e.idx for e in reversed(self.trainable)])
+        self.states = OptimizerStateCache({e.idx: e.shape.numel() for e in self.trainable},
+                                          order, budgets.optimizer, self.nvme, read_ahead=self.policy.prefetches,
+                                          persist_grad=accumulate > 1 or clip_norm is not None)
+        for e in self.trainable:
             m, v = states[e.name] if states is not None else (None, None)
             self.states.initialize(e.idx, masters[e.name], m, v)
+        self.param_steps = {e.idx: adam_step for e in self.trainable}
         self._uses = [(u.module, u.phase) for u in profile.uses] if profile is not None else []
         self._cursor = 0
         self._pos: int | None = None
         self.stats = StepStats()
-        self._hooks: list[Any] = []
-        self._saved_guard: Any = None
-        dev_pool = self.store.dev_pool
-        self._arena_ptr = dev_pool.arena.untyped_storage().data_ptr() if dev_pool is not None else -1
-        self._install_hooks()
+        self._micro = accumulate  # backward passes done in this step; begin_step() resets it
+        self._updated: set[int] = set()
+        self._sumsq: dict[int, float] = {}
+        self._got: set[int] = set()  # tensors with a gradient in this step (the first pass copies, later add)
+        self._configs: dict = {}
+        self.tracker = UseTracker(model, entries, self)
+        if self.store.dev_pool is not None:
+            self.tracker.guard_ptrs.add(self.store.dev_pool.arena.untyped_storage().data_ptr())
 
     # -- setup --------------------------------------------------------------------------------------
     def _populate(self, plan) -> None:
@@ -149,20 +167,7 @@ class OffloadEngine:
             e.where = tier
             st.unbind(e)  # the model's own storage is freed; parameters live in the tiers now
 
-    def _install_hooks(self) -> None:
-        for mname, module, params in param_modules(self.model):
-            entries = [self.by_name[n] for n, _ in params]
-            self._hooks.append(module.register_forward_pre_hook(
-                lambda m, a, n=mname, es=entries: self._acquire(n, "forward", es)))
-            self._hooks.append(module.register_forward_hook(
-                lambda m, a, o, n=mname, es=entries: self._release_forward(es)))
-            self._hooks.append(module.register_full_backward_pre_hook(
-                lambda m, g, n=mname, es=entries: self._acquire(n, "backward", es)))
-            for e in entries:
-                self._hooks.append(e.param.register_post_accumulate_grad_hook(
-                    lambda p, e=e: self._on_grad(e)))
-
-    # -- hooks ----------------------------------------------------------------------------------------
+    # -- tracker host -------------------------------------------------------------------------------
     def _position(self, module: str, phase: str) -> int | None:
         if not self._uses:
             self._pos = None
@@ -179,89 +184,151 @@ class OffloadEngine:
         self._pos = pos
         return pos
 
-    def _acquire(self, module: str, phase: str, entries: list[Entry]) -> None:
-        pos = self._position(module, phase)
+    def acquire(self, label: str, phase: str, entries: list[Entry]) -> None:
+        """Make `entries` resident and bound; the wait counted includes the policy's look-ahead work."""
+        pos = self._position(label, phase)
         hits = sum(1 for e in entries if self.store.ready_on_device(e))
         t0 = time.perf_counter()
         self.policy.acquire(pos, entries)
         if self.device.type == "cuda":
             torch.cuda.current_stream().wait_stream(self.store.mover._stream)
-        waited = time.perf_counter() - t0 if hits < len(entries) else 0.0
+        waited = time.perf_counter() - t0
         s = self.stats
         s.tensor_uses += len(entries)
         s.device_hits += hits
         s.fetch_wait_s += waited
         s.fetch_waits.append(waited)
 
-    def _release_forward(self, entries: list[Entry]) -> None:
-        self.policy.release(self._pos, entries, updated=False)
+    def release(self, entries: list[Entry]) -> None:
+        self.policy.release(self._pos, entries, updated=any(e.idx in self._updated for e in entries))
 
-    def _on_grad(self, e: Entry) -> None:
+    def updated(self, e: Entry) -> bool:
+        return e.idx in self._updated
+
+    def grad_ready(self, e: Entry) -> None:
+        """Add e's gradient into its fp32 slot; on the last backward pass, update (unless clipping waits)."""
         t0 = time.perf_counter()
         grad = e.param.grad
-        master, m, v, g32 = self.states.get(e.idx)
-        g32.copy_(grad.reshape(-1))  # bf16 -> fp32 (device -> host on a GPU)
         e.param.grad = None
-        adam_update(master, g32, m, v, self.adam_step + 1, self.adam)
-        self.store.device_view(e).view(-1).copy_(master)  # fp32 -> bf16 compute copy
+        master, m, v, g32 = self.states.get(e.idx)
+        if e.idx in self._got:
+            g32.add_(grad.reshape(-1))
+        else:
+            g32.copy_(grad.reshape(-1))  # bf16 -> fp32 (device -> host on a GPU)
+            self._got.add(e.idx)
+        del grad
+        if self._micro == self.accumulate - 1:
+            sumsq = float(torch.dot(g32, g32))
+            if not math.isfinite(sumsq):
+                raise NonFiniteError(f"the gradient of {e.name} is not finite at step {self.adam_step + 1}")
+            self._sumsq[e.idx] = sumsq
+            if self.clip_norm is None:
+                self._update(e, master, m, v, g32, 1.0)
         self.states.put(e.idx)
         self.stats.optimizer_s += time.perf_counter() - t0
-        self.policy.release(self._pos, [e], updated=True)
+
+    def _update(self, e: Entry, master, m, v, g32, coef: float) -> None:
+        if coef != 1.0:
+            g32.mul_(coef)
+        self.param_steps[e.idx] += 1
+        adam_update(master, g32, m, v, self.param_steps[e.idx], self._configs[e.idx])
+        if e.bound:
+            self.store.device_view(e).view(-1).copy_(master)  # fp32 -> compute copy
+        else:
+            self.store.write_home(e, master, g32)
+        self._updated.add(e.idx)
 
     # -- step -----------------------------------------------------------------------------------------
     def begin_step(self) -> None:
+        if 0 < self._micro < self.accumulate:
+            raise UsageError(f"begin_step() after {self._micro} of {self.accumulate} backward passes: each step "
+                             f"needs exactly accumulate={self.accumulate}")
+        self._micro = 0
         self._cursor = 0
         self.stats = StepStats()
+        self._updated.clear()
+        self._sumsq.clear()
+        self._got.clear()
+        self._configs = self.hyper.snapshot()  # a non-finite lr stops here, before any update
         self.states.begin_step()
-        if self.store.dev_pool is not None and self._saved_guard is None:
-            self._saved_guard = torch.autograd.graph.saved_tensors_hooks(self._check_saved, lambda t: t)
-            self._saved_guard.__enter__()
-
-    def _check_saved(self, t: torch.Tensor) -> torch.Tensor:
-        """Autograd may keep a Parameter for backward (its storage is swapped back in before use) but not
-        a view of a parameter's device slot: that slot holds another tensor by the time backward runs."""
-        if not isinstance(t, nn.Parameter) and t.device == self.device and \
-                t.untyped_storage().data_ptr() == self._arena_ptr:
-            raise RuntimeError("a module saved a view of an offloaded parameter for backward (e.g. torch.nn.Linear "
-                               "saves weight.t()); use mlsyskit.tools.offload.model.Linear, nn.LayerNorm and "
-                               "nn.Embedding, or policy='on-demand'")
-        return t
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Backward pass with the CPU optimizer step applied per parameter as its gradient is ready."""
-        if self._saved_guard is not None:
-            self._saved_guard.__exit__(None, None, None)
-            self._saved_guard = None
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            loss.backward()
+        """Backward pass; gradients are summed in fp32 and, on the last of `accumulate` passes, the CPU
+        AdamW step runs per tensor (after the global-norm clip when `clip_norm` is set)."""
+        if self._micro >= self.accumulate:
+            raise UsageError(f"backward pass {self._micro + 1} in a step with accumulate={self.accumulate}: call "
+                             f"engine.begin_step() before each optimizer step")
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise NonFiniteError(f"the loss is {value} at step {self.adam_step + 1}")
+        self.tracker.end_forward()
+        self.store.set_backward(True)
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Full backward hook is firing")
+                loss.backward()
+            self.tracker.end_backward()
+        finally:
+            self.store.set_backward(False)
+        self._micro += 1
+        self._cursor = 0
+        if self._micro < self.accumulate:
+            self.states.begin_step()
+            return
+        if self.clip_norm is not None:
+            self._clip_and_update()
         self.adam_step += 1
         self.policy.end_step()
 
+    def _clip_and_update(self) -> None:
+        """Second sweep in optimizer order: scale every gradient by clip/(norm + 1e-6) when the global norm
+        exceeds clip (torch.nn.utils.clip_grad_norm_'s rule), then update."""
+        t0 = time.perf_counter()
+        norm = math.sqrt(math.fsum(self._sumsq.values()))
+        if not math.isfinite(norm):
+            raise NonFiniteError(f"the gradient norm is {norm} at step {self.adam_step + 1}")
+        coef = min(1.0, self.clip_norm / (norm + 1e-6))
+        self.states.begin_step()
+        for idx in self.states.order:
+            if idx not in self._sumsq:
+                continue  # no gradient reached it in this step: not updated, as torch.optim skips it
+            e = self.store.entries[idx]
+            master, m, v, g32 = self.states.get(idx)
+            self._update(e, master, m, v, g32, coef)
+            self.states.put(idx)
+        self.stats.optimizer_s += time.perf_counter() - t0
+
+    @property
+    def grad_norm(self) -> float:
+        """Global gradient norm of the last completed step (fp32 gradients, summed exactly)."""
+        return math.sqrt(math.fsum(self._sumsq.values()))
+
     def remove_hooks(self) -> None:
-        if self._saved_guard is not None:
-            self._saved_guard.__exit__(None, None, None)
-            self._saved_guard = None
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
+        self.tracker.remove()
 
     # -- inspection and export ------------------------------------------------------------------------
-    def export_states(self) -> dict[str, torch.Tensor]:
-        """fp32 master|m|v per parameter name (3*numel), for checkpoints and for handing the model back."""
+    def iter_states(self):
+        """(name, fp32 master|m|v view) per trainable tensor, streamed through the state cache one at a time
+        (the view is valid until the next item): checkpoints never hold all states in memory."""
         self.states.flush()
-        out = {}
-        for e in self.store.entries:
-            buf = torch.empty(3 * e.shape.numel(), dtype=torch.float32)
-            self.states.export(e.idx, buf)
-            out[e.name] = buf
-        return out
+        for e in self.trainable:
+            yield e.name, self.states.peek(e.idx)
 
-    def materialize(self) -> None:
-        """Give every parameter ordinary bf16 storage again, from its master weight (after training)."""
-        for name, state in self.export_states().items():
+    def materialize(self, dtypes: dict[str, torch.dtype] | None = None) -> None:
+        """Give every parameter ordinary storage again (in `dtypes[name]`, default its compute dtype):
+        trainable ones from their fp32 master weight, frozen ones from their compute copy."""
+        dtypes = dtypes or {}
+        values = {}
+        for name, state in self.iter_states():
             e = self.by_name[name]
-            e.param.data = state[:e.shape.numel()].view(e.shape).to(e.dtype)
+            values[name] = state[:e.shape.numel()].view(e.shape).to(dtypes.get(name, e.dtype), copy=True)
+        for e in self.store.entries:
+            if not e.trainable:
+                values[e.name] = self.store.read_home(e).to(dtypes.get(e.name, e.dtype))
+        self.remove_hooks()
+        for e in self.store.entries:
+            e.param.data = values.pop(e.name)
+            e.bound = False
 
     def occupancy(self) -> dict[str, Any]:
         st = self.store

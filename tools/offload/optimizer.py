@@ -16,12 +16,18 @@ import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from mlsyskit.core.errors import RuntimeFailure, UsageError
 from mlsyskit.core.filetier import FileTier
 from mlsyskit.core.memory import BufferPool, Slot
 from mlsyskit.tools.offload.pools import BudgetError, class_slots
+
+
+class NonFiniteError(RuntimeFailure):
+    """A loss, gradient, gradient norm or learning rate that is inf or NaN: training stops."""
 
 
 @dataclass(frozen=True)
@@ -32,19 +38,82 @@ class AdamConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
 
+    def __post_init__(self) -> None:
+        values = (self.lr, self.beta1, self.beta2, self.eps, self.weight_decay)
+        if not all(math.isfinite(float(x)) for x in values):
+            raise NonFiniteError(f"non-finite optimizer setting (lr {self.lr}, betas ({self.beta1}, {self.beta2}), "
+                                 f"eps {self.eps}, weight_decay {self.weight_decay})")
+        if self.lr < 0 or not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1) or self.eps <= 0 or self.weight_decay < 0:
+            raise ValueError(f"invalid AdamW settings: lr {self.lr} must be >= 0, betas in [0, 1), eps > 0, "
+                             f"weight_decay >= 0")
+
 
 def adam_update(master: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int,
                 cfg: AdamConfig) -> None:
-    """One AdamW step in place, vectorised; `grad` is used as scratch afterwards (no allocation)."""
+    """One AdamW step in place with torch.optim.AdamW(foreach=False)'s arithmetic; `grad` is used as
+    scratch afterwards (no allocation)."""
     if cfg.weight_decay:
         master.mul_(1.0 - cfg.lr * cfg.weight_decay)
-    m.mul_(cfg.beta1).add_(grad, alpha=1.0 - cfg.beta1)
+    m.lerp_(grad, 1.0 - cfg.beta1)
     v.mul_(cfg.beta2).addcmul_(grad, grad, value=1.0 - cfg.beta2)
     bias1 = 1.0 - cfg.beta1 ** step
     bias2 = 1.0 - cfg.beta2 ** step
     torch.sqrt(v, out=grad)
     grad.div_(math.sqrt(bias2)).add_(cfg.eps)
     master.addcdiv_(m, grad, value=-cfg.lr / bias1)
+
+
+class HyperParams:
+    """AdamW settings per tensor from the optimizer's param groups, read again at every step, so a
+    torch.optim.lr_scheduler that changes a group's lr between steps is honoured."""
+
+    def __init__(self, groups: list[dict[str, Any]], group_of: dict[int, int]) -> None:
+        self.groups = groups
+        self.group_of = group_of
+
+    @classmethod
+    def fixed(cls, cfg: AdamConfig, ids: list[int]) -> HyperParams:
+        group = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
+        return cls([group], {i: 0 for i in ids})
+
+    @classmethod
+    def from_optimizer(cls, optimizer: torch.optim.Optimizer | None, trainable: dict[int, Any]) -> HyperParams:
+        """`trainable`: id(Parameter) -> tensor index. Only Adam/AdamW arithmetic is supported."""
+        if optimizer is None:
+            return cls.fixed(AdamConfig(), list(trainable.values()))
+        kind = type(optimizer).__name__
+        if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+            raise UsageError(f"optimizer {kind} is not supported: tencache runs AdamW on the CPU (use "
+                             f"torch.optim.AdamW, or Adam without weight_decay)")
+        group_of: dict[int, int] = {}
+        for gi, group in enumerate(optimizer.param_groups):
+            for flag in ("amsgrad", "maximize", "capturable", "differentiable"):
+                if group.get(flag):
+                    raise UsageError(f"{kind} param group {gi}: {flag}=True is not supported")
+            if isinstance(optimizer, torch.optim.Adam) and not isinstance(optimizer, torch.optim.AdamW) \
+                    and group.get("weight_decay", 0):
+                raise UsageError(f"Adam param group {gi}: weight_decay adds an L2 term to the gradient, which "
+                                 f"tencache does not implement; use torch.optim.AdamW (decoupled decay)")
+            for p in group["params"]:
+                if id(p) in trainable:
+                    group_of[trainable[id(p)]] = gi
+        missing = [i for i in trainable.values() if i not in group_of]
+        if missing:
+            raise UsageError(f"{len(missing)} trainable parameters are in no param group of the optimizer; "
+                             f"freeze them (requires_grad=False) or add them")
+        return cls(optimizer.param_groups, group_of)
+
+    def snapshot(self) -> dict[int, AdamConfig]:
+        """The settings of this step, validated (a non-finite lr stops training)."""
+        configs = []
+        for gi, g in enumerate(self.groups):
+            beta1, beta2 = g.get("betas", (0.9, 0.999))
+            try:
+                configs.append(AdamConfig(float(g["lr"]), float(beta1), float(beta2), float(g.get("eps", 1e-8)),
+                                          float(g.get("weight_decay", 0.0))))
+            except NonFiniteError as e:
+                raise NonFiniteError(f"param group {gi}: {e}") from None
+        return {i: configs[gi] for i, gi in self.group_of.items()}
 
 
 @dataclass
@@ -75,8 +144,11 @@ class OptimizerStateCache:
     """fp32 state for every parameter: permanent CPU slots first, NVMe overflow through rotation slots."""
 
     def __init__(self, numels: dict[int, int], order: list[int], budget: int, nvme: FileTier | None, *,
-                 read_ahead: bool, rotation: int = 3, workers: int = 4) -> None:
+                 read_ahead: bool, rotation: int = 3, workers: int = 4, persist_grad: bool = False) -> None:
         self.numels = numels
+        # fp32 values persisted per NVMe-homed state: master|m|v, plus the gradient sum when gradients
+        # accumulate over several backward passes or wait for the global norm
+        self.persist = 4 if persist_grad else 3
         self.order = order
         self.nvme = nvme
         self.read_ahead = read_ahead
@@ -138,7 +210,7 @@ class OptimizerStateCache:
         for view, src in ((views[1], m), (views[2], v)):
             view.zero_() if src is None else view.copy_(src.reshape(-1))
         if idx not in self.home:
-            self.nvme.write(f"s{idx}", rot.slot.data, 12 * numel)
+            self.nvme.write(f"s{idx}", rot.slot.data, 4 * self.persist * numel)
             rot.holder, rot.dirty = idx, False
 
     # -- per-step protocol ------------------------------------------------------------------------------
@@ -194,13 +266,22 @@ class OptimizerStateCache:
                 self._wait(rot)
                 self._write_back(rot)
 
-    def export(self, idx: int, out: torch.Tensor) -> None:
-        """Copy master|m|v (3*numel fp32) of `idx` into `out` (call flush() first)."""
+    def peek(self, idx: int) -> torch.Tensor:
+        """master|m|v (3*numel fp32) of `idx`, resident in its home or a rotation slot (call flush() first);
+        valid until the next peek or get: exports stream through the cache one tensor at a time."""
         numel = self.numels[idx]
         if idx in self.home:
-            out.copy_(self.home[idx].view(torch.float32, (4 * numel,))[:3 * numel])
-        else:
-            self.nvme.read_into(f"s{idx}", out)
+            return self.home[idx].view(torch.float32, (4 * numel,))[:3 * numel]
+        cls = self.classes[self.class_of[idx]]
+        rot = next((r for r in cls.rotation if r.holder == idx), None)
+        if rot is None:
+            rot = cls.rotation[0]
+            self._wait(rot)
+            self._write_back(rot)
+            self.nvme.read_into(f"s{idx}", rot.slot.data)
+            rot.holder, rot.dirty = idx, False
+        self._wait(rot)
+        return rot.slot.view(torch.float32, (4 * numel,))[:3 * numel]
 
     # -- rotation slot I/O ----------------------------------------------------------------------------
     def _distance(self, cls: _Class, holder: int | None, idx: int) -> int:
@@ -218,12 +299,12 @@ class OptimizerStateCache:
             if prev is not None:
                 prev.result()
             if out is not None:
-                self.nvme.write(f"s{out}", rot.slot.data, 12 * numel)
+                self.nvme.write(f"s{out}", rot.slot.data, 4 * self.persist * numel)
             if incoming is not None:
                 self.nvme.read_into(f"s{incoming}", rot.slot.data)
 
-        self.stats.bytes_written += 12 * numel if out is not None else 0
-        self.stats.bytes_read += 12 * numel if incoming is not None else 0
+        self.stats.bytes_written += 4 * self.persist * numel if out is not None else 0
+        self.stats.bytes_read += 4 * self.persist * numel if incoming is not None else 0
         rot.future = self._io.submit(swap)
 
     def _wait(self, rot: _Rotation) -> None:
@@ -234,8 +315,8 @@ class OptimizerStateCache:
     def _write_back(self, rot: _Rotation) -> None:
         if rot.dirty and rot.holder is not None:
             numel = self.numels[rot.holder]
-            self.nvme.write(f"s{rot.holder}", rot.slot.data, 12 * numel)
-            self.stats.bytes_written += 12 * numel
+            self.nvme.write(f"s{rot.holder}", rot.slot.data, 4 * self.persist * numel)
+            self.stats.bytes_written += 4 * self.persist * numel
             rot.dirty = False
 
     def close(self) -> None:

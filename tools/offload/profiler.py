@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mlsyskit.tools.offload.tracking import UseTracker
+
 SCHEMA = 1
 
 
@@ -38,6 +40,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
+    trainable: bool = True
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,8 @@ class Profile:
             raise ProfileError(f"{path} is not a tencache profile (schema {SCHEMA})")
         try:
             return cls(model=data["model"], signature=data["signature"], batch=data["batch"], seq=data["seq"],
-                       tensors=[TensorInfo(t["idx"], t["name"], tuple(t["shape"]), t["dtype"], t["nbytes"])
+                       tensors=[TensorInfo(t["idx"], t["name"], tuple(t["shape"]), t["dtype"], t["nbytes"],
+                                           t.get("trainable", True))
                                 for t in data["tensors"]],
                        uses=[Use(u["module"], u["phase"], tuple(u["tensors"])) for u in data["uses"]],
                        optimizer_order=list(data["optimizer_order"]), rows=data.get("rows", []))
@@ -108,81 +112,96 @@ class Profile:
             raise ProfileError(f"{path}: malformed profile ({e})") from None
 
 
+def named_tensors(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Each distinct Parameter once, under its first name (a tied weight is one tensor)."""
+    return list(model.named_parameters())
+
+
 def model_signature(model: nn.Module) -> str:
     h = hashlib.sha256()
-    for name, p in model.named_parameters():
-        h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
+    for name, p in named_tensors(model):
+        h.update(f"{name}:{tuple(p.shape)}:{p.dtype}:{p.requires_grad};".encode())
     return h.hexdigest()
 
 
-def param_modules(model: nn.Module) -> list[tuple[str, nn.Module, list[tuple[str, nn.Parameter]]]]:
-    """Modules that directly own parameters, with their (full name, parameter) pairs."""
-    out = []
-    for mname, module in model.named_modules():
-        params = [(f"{mname}.{n}" if mname else n, p) for n, p in module.named_parameters(recurse=False)]
-        if params:
-            out.append((mname, module, params))
-    return out
-
-
 def tensor_infos(model: nn.Module) -> list[TensorInfo]:
-    return [TensorInfo(i, name, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.numel() * p.element_size())
-            for i, (name, p) in enumerate(model.named_parameters())]
+    return [TensorInfo(i, name, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.numel() * p.element_size(),
+                       p.requires_grad)
+            for i, (name, p) in enumerate(named_tensors(model))]
+
+
+@dataclass(eq=False)
+class _Tensor:
+    idx: int
+    name: str
+    param: nn.Parameter
+    trainable: bool
+    nbytes: int
+    dtype: str
+
+
+class _Recorder:
+    """Tracker host that records uses instead of moving bytes."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.uses: list[Use] = []
+        self.rows: list[dict[str, Any]] = []
+        self.grad_order: list[int] = []
+        self.open: dict[int, list[dict[str, Any]]] = {}
+
+    def acquire(self, label: str, phase: str, entries: list[_Tensor]) -> None:
+        self.uses.append(Use(label, phase, tuple(e.idx for e in entries)))
+        t = self.clock()
+        for e in entries:
+            row = {"idx": e.idx, "name": e.name, "module": label, "phase": phase, "bytes": e.nbytes,
+                   "dtype": e.dtype, "start": t, "end": None}
+            self.rows.append(row)
+            self.open.setdefault(e.idx, []).append(row)
+
+    def release(self, entries: list[_Tensor]) -> None:
+        t = self.clock()
+        for e in entries:
+            for row in self.open.pop(e.idx, []):
+                row["end"] = t
+
+    def grad_ready(self, e: _Tensor) -> None:
+        self.grad_order.append(e.idx)
+
+    def updated(self, e: _Tensor) -> bool:
+        return False
 
 
 def profile_model(model: nn.Module, run_step: Callable[[], torch.Tensor], *, model_name: str, batch: int,
                   seq: int, clock: Callable[[], float] = time.perf_counter) -> Profile:
-    """Run one forward+backward (`run_step` returns the loss) with recording hooks, then remove them."""
+    """Run one forward+backward (`run_step` returns the loss) with the use tracker recording, then remove it."""
     infos = tensor_infos(model)
-    index = {name: t.idx for name, t in zip((n for n, _ in model.named_parameters()), infos, strict=True)}
-    rows: list[dict[str, Any]] = []
-    uses: list[Use] = []
-    grad_order: list[int] = []
-    open_rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    handles = []
-
-    def start(mname: str, phase: str, params: list[tuple[str, nn.Parameter]]) -> None:
-        ids = tuple(index[n] for n, _ in params)
-        uses.append(Use(mname, phase, ids))
-        t = clock()
-        new = [{"idx": index[n], "name": n, "module": mname, "phase": phase, "bytes": infos[index[n]].nbytes,
-                "dtype": infos[index[n]].dtype, "start": t, "end": None} for n, _ in params]
-        rows.extend(new)
-        open_rows[(mname, phase)] = new
-
-    def end(mname: str, phase: str) -> None:
-        t = clock()
-        for row in open_rows.pop((mname, phase), []):
-            row["end"] = t
-
-    for mname, module, params in param_modules(model):
-        handles.append(module.register_forward_pre_hook(lambda m, a, n=mname, p=params: start(n, "forward", p)))
-        handles.append(module.register_forward_hook(lambda m, a, o, n=mname: end(n, "forward")))
-        handles.append(module.register_full_backward_pre_hook(lambda m, g, n=mname, p=params: start(n, "backward", p)))
-        for pname, p in params:
-            def on_grad(_p: torch.Tensor, pname: str = pname, mname: str = mname) -> None:
-                grad_order.append(index[pname])
-                t = clock()
-                for row in open_rows.get((mname, "backward"), []):
-                    if row["name"] == pname:
-                        row["end"] = t
-            handles.append(p.register_post_accumulate_grad_hook(on_grad))
+    tensors = [_Tensor(t.idx, t.name, p, p.requires_grad, t.nbytes, t.dtype)
+               for t, (_, p) in zip(infos, named_tensors(model), strict=True)]
+    rec = _Recorder(clock)
+    tracker = UseTracker(model, tensors, rec)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            loss = run_step()
+            tracker.begin_forward()
+            try:
+                loss = run_step()
+            finally:
+                tracker.end_forward()
             loss.backward()
+            tracker.end_backward()
     finally:
-        for h in handles:
-            h.remove()
+        tracker.remove()
     for p in model.parameters():
         p.grad = None
+    rows = rec.rows
     t0 = min((r["start"] for r in rows), default=0.0)
     for r in rows:
+        r["end"] = (r["end"] if r["end"] is not None else r["start"]) - t0
         r["start"] -= t0
-        r["end"] = (r["end"] if r["end"] is not None else r["start"] + t0) - t0
-    missing = [t.name for t in infos if t.idx not in set(grad_order)]
+    got = set(rec.grad_order)
+    missing = [t.name for t in infos if t.trainable and t.idx not in got]
     if missing:
-        raise ProfileError(f"no gradient reached {len(missing)} parameters (e.g. {missing[0]}): is every "
-                           f"parameter used in the loss?")
-    return Profile(model_name, model_signature(model), batch, seq, infos, uses, grad_order, rows)
+        raise ProfileError(f"no gradient reached {len(missing)} trainable parameters (e.g. {missing[0]}): is "
+                           f"every parameter used in the loss? (freeze unused ones with requires_grad=False)")
+    return Profile(model_name, model_signature(model), batch, seq, infos, rec.uses, rec.grad_order, rows)

@@ -89,6 +89,8 @@ class Entry:
     on_done: Callable[[], None] | None = None
     last_use: int = 0
     bound: bool = False
+    trainable: bool = True
+    view_refs: int = 0  # live views of the tensor's storage returned to the model (they keep it held)
 
     @property
     def key(self) -> str:
@@ -120,7 +122,18 @@ class TierStore:
         self.stats = MoveStats()
         self.inflight: set[Entry] = set()
         self._staging: dict[int, torch.Tensor] = {}
-        self.placeholder = torch.empty(0, dtype=entries[0].dtype if entries else torch.bfloat16, device=device)
+        # an unbound parameter points at an empty tensor of its own dtype: any use outside the tracked
+        # forward fails loudly (shape mismatch) instead of reading another tensor's bytes
+        self.placeholders = {dt: torch.empty(0, dtype=dt, device=device) for dt in {e.dtype for e in entries}}
+        # during backward, autograd's AccumulateGrad reads the parameter's shape and strides (never its
+        # data: backward reads parameters only through saved references); an unbound parameter then points
+        # at a NaN-filled shape stand-in, so a read that should not happen poisons the loss instead of
+        # silently using another tensor's bytes
+        largest: dict[torch.dtype, int] = {}
+        for e in entries:
+            largest[e.dtype] = max(largest.get(e.dtype, 0), e.shape.numel())
+        self.standins = {dt: torch.full((n,), float("nan"), dtype=dt, device=device) for dt, n in largest.items()}
+        self.in_backward = False
 
     # -- binding the parameter to its device storage -------------------------------------------------
     def device_view(self, e: Entry) -> torch.Tensor:
@@ -135,8 +148,18 @@ class TierStore:
         e.bound = True
 
     def unbind(self, e: Entry) -> None:
-        e.param.data = self.placeholder
+        if self.in_backward:
+            e.param.data = self.standins[e.dtype][:e.shape.numel()].view(e.shape)
+        else:
+            e.param.data = self.placeholders[e.dtype]
         e.bound = False
+
+    def set_backward(self, on: bool) -> None:
+        """Enter or leave backward: unbound parameters get (or lose) their shape stand-ins."""
+        self.in_backward = on
+        for e in self.entries:
+            if not e.bound:
+                self.unbind(e)
 
     def ready_on_device(self, e: Entry) -> bool:
         return e.where == DEVICE and (e.pending is None or e.pending.done())
@@ -280,6 +303,36 @@ class TierStore:
                 self.stats.add(DEVICE, NVME, e.nbytes)
         self.unbind(e)
         e.fresh = None
+
+    # -- writing or reading the compute copy wherever it lives (after an update outside a module's use) --
+    def write_home(self, e: Entry, values: torch.Tensor, scratch: torch.Tensor) -> None:
+        """Store `values` (fp32, flat) as e's compute copy in its current tier; `scratch` (>= e.nbytes bytes,
+        free memory) stages the cast for an NVMe write, so nothing is allocated."""
+        self.settle(e)
+        if e.fresh is not None:
+            e.fresh.view(-1).copy_(values)
+        elif e.where == DEVICE:
+            e.dev.view(e.dtype, (e.shape.numel(),)).copy_(values)
+        elif e.where == CPU:
+            e.cpu.view(e.dtype, (e.shape.numel(),)).copy_(values)
+        else:
+            stage = scratch.view(torch.uint8)[:e.nbytes]
+            stage.view(e.dtype).copy_(values)
+            self.nvme.write(e.key, stage, e.nbytes)
+            self.stats.add(CPU, NVME, e.nbytes)
+
+    def read_home(self, e: Entry) -> torch.Tensor:
+        """A new tensor with e's compute copy (for handing frozen parameters back to the model)."""
+        self.settle(e)
+        if e.fresh is not None:
+            return e.fresh.detach().to("cpu", copy=True)
+        if e.where == DEVICE:
+            return e.dev.view(e.dtype, e.shape).to("cpu", copy=True)
+        if e.where == CPU:
+            return e.cpu.view(e.dtype, e.shape).clone()
+        buf = aligned_empty(e.nbytes)
+        self.nvme.read_into(e.key, buf)
+        return buf.view(e.dtype).view(e.shape)
 
     def occupancy(self) -> dict[str, int]:
         return {tier: sum(e.nbytes for e in self.entries if e.where == tier) for tier in (DEVICE, CPU, NVME)}

@@ -25,7 +25,7 @@ from mlsyskit.tools.offload import checkpoint
 from mlsyskit.tools.offload.corpus import batch
 from mlsyskit.tools.offload.engine import Budgets, OffloadEngine, pick_device
 from mlsyskit.tools.offload.model import PRESETS, build_model, preset
-from mlsyskit.tools.offload.optimizer import AdamConfig, adam_update
+from mlsyskit.tools.offload.optimizer import AdamConfig, HyperParams, adam_update
 from mlsyskit.tools.offload.profiler import Profile, model_signature, profile_model
 
 
@@ -111,9 +111,10 @@ def build_engine(cfg: TrainConfig, profile: Profile | None = None) -> OffloadEng
     if cfg.resume:
         start, masters, states = _load_checkpoint(cfg, model)
     budgets = Budgets(cfg.device_mem, cfg.cpu_mem, cfg.opt_mem, cfg.nvme_dir)
+    hyper = HyperParams.fixed(AdamConfig(lr=cfg.lr), list(range(len(masters))))
     return OffloadEngine(model, masters, policy=cfg.policy, budgets=budgets,
                          profile=profile if cfg.policy == "tencache" else None,
-                         adam=AdamConfig(lr=cfg.lr), states=states, adam_step=start, device=pick_device(cfg.device))
+                         hyper=hyper, states=states, adam_step=start, device=pick_device(cfg.device))
 
 
 def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Telemetry | None = None,
@@ -200,8 +201,8 @@ def summarize(steps: list[dict[str, Any]], cfg: TrainConfig, engine: OffloadEngi
 def save_checkpoint(engine: OffloadEngine, cfg: TrainConfig, step: int) -> Path:
     manifest = {"model": cfg.model, "signature": engine.signature, "adam_step": engine.adam_step,
                 "seed": cfg.seed, "batch": cfg.batch, "seq": cfg.seq, "lr": cfg.lr}
-    shapes = {e.name: tuple(e.shape) for e in engine.store.entries}
-    return checkpoint.save(cfg.checkpoint_dir, step, manifest, engine.export_states(), shapes)
+    shapes = {e.name: tuple(e.shape) for e in engine.trainable}
+    return checkpoint.save(cfg.checkpoint_dir, step, manifest, engine.iter_states(), shapes)
 
 
 # Settings that fix the weights' initialisation and the batch stream (a function of seed, batch, seq and
