@@ -72,6 +72,7 @@ class Node:
                 incarnation=_secrets.randbits(30)) if node_id else None)
         if self.controlet is not None and self.sync_datalet_of(datalet):
             self.controlet.read_local = datalet.get
+        self.time_per_op = cls.time_per_op and self.controlet is not None
         self.visible = getattr(cls, "visible", None)  # stored bytes -> client value (aa-ec's versions)
         self.epoch_bytes = str(shard_map.epoch).encode()
         self.src_bytes = (node_id or "proxy").encode()
@@ -179,13 +180,12 @@ class Node:
         return self.only_shard or (self.shard is not None and self.map.shard_for(key) == self.shard)
 
     def submit(self, req: Request) -> None:
-        if self.only_shard:  # the key is ours: no ring lookup
+        if self.only_shard or self.map.shard_for(req.key) == self.shard:  # ours: no ring lookup for one shard
+            if self.time_per_op:
+                self.controlet.now = self.clock.now()
             self.execute(self.controlet.on_client(req))
             return
         shard = self.map.shard_for(req.key)
-        if shard == self.shard:
-            self.execute(self.controlet.on_client(req))
-            return
         replicas = self.map.shards[shard]
         targets = (self.controlet_cls.read_targets(replicas) if req.op is GET or req.op is EXISTS
                    else self.controlet_cls.write_targets(replicas))

@@ -88,6 +88,7 @@ class SimShard:
                 self._complete(req, ConnectionError("replica down"))
                 return
             self.accepted[node].add(req)
+            self.controlets[node].now = self.loop.now()
             self._execute(node, self.controlets[node].on_client(req))
 
         self.loop.schedule(delay, arrive)

@@ -5,8 +5,10 @@ answers at once and propagates it to the other replicas asynchronously. A replic
 an incoming write only if its version is greater than the one it holds for the key.
 Versions are totally ordered (ties on the counter broken by replica index), so once every
 write has reached every replica they all hold the value of the greatest version, whatever
-the delivery order. The counter is a hybrid logical clock: max(counter + 1, now in ms), so
-a replica that restarted empty still stamps its new writes above everything older.
+the delivery order. The counter is a hybrid logical clock: max(counter + 1, now in µs), with
+`now` read for every write, so a replica that restarted empty still stamps its new writes
+above everything older, and of two writes a client makes one after the other at different
+replicas the later one wins (up to clock skew, nil on one machine).
 
 Versions are durable with the data: the datalet stores `version + value` in one value
 (a delete stores a versioned tombstone), so a restart reloads them (on_load) and a crash
@@ -70,6 +72,7 @@ class LastWriterWins(Controlet):
     topology = "aa"
     consistency = "eventual"
     visible = staticmethod(visible)
+    time_per_op = True
 
     def __init__(self, node_id: str, replicas: Sequence[str], epoch: int, options: Any = None,
                  incarnation: int = 0) -> None:
@@ -128,7 +131,7 @@ class LastWriterWins(Controlet):
         if op is RMW:
             return [Fail(req, "ERR read-modify-write commands are not supported by aa-ec: "
                               "last-writer-wins cannot order a read against concurrent writes")]
-        self.counter = max(self.counter + 1, int(self.now * 1000))
+        self.counter = max(self.counter + 1, int(self.now * 1_000_000))
         key = req.key
         old = self.versions.get(key)
         req.existed = old is not None and old[2]

@@ -128,6 +128,7 @@ class Controlet(ABC):
     name: ClassVar[str]
     topology: ClassVar[str]  # "ms" | "aa"
     consistency: ClassVar[str]  # "strong" | "eventual"
+    time_per_op: ClassVar[bool] = False  # True: the runtime sets `now` before every client operation
 
     def __init__(self, node_id: str, replicas: Sequence[str], epoch: int,
                  options: ControletOptions | None = None, incarnation: int = 0) -> None:
