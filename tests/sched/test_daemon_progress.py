@@ -5,6 +5,7 @@ from mlsyskit.tools.sched.daemon import adapter
 from mlsyskit.tools.sched.daemon.jobstore import Job
 from mlsyskit.tools.sched.daemon.progress import TAIL_BYTES, Progress, read_progress
 from mlsyskit.tools.sched.daemon.specs import ClusterConfig, JobRequest, NodeConfig
+from mlsyskit.tools.sched.state import WorkHistory
 from mlsyskit.tools.sched.throughput import ThroughputModel
 
 MODEL = ThroughputModel()
@@ -46,6 +47,31 @@ def test_the_policy_sees_reported_rate_progress_and_losses():
 
 
 def test_finished_jobs_teach_the_history_their_reported_size():
-    done = _job(3, "done", started=0.0, ended=100.0, samples=12345.0, gpus={0: (0, 1)})
-    state = adapter.build_state(CLUSTER, [done, _job(4, "queued")], MODEL, 200.0)
-    assert state.history.total_work("cifar10", 0.0) == 12345.0
+    history = WorkHistory()
+    adapter.learn(history, _job(3, "done", started=0.0, ended=100.0, samples=12345.0, gpus={0: (0, 1)}), MODEL)
+    adapter.learn(history, _job(5, "failed", started=0.0, ended=100.0, samples=1.0, gpus={0: (0, 1)}), MODEL)
+    adapter.learn(history, _job(6, "done", started=0.0, ended=10.0, gpus={0: (0, 1)}), MODEL)   # no reports
+    assert sorted(history.by_app["cifar10"]) == pytest.approx(sorted([12345.0, 10 * MODEL.rate("cifar10", (2,), 256)]))
+    state = adapter.build_state(CLUSTER, [_job(4, "queued")], MODEL, 200.0, history=history)
+    assert state.history is history
+
+
+def test_the_scheduler_remembers_finished_jobs_across_a_restart(tmp_path):
+    from test_daemon_scheduler import FakeExecutor
+
+    from mlsyskit.core.clock import VirtualClock
+    from mlsyskit.tools.sched.daemon.jobstore import JobStore
+    from mlsyskit.tools.sched.daemon.scheduler import Scheduler
+    from mlsyskit.tools.sched.executors.base import EXITED, Status
+    from mlsyskit.tools.sched.policies import create_policy
+
+    store, clock, ex = JobStore(tmp_path / "jobs.db"), VirtualClock(0.0), FakeExecutor()
+    sched = Scheduler(CLUSTER, store, ex, create_policy("marble", MODEL), MODEL, clock, tmp_path)
+    job = sched.submit(JobRequest(cmd="x", app="ncf", gpus=1))
+    sched.step()
+    clock.advance(50)
+    ex.status[f"h{job.id}"] = Status(EXITED, exit_code=0)
+    sched.step()
+    assert len(sched.history.by_app["ncf"]) == 1
+    again = Scheduler(CLUSTER, store, FakeExecutor(), create_policy("marble", MODEL), MODEL, clock, tmp_path)
+    assert list(again.history.by_app["ncf"]) == list(sched.history.by_app["ncf"])

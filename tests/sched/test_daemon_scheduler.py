@@ -169,6 +169,15 @@ def test_min_gpus_is_honoured_and_the_policy_sizes_the_rest(tmp_path):
     assert sched.store.get(big.id).held >= 3
 
 
+def test_jobs_larger_than_the_cluster_are_refused(tmp_path):
+    sched, _, _ = make(tmp_path)
+    with pytest.raises(UsageError, match="gpus: 9 is more GPUs than the cluster has"):
+        sched.submit(job(gpus=9))
+    with pytest.raises(UsageError, match="max_gpus: 12"):
+        sched.submit(job(gpus=4, max_gpus=12))
+    assert sched.store.jobs() == []
+
+
 def test_job_and_cluster_specs_name_the_bad_field(tmp_path):
     for data, field in [({"cmd": "x", "app": "ncf"}, "gpus"), ({"cmd": "", "app": "ncf", "gpus": 1}, "cmd"),
                         ({"cmd": "x", "app": "ncf", "gpus": 0}, "gpus"),

@@ -63,18 +63,24 @@ def _shape_of(job: Job) -> tuple[int, ...]:
     return tuple(sorted((g for g in job.shape if g), reverse=True))
 
 
+def learn(history: WorkHistory, job: Job, model: ThroughputModel) -> None:
+    """Add a job that ended `done` to the work history: its last reported samples, else run time x rate."""
+    if job.state != DONE or job.started is None or job.ended is None or not job.shape:
+        return
+    if job.samples:
+        history.add(job.request.app, job.samples)
+    else:
+        rate = model.rate(job.request.app, _shape_of(job), batch_of(job, model))
+        history.add(job.request.app, max(0.0, job.ended - job.started) * rate)
+
+
 def build_state(cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel, now: float,
-                reports: Mapping[int, Progress] | None = None) -> ClusterState:
+                reports: Mapping[int, Progress] | None = None, history: WorkHistory | None = None) -> ClusterState:
+    """The policy's view of the queued and GPU-holding `jobs`; `history` holds the finished ones."""
     spec = ClusterSpec(len(cluster.nodes), cluster.gpus_per_node)
-    state = ClusterState(spec, FreeMap(spec), now=now, by_end=SortedList(), restart_cost=0.0, history=WorkHistory())
+    state = ClusterState(spec, FreeMap(spec), now=now, by_end=SortedList(), restart_cost=0.0,
+                         history=history if history is not None else WorkHistory())
     reports = reports or {}
-    for job in jobs:
-        if job.state == DONE and job.started is not None and job.ended is not None and job.shape:
-            if job.samples:
-                state.history.add(job.request.app, job.samples)
-            else:
-                rate = model.rate(job.request.app, _shape_of(job), batch_of(job, model))
-                state.history.add(job.request.app, max(0.0, job.ended - job.started) * rate)
     for job in jobs:
         if job.state not in (QUEUED, *ACTIVE):
             continue
@@ -104,8 +110,8 @@ def build_state(cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel,
 
 
 def plan(policy: Policy, cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel, now: float,
-         reports: Mapping[int, Progress] | None = None) -> Plan:
-    state = build_state(cluster, jobs, model, now, reports)
+         reports: Mapping[int, Progress] | None = None, history: WorkHistory | None = None) -> Plan:
+    state = build_state(cluster, jobs, model, now, reports, history)
     if not state.queue:
         return Plan((), ())
     by_id = {j.id: j for j in jobs}

@@ -34,6 +34,7 @@ from mlsyskit.tools.sched.daemon.specs import ClusterConfig, JobRequest
 from mlsyskit.tools.sched.executors.base import EXITED, Executor, ExecutorError, Launch, NodeSlice
 from mlsyskit.tools.sched.executors.base import RUNNING as EXEC_RUNNING
 from mlsyskit.tools.sched.policies.base import Policy
+from mlsyskit.tools.sched.state import WorkHistory
 from mlsyskit.tools.sched.throughput import ThroughputModel
 
 
@@ -50,13 +51,17 @@ class Scheduler:
         self.lock = threading.RLock()
         self._cancel_deadline: dict[int, float] = {}
         self._said: set[str] = set()
+        self.history = WorkHistory()   # finished jobs' sizes, read once here and kept up to date
+        for job in store.jobs((DONE,)):
+            adapter.learn(self.history, job, model)
 
     # ---- requests ----------------------------------------------------------------------------------
     def submit(self, request: JobRequest) -> Job:
         self.model.check_app(request.app)
-        if request.min_gpus > len(self.cluster.nodes) * self.cluster.gpus_per_node:
-            raise UsageError(f"min_gpus: {request.min_gpus} is more GPUs than the cluster has "
-                             f"({len(self.cluster.nodes) * self.cluster.gpus_per_node})")
+        total = len(self.cluster.nodes) * self.cluster.gpus_per_node
+        for name, value in (("gpus", request.gpus), ("max_gpus", request.upper_gpus)):
+            if value > total:  # as the simulator refuses: no policy could ever start it as asked
+                raise UsageError(f"{name}: {value} is more GPUs than the cluster has ({total})")
         with self.lock:
             job_id = self.store.add(request, self.clock.now())
             self.log(f"job {job_id} ({request.display_name}) queued: {request.gpus} GPU(s), app {request.app}")
@@ -126,6 +131,7 @@ class Scheduler:
             report = read_progress(self.launch_of(job).run_dir / "progress")
             self.store.finish(job.id, state, now, status.exit_code, "" if state == DONE else
                               f"exit status {status.exit_code}", report.s_last if report else None)
+            adapter.learn(self.history, self.store.get(job.id), self.model)
             self.log(f"job {job.id} {state} (exit {status.exit_code})")
         else:
             self.store.finish(job.id, LOST, now, None, status.reason)
@@ -142,7 +148,7 @@ class Scheduler:
         if not any(j.state == QUEUED for j in jobs):
             return
         now = self.clock.now()
-        result = adapter.plan(self.policy, self.cluster, jobs, self.model, now, self._reports(jobs))
+        result = adapter.plan(self.policy, self.cluster, jobs, self.model, now, self._reports(jobs), self.history)
         for why in result.ignored:
             self._say(why)
         held = {node: set() for node in range(len(self.cluster.nodes))}
