@@ -20,7 +20,7 @@ def starts(decision):
 
 
 def test_registry_has_the_six_policies_and_rejects_bad_names():
-    assert sorted(POLICIES) == ["backfill", "fifo", "marble", "marble-elastic", "optimus", "tiresias"]
+    assert sorted(POLICIES) == ["backfill", "fifo", "marble", "marble-elastic", "marble-las", "optimus", "tiresias"]
     with pytest.raises(KeyError, match="unknown policy"):
         create_policy("lsf", MODEL)
 
@@ -215,3 +215,28 @@ def test_tiresias_incremental_index_decides_as_a_fresh_rebuild():
     policy = Checked()
     Simulator(spec, policy, truth, jobs, restart_cost=30.0).run()
     assert policy.compared > 100
+
+
+def test_marble_las_sizes_like_marble_and_preempts_like_tiresias():
+    # Sizing: flat asks 6 but is efficient on 2 (marble's p*), lin on 4: both share the node.
+    d = create_policy("marble-las", MODEL).decide(state_with(ONE_NODE, [job(1, "flat", 6, 1e4), job(2, "lin", 4, 1e4)]))
+    assert {k: v.shape for k, v in starts(d).items()} == {1: (2,), 2: (4,)}
+    # Order: a job that has held 6 GPUs for 5000 s (30000 GPU-s, queue 1) is preempted for a new one.
+    state = state_with(ONE_NODE, [job(2, "lin", 6, 1000, arrival=5000.0)], now=5000.0)
+    old = run_job(state, MODEL, job(1, "lin", 6, 1e9), [(0, 6)])
+    old.since, old.first_start = 0.0, 0.0
+    d = create_policy("marble-las", MODEL, PolicyOptions(tiresias_thresholds=(3600.0,))).decide(state)
+    assert Preempt(1) in d.actions and starts(d)[2].shape == (6,)
+
+
+def test_marble_las_grows_a_job_started_small_when_nothing_waits():
+    # Seven sub jobs asking 6 arrive at once on one 6-GPU node: more jobs wait than GPUs are free,
+    # so with pressure sizing on (0.8) each is sized under pressure (2 GPUs; quiet p* is 4). Jobs 2-7 are short (300 s on 2
+    # GPUs); when they are done and nothing waits, job 1, still on 2 GPUs, is grown onto 4.
+    jobs = [job(1, "sub", 6, 19.0 * 20000), *(job(i, "sub", 6, 19.0 * 300) for i in range(2, 8))]
+    opts = PolicyOptions(las_pressure_threshold=0.8)
+    result = Simulator(ONE_NODE, create_policy("marble-las", MODEL, opts), MODEL, jobs, restart_cost=30.0).run()
+    assert len(result.finish) == 7
+    assert result.counters["resizes"] == 1 and result.counters["preemptions"] == 0
+    # on 2 GPUs alone it would end at 20000 s; grown to 4 (32/s vs 19/s) around t=1000 it ends near 12300
+    assert result.finish[1] < 0.65 * 20000

@@ -4,15 +4,10 @@ from __future__ import annotations
 import math
 import statistics
 
+from mlsyskit.core.telemetry import percentile
 from mlsyskit.tools.sched.simulator import SimResult
 
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (the same rule as core.telemetry)."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+__all__ = ["aggregate", "downsample", "jcts", "percentile", "summarize", "timing"]
 
 
 def jcts(result: SimResult) -> list[float]:
@@ -20,16 +15,20 @@ def jcts(result: SimResult) -> list[float]:
 
 
 def summarize(result: SimResult, total_gpus: int) -> dict[str, float | int | str]:
-    """JCT, queueing delay, makespan and utilisation. Allocation utilisation = GPU-seconds held /
+    """JCT, queueing delay, makespan, utilisation and slowdown (JCT / run time alone on the GPUs
+    asked for, compact layout; the worst job's is `max_slowdown`). Allocation utilisation = GPU-seconds held /
     (GPUs x makespan); effective utilisation = work done in single-GPU seconds / (GPUs x makespan),
     i.e. held GPUs weighted by how efficiently each job used them."""
     jct = jcts(result)
+    slowdown = [(result.finish[r.spec.job_id] - r.spec.arrival) / result.ideal[r.spec.job_id] for r in result.jobs] \
+        if result.ideal else [math.nan]
     delays = [r.first_start - r.spec.arrival for r in result.jobs]
     span = result.makespan_end - result.makespan_start
     capacity = total_gpus * span
     return {
         "policy": result.policy, "cluster": result.cluster, "jobs": len(jct),
-        "avg_jct_s": statistics.fmean(jct), "median_jct_s": statistics.median(jct), "p99_jct_s": percentile(jct, 99),
+        "avg_jct_s": statistics.fmean(jct), "median_jct_s": statistics.median(jct), "p95_jct_s": percentile(jct, 95),
+        "p99_jct_s": percentile(jct, 99), "max_slowdown": max(slowdown),
         "makespan_s": span, "avg_queue_delay_s": statistics.fmean(delays), "p99_queue_delay_s": percentile(delays, 99),
         "alloc_util": result.gpu_seconds_held / capacity if capacity else 0.0,
         "effective_util": result.effective_gpu_seconds / capacity if capacity else 0.0,

@@ -32,7 +32,7 @@ from mlsyskit.tools.sched.state import (
     Start,
     estimated_remaining,
 )
-from mlsyskit.tools.sched.throughput import ThroughputModel
+from mlsyskit.tools.sched.throughput import ThroughputModel, compact_shape
 
 LOSS_REPORT_S = 300.0    # a running job reports its loss at most this often (seconds)
 MAX_LOSS_REPORTS = 64    # older reports are thinned to every other one beyond this
@@ -54,6 +54,7 @@ class SimResult:
     effective_gpu_seconds: float
     timeline: list[tuple[float, int, float]]   # (time, GPUs allocated, effective GPUs)
     counters: dict[str, int]
+    ideal: dict[int, float] = field(default_factory=dict)   # run time alone on the GPUs asked (compact)
     decision_ms: list[float] = field(default_factory=list)  # wall time; not part of the deterministic result
     wall_s: float = 0.0
     events: int = 0
@@ -124,9 +125,11 @@ class Simulator:
             stuck = len(self.jobs) - len(self.finish)
             raise PolicyError(f"policy {self.policy.name} left {stuck} job(s) unfinished with no event pending")
         end = max(self.finish.values())
+        gpn = self.spec.gpus_per_node
+        ideal = {j.job_id: j.work / self.model.rate(j.app, compact_shape(j.gpus, gpn), j.batch_size) for j in self.jobs}
         return SimResult(self.policy.name, str(self.spec), list(self.records.values()), self.finish,
                          self.jobs[0].arrival, end, self._gpu_seconds, self._effective_gpu_seconds(),
-                         self.timeline, dict(self.counters), self.decision_ms,
+                         self.timeline, dict(self.counters), ideal, self.decision_ms,
                          time.perf_counter() - wall0, self.loop.events_run)
 
     def _arrive(self) -> None:

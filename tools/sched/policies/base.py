@@ -41,6 +41,9 @@ class PolicyOptions:
     tiresias_thresholds: tuple[float, ...] = (3600.0, 36000.0)  # GPU-seconds between LAS queues
     optimus_interval: float = 600.0       # seconds between Optimus' full re-allocations
     grow_min_gain: float = 1.0            # marble-elastic: grow only if it saves this many restart costs
+    # marble-las: its own pressure threshold, chosen by leave-one-family-out cross-validation in
+    # scripts/bench_marble.py (0.5 = pressure sizing off won on every held-out family).
+    las_pressure_threshold: float = 0.5
 
     def __post_init__(self) -> None:
         require(0.0 <= self.efficiency_threshold <= 1.5, "efficiency_threshold must be in [0, 1.5]")
@@ -50,6 +53,7 @@ class PolicyOptions:
                 and all(t > 0 for t in self.tiresias_thresholds), "tiresias_thresholds must be positive and rising")
         require(self.optimus_interval > 0, "optimus_interval must be > 0")
         require(self.grow_min_gain >= 0, "grow_min_gain must be >= 0")
+        require(0.0 <= self.las_pressure_threshold <= 1.5, "las_pressure_threshold must be in [0, 1.5]")
 
 
 class Policy(ABC):

@@ -116,25 +116,36 @@ class Tiresias(Policy):
                         key = self._key[job_id]
                         self._running.discard(key)
                         self._waiting.add(key)
-            for job in admitted:
-                placement = free.fit(compact_shape(job.gpus, state.spec.gpus_per_node)) or free.spread(job.gpus)
-                if placement is None:
+            for job, gpus in admitted:
+                placed = self.place(state, free, job, gpus)
+                if placed is None:
                     continue
+                placement, shape = placed
                 free.take(placement)
-                actions.append(Start(job.job_id, placement, tuple(sorted((g for _, g in placement), reverse=True))))
+                actions.append(Start(job.job_id, placement, shape))
                 key = self._key[job.job_id]
                 self._waiting.discard(key)
                 self._running.add(key)
-                self._push_crossing(job, now, job.attained, job.gpus)
+                self._push_crossing(job, now, job.attained, sum(g for _, g in placement))
         while self._cross and self._cross[0][1] not in state.running and \
                 not any(isinstance(a, Start) and a.job_id == self._cross[0][1] for a in actions):
             heapq.heappop(self._cross)   # drop stale crossings so the wake-up is a live one
         wake = self._cross[0][0] if self._cross else math.inf
         return Decision(tuple(actions), None if math.isinf(wake) or wake <= now else wake)
 
-    def _walk(self, state: ClusterState, order, capacity: int) -> tuple[list[JobView], set[int]]:
-        """Admit jobs in priority order while their requested GPUs fit `capacity`."""
-        admitted: list[JobView] = []
+    def grant(self, state: ClusterState, job: JobView, capacity: int) -> int:
+        """GPUs a waiting job is admitted with when `capacity` remain (0: it does not fit):
+        exactly what it asked for."""
+        return job.gpus if job.gpus <= capacity else 0
+
+    def place(self, state: ClusterState, free, job: JobView, gpus: int):
+        """(placement, shape) for an admitted job, consolidated; None if the GPUs are fragmented."""
+        placement = free.fit(compact_shape(gpus, state.spec.gpus_per_node)) or free.spread(gpus)
+        return None if placement is None else (placement, tuple(sorted((g for _, g in placement), reverse=True)))
+
+    def _walk(self, state: ClusterState, order, capacity: int) -> tuple[list[tuple[JobView, int]], set[int]]:
+        """Admit jobs in priority order while they fit `capacity` (running jobs with what they hold)."""
+        admitted: list[tuple[JobView, int]] = []
         keep: set[int] = set()
         misses, seen_running = 0, 0
         for _, _, job_id in order:
@@ -142,15 +153,20 @@ class Tiresias(Policy):
                 break
             running = job_id in state.running
             seen_running += running
-            job = state.running[job_id] if running else state.queue[job_id]
-            if job.gpus <= capacity:
-                capacity -= job.gpus
-                if running:
+            if running:
+                gpus = state.running[job_id].held_gpus
+                if gpus <= capacity:
+                    capacity -= gpus
                     keep.add(job_id)
-                else:
-                    admitted.append(job)
+                    continue
             else:
-                misses += 1
-                if misses > self.options.backfill_depth and seen_running == len(state.running):
-                    break
+                job = state.queue[job_id]
+                gpus = self.grant(state, job, capacity)
+                if gpus:
+                    capacity -= gpus
+                    admitted.append((job, gpus))
+                    continue
+            misses += 1
+            if misses > self.options.backfill_depth and seen_running == len(state.running):
+                break
         return admitted, keep
