@@ -91,6 +91,12 @@ class Chaos:
         return max((e["round"] for e in events(self.run_dir / "events.jsonl") if e["kind"] == "round_start"),
                    default=0)
 
+    def open_round_selected(self) -> list[int]:
+        log = events(self.run_dir / "events.jsonl")
+        starts = [e for e in log if e["kind"] == "round_start"]
+        ended = {e["round"] for e in log if e["kind"] == "round_end"}
+        return starts[-1]["selected"] if starts and starts[-1]["round"] not in ended else []
+
     def rounds_ended(self) -> int:
         return max((e["round"] for e in events(self.run_dir / "events.jsonl") if e["kind"] == "round_end"),
                    default=0)
@@ -122,7 +128,9 @@ class Chaos:
             self.killed["server"] += 1
             self.server = self.start_server()
         else:
-            cid = self.rng.randrange(CLIENTS)
+            # prefer a client selected in the open round that has not sent its update: a mid-round loss
+            victims = sorted(set(self.open_round_selected()) - {c for c, r in self.trained if r == self.rounds_started()})
+            cid = self.rng.choice(victims) if victims else self.rng.randrange(CLIENTS)
             task = self.tasks[cid]
             task.cancel()  # the channel closes mid-call: to the server, a vanished client
             await asyncio.gather(task, return_exceptions=True)
@@ -163,6 +171,31 @@ def replay(config: JobConfig, run_dir, replay_db) -> tuple[Coordinator, list[dic
                   if c["global_accuracy"] is not None}
     coordinator.finish_job(accuracies)
     return coordinator, rounds
+
+
+def test_backoff_is_capped_full_jitter_reproducible_and_resets():
+    from mlsyskit.tools.fl.backoff import Backoff
+
+    def delays(seed: int, n: int) -> list[float]:
+        backoff = Backoff(0.1, 2.0, random.Random(seed))
+        out = []
+        for _ in range(n):
+            ceiling = backoff.ceiling()
+            out.append(backoff.next_delay())
+            assert 0 <= out[-1] <= ceiling <= 2.0
+        return out
+
+    assert delays(3, 50) == delays(3, 50) != delays(4, 50)
+    backoff = Backoff(0.1, 2.0, random.Random(0))
+    assert [backoff.ceiling() for _ in range(1)] == [0.1]
+    for _ in range(10):
+        backoff.next_delay()
+    assert backoff.ceiling() == 2.0  # capped
+    backoff.reset()
+    assert backoff.ceiling() == 0.1
+    assert max(delays(5, 200)[10:]) > 1.0 and min(delays(5, 200)[10:]) < 0.5  # spread over [0, cap]
+    with pytest.raises(ValueError):
+        Backoff(1.0, 0.5)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="kill -9 of process groups")
@@ -207,8 +240,6 @@ def test_twenty_kills_of_server_and_clients_job_completes_books_balance_model_ma
         state = store.get("fl", "state")
     assert paid_twice == [] and charged_twice == [], f"seed {SEED}"
     assert sorted(endowed) == [(f"client:{cid}", 1) for cid in range(CLIENTS)]
-    assert any(r["reports"][c]["status"] == "failed" for r in rounds for c in r["reports"]), \
-        "no fault landed mid-round"
 
     from mlsyskit.core.rpc_codec import decode
 
@@ -225,3 +256,5 @@ def test_twenty_kills_of_server_and_clients_job_completes_books_balance_model_ma
         print([(r["round"], r["selected"], {c: v["status"] for c, v in r["reports"].items()}) for r in rounds])
     assert chaos_rows == replayed_rows, f"seed {SEED}: the ledger differs from the fault-free replay"
     replayed.store.close()
+    assert any(r["reports"][c]["status"] == "failed" for r in rounds for c in r["reports"]), \
+        f"seed {SEED}: no fault landed mid-round"

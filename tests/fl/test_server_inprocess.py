@@ -216,3 +216,46 @@ def test_real_transport_and_simulation_give_the_same_job(tmp_path):
         assert [r[3] for r in real_rows] == pytest.approx([r[3] for r in sim_rows], abs=1e-12)
         assert sim.coordinator.ledger.totals_by("refund")  # the final reimbursement is part of both
     real_store.close()
+
+
+def test_a_reconnect_mid_round_drops_the_old_stream_at_once(tmp_path):
+    """Client 1 is selected, then opens a new session (as after a lost connection) before reporting: the
+    round marks it failed at once instead of waiting for its 60 s deadline, and goes on with client 0."""
+    config = JobConfig(strategy="fedavg", rounds=1, per_round=2, min_clients=2, round_timeout_s=60.0,
+                       data=DataSpec(num_clients=2))
+
+    async def flaky(address: str) -> None:
+        hello = {"client_id": 1, "num_samples": 10, "local_only_accuracy": 0.5}
+        async with RpcClient(address) as rpc:
+            first = rpc.bidi("session", timeout=60)
+            await first.send(hello)
+            async for task in first:
+                if task["type"] == "train":
+                    break  # selected; now "reconnect" without reporting
+            second = rpc.bidi("session", timeout=60)
+            await second.send(hello)
+            async for task in second:
+                if task["type"] == "evaluate":
+                    await rpc.call("evaluate", {"client_id": 1, "accuracy": 0.5})
+                elif task["type"] == "done":
+                    break
+            first.cancel()
+            second.cancel()
+
+    async def main():
+        store = MetaStore(tmp_path / "fl.db")
+        server = FlServer(config, store, eval_timeout_s=10.0)
+        port = await server.start()
+        address = f"127.0.0.1:{port}"
+        try:
+            await asyncio.gather(server.serve(registration_timeout_s=30), flaky(address), FlClient(address, 0).run())
+        finally:
+            await server.stop()
+        store.close()
+        return server
+
+    server = asyncio.run(asyncio.wait_for(main(), 50))
+    (outcome,) = server.outcomes
+    assert outcome.reports[1].status == "failed" and "reconnected mid-round" in outcome.reports[1].reason
+    assert outcome.reports[0].status == "valid"
+    assert outcome.duration_s < 30  # did not wait for the 60 s deadline

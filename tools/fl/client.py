@@ -74,6 +74,7 @@ class FlClient:
         self._data = None
         self._local_only: float | None = None
         self._last_contact = self.clock.now()
+        self._ever_connected = False  # before the first answer, a refused connection is a server not up yet
         self._trained: tuple[tuple, dict] | None = None  # (task key, update): a re-sent task is not retrained
 
     async def _prepare(self) -> None:
@@ -100,6 +101,7 @@ class FlClient:
 
     def _touch(self) -> None:
         self._last_contact = self.clock.now()
+        self._ever_connected = True
         self.backoff.reset()
 
     async def run(self) -> ClientSummary:
@@ -133,7 +135,11 @@ class FlClient:
                                 f"last error: {failure.message}")
         delay = self.backoff.next_delay()
         self.summary.reconnects += 1
-        log.warning("client %d lost the server (%s); reconnecting in %.2fs", self.client_id, failure.message, delay)
+        if self._ever_connected:
+            log.warning("client %d lost the server (%s); reconnecting in %.2fs", self.client_id, failure.message, delay)
+        else:
+            log.debug("client %d: waiting for the server (%s); retrying in %.2fs", self.client_id, failure.message,
+                      delay)
         await self.clock.asleep(delay)
 
     async def _check_tls_matches(self) -> None:
