@@ -2,9 +2,9 @@
 
 Validation runs on every update before it can be aggregated or paid: it must be for the open
 round, from a selected client, with exactly the global model's names, shapes and dtypes, finite,
-no larger than the configured byte limit, with sane metrics. After the round closes, updates
-whose distance from the global model is more than `max_norm_ratio` times the round's median are
-rejected too (a cheap guard against a provider that sends noise while reporting good quality).
+no larger than the configured byte limit, with sane metrics. What an update is worth (its size
+and direction against the server's own reference update) is checked next, also before the
+receipt, by the strategy's verifier (incentive/verify.py).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mlsyskit.tools.fl.model import Weights, flatten
+from mlsyskit.tools.fl.model import Weights
 
 METRIC_KEYS = ("num_samples", "loss", "quality", "train_time_s", "cpu_time_s")
 
@@ -46,19 +46,6 @@ def validate_update(weights: Any, metrics: Any, reference: Weights, max_bytes: i
     if int(metrics["num_samples"]) < 1:
         return "num_samples must be at least 1"
     return None
-
-
-def outliers_by_norm(updates: Mapping[int, Weights], reference: Weights, ratio: float) -> dict[int, str]:
-    """Clients whose update moved the model more than `ratio` x the median distance of the round."""
-    if len(updates) < 3:  # a median of one or two says nothing
-        return {}
-    base = flatten(reference)
-    norms = {cid: float(np.linalg.norm(flatten(w) - base)) for cid, w in updates.items()}
-    median = float(np.median(list(norms.values())))
-    if median <= 0:
-        return {}
-    return {cid: f"update norm {n:.3g} is {n / median:.1f}x the round median {median:.3g}"
-            for cid, n in norms.items() if n > ratio * median}
 
 
 def fedavg(updates: Sequence[tuple[Weights, int]]) -> Weights:

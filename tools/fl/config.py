@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass, field
 
 from mlsyskit.core.config import require
 
-DATASETS = ("digits", "mnist1d", "synthetic")
+DATASETS = ("digits", "mnist1d", "synthetic", "breast-cancer")
 PARTITIONS = ("iid", "dirichlet", "shards")
-ATTACKS = ("none", "label-flip", "noisy-labels", "random-update")
+ATTACKS = ("none", "label-flip", "noisy-labels", "random-update", "free-rider", "quality-liar", "sign-flip", "scaled")
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,8 @@ class DataSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        require(self.dataset in DATASETS, f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
+        require(self.dataset in DATASETS or ":" in self.dataset,
+                f"dataset must be one of {', '.join(DATASETS)} or package.module:loader, got {self.dataset!r}")
         require(self.partition in PARTITIONS, f"partition must be one of {', '.join(PARTITIONS)}")
         require(self.num_clients >= 1, "num_clients must be at least 1")
         require(self.alpha > 0, "alpha must be positive")
@@ -45,6 +46,7 @@ class TrainSpec:
     lr: float = 0.05
     momentum: float = 0.9
     hidden: int = 64
+    model: str = ""  # "package.module:factory" -> torch nn.Module(num_features, num_classes); "" = the MLP
     local_only_epochs: int = 20  # the consumer's local-only baseline for the utility ratio
 
     def __post_init__(self) -> None:
@@ -80,7 +82,7 @@ class EconomyConfig:
     price: float = 1.0  # paid into escrow by every consumer each round
     infra_fee: float = 0.1  # fraction of escrow kept by the infrastructure
     quality_exponent: float = 2.0  # provider weight = samples * quality ** exponent
-    quality_floor: float = 0.5  # x round median quality: providers below it are not paid
+    quality_floor: float = 0.25  # x round median quality: providers below it are neither aggregated nor paid
     reimburse_every: int = 0  # rounds between consumer reimbursements; 0 = once, at the end of the job
 
     def __post_init__(self) -> None:

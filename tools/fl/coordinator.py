@@ -16,13 +16,14 @@ from mlsyskit.core.clock import Clock
 from mlsyskit.core.rpc_codec import decode, encode
 from mlsyskit.core.sim import Seeds, sub_seed
 from mlsyskit.core.storage import MetaStore
-from mlsyskit.tools.fl.aggregation import outliers_by_norm, validate_update
+from mlsyskit.tools.fl.aggregation import validate_update
 from mlsyskit.tools.fl.config import JobConfig
-from mlsyskit.tools.fl.data import load_federated
+from mlsyskit.tools.fl.data import ClientData, load_federated
 from mlsyskit.tools.fl.incentive.ledger import MINT, POOL, Ledger, Transfer, client_account
-from mlsyskit.tools.fl.model import Weights, evaluate, init_weights
+from mlsyskit.tools.fl.model import Weights, evaluate, init_weights, shape_mismatch
 from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
 from mlsyskit.tools.fl.strategy import STRATEGIES
+from mlsyskit.tools.fl.strategy.base import Validation
 
 NS = "fl"
 
@@ -53,17 +54,28 @@ class Coordinator:
         # FedAvg and TIFF's pay both weigh by it, and an inflated count would buy weight and tokens
         self.partition_sizes = tuple(c.num_samples for c in data.clients)
 
-        def evaluator(weights: Weights) -> dict[str, float]:
-            return evaluate(weights, data.x_test, data.y_test)
+        model, classes = config.train.model, data.num_classes
 
-        self.strategy = STRATEGIES.get(config.strategy)(config, evaluator)
+        def val_accuracy(weights: Weights) -> float:
+            return evaluate(weights, data.x_val, data.y_val, model, classes)["accuracy"]
+
+        def evaluator(weights: Weights) -> dict[str, float]:  # test metrics, and the server's validation accuracy
+            return evaluate(weights, data.x_test, data.y_test, model, classes) | {"val_accuracy": val_accuracy(weights)}
+
+        validation = Validation(ClientData(-1, data.x_val, data.y_val, data.x_val[:0], data.y_val[:0]),
+                                data.num_features, data.num_classes, val_accuracy)
+        self.strategy = STRATEGIES.get(config.strategy)(config, evaluator, validation)
         self.weights = init_weights(self.num_features, self.num_classes, config.train.hidden,
-                                    sub_seed(config.seed, "model-init"))
+                                    sub_seed(config.seed, "model-init"), config.train.model)
         self.round = 0  # last committed round
         self.clients: dict[int, dict[str, Any]] = {}
         self.consumer_accuracy: dict[int, float] = {}
         self.last_reimbursed = 0
         self.finished = False
+        # the model the job keeps: the best so far on the server's validation split (the last one can be worse)
+        self.kept_weights, self.kept_round, self.kept_val_accuracy = self.weights, 0, -1.0
+        self.kept_accuracy: float | None = None  # its test accuracy
+        self._consumers: list[int] = []  # connected when the open round began: the ones charged for it
         self._plan: RoundPlan | None = None
         self._reports: dict[int, ClientReport] = {}
         self._updates: dict[int, Weights] = {}
@@ -87,22 +99,35 @@ class Coordinator:
             self.round = state["round"]
             self.weights = decode(state["weights"])
             self.strategy.selector.load_state_dict(state["selector"])
+            self.strategy.load_state_dict(state.get("strategy", {}))
             self.consumer_accuracy = {int(k): v for k, v in state["consumer_accuracy"].items()}
             self.last_reimbursed = state["last_reimbursed"]
+            kept = state.get("kept")
+            if kept is not None:
+                self.kept_weights, self.kept_round = decode(kept["weights"]), kept["round"]
+                self.kept_val_accuracy, self.kept_accuracy = kept["val_accuracy"], kept["accuracy"]
+            else:
+                self.kept_weights, self.kept_round = self.weights, self.round
             self.finished = state["finished"] and self.round >= self.config.rounds  # more rounds asked: reopen
 
     def _checkpoint(self) -> None:
         self.store.put(NS, "state", {
             "round": self.round, "weights": encode(self.weights),
-            "selector": self.strategy.selector.state_dict(),
+            "selector": self.strategy.selector.state_dict(), "strategy": self.strategy.state_dict(),
             "consumer_accuracy": {str(k): v for k, v in self.consumer_accuracy.items()},
-            "last_reimbursed": self.last_reimbursed, "finished": self.finished})
+            "last_reimbursed": self.last_reimbursed, "finished": self.finished,
+            "kept": {"weights": encode(self.kept_weights), "round": self.kept_round,
+                     "val_accuracy": self.kept_val_accuracy, "accuracy": self.kept_accuracy}})
 
     # -- registration ------------------------------------------------------------------------------
     def register(self, client_id: int, info: dict[str, Any]) -> None:
         """A client joined (or rejoined). First-time clients receive the endowment."""
         if not 0 <= client_id < self.config.data.num_clients:
             raise ValueError(f"client id {client_id} is outside 0..{self.config.data.num_clients - 1}")
+        if "shapes" in info:  # the client built its model from the same TrainSpec: names and shapes must agree
+            mismatch = shape_mismatch(self.weights, info["shapes"])
+            if mismatch is not None:
+                raise ValueError(f"client {client_id}: {mismatch}")
         record = {"num_samples": int(info.get("num_samples", 0)),
                   "local_only_accuracy": float(info.get("local_only_accuracy", 0.0)),
                   "declared_attack": str(info.get("declared_attack", "none"))}
@@ -127,7 +152,9 @@ class Coordinator:
             raise RuntimeError(f"round {self._plan.round} is still open")
         number = self.round + 1
         rng = Seeds(self.config.seed).random(f"select:{number}")
-        selected = self.strategy.configure_round(number, sorted(set(available) & set(self.clients)), rng)
+        self._consumers = sorted(set(available) & set(self.clients))
+        selected = self.strategy.configure_round(number, self._consumers, rng)
+        self.strategy.prepare_round(number, self.weights, sub_seed(self.config.seed, f"reference:{number}") % (2**31))
         seeds = {cid: sub_seed(self.config.seed, f"train:{number}:{cid}") % (2**31) for cid in selected}
         self._plan = RoundPlan(number, selected, self.weights, self.config.train.__dict__.copy(), seeds,
                                now + self.config.round_timeout_s)
@@ -152,10 +179,14 @@ class Coordinator:
         if reason is None and "consumer_accuracy" in clean and not 0 <= clean["consumer_accuracy"] <= 1:
             # it feeds the consumers' refunds (utility ratio): out of [0, 1] (or NaN) is a lie, not a measurement
             reason = f"consumer_accuracy {clean['consumer_accuracy']} is outside [0, 1]"
+        verdict = self.strategy.verify(weights, int(metrics["num_samples"])) if reason is None else None
+        if verdict is not None and verdict.reason is not None:
+            reason = verdict.reason  # checked before the receipt, so an accepted receipt stays true
         if reason is not None:
             self._reports[client_id] = ClientReport(client_id, clean, "rejected", reason)
             return False, reason
-        self._reports[client_id] = ClientReport(client_id, clean)
+        self._reports[client_id] = ClientReport(client_id, clean,
+                                                verified_quality=None if verdict is None else verdict.quality)
         self._updates[client_id] = weights
         if "consumer_accuracy" in clean:
             self.consumer_accuracy[client_id] = clean["consumer_accuracy"]
@@ -177,19 +208,21 @@ class Coordinator:
             raise RuntimeError("no round is open")
         for cid in self.waiting_for():
             self._reports[cid] = ClientReport(cid, {}, "failed", "no update before the deadline")
-        for cid, reason in outliers_by_norm(self._updates, self.weights, self.config.max_norm_ratio).items():
-            report = self._reports[cid]
-            report.status, report.reason = "rejected", reason
         outcome = RoundOutcome(plan.round, plan.selected, dict(sorted(self._reports.items())), duration_s=duration_s)
         now = self.clock.now if self.clock is not None else None
         t0 = now() if now else 0.0
         new_weights = self.strategy.aggregate(self.weights, self._updates, outcome)
         t1 = now() if now else 0.0
         outcome.global_metrics = self.strategy.evaluate(new_weights)
+        if outcome.global_metrics["val_accuracy"] > self.kept_val_accuracy:
+            self.kept_weights, self.kept_round = new_weights, plan.round
+            self.kept_val_accuracy = outcome.global_metrics["val_accuracy"]
+            self.kept_accuracy = outcome.global_metrics["accuracy"]
+        outcome.global_metrics |= {"kept_round": self.kept_round, "kept_accuracy": self.kept_accuracy}
         t2 = now() if now else 0.0
         incentive = self.strategy.incentive
         with self.store.transaction():
-            transfers, pot = incentive.collect(sorted(self.clients), self.ledger.balances())
+            transfers, pot = incentive.collect(self._consumers, self.ledger.balances())  # absent consumers pay nothing
             transfers += incentive.pay_providers(outcome, pot)
             self.ledger.apply(plan.round, transfers)
             self.strategy.selector.observe(outcome)

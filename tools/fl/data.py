@@ -1,4 +1,4 @@
-"""Federated datasets: real digits (scikit-learn), MNIST-1D (procedural), LEAF-style synthetic(alpha, beta).
+"""Federated datasets: real digits and breast-cancer (scikit-learn), MNIST-1D (procedural), LEAF synthetic.
 
 `load_federated(spec)` returns every client's train/test split plus a global held-out test set;
 it is a pure function of the DataSpec (seeded), so a client process that knows only the spec
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -16,8 +16,10 @@ import numpy as np
 
 from mlsyskit.core.sim import Seeds
 from mlsyskit.tools.fl.config import DataSpec
+from mlsyskit.tools.fl.plugins import is_target, load_dataset
 
 MIN_CLIENT_SAMPLES = 4
+DIRICHLET_TRIES = 200
 
 
 @dataclass(frozen=True)
@@ -36,10 +38,14 @@ class ClientData:
 @dataclass(frozen=True)
 class FederatedData:
     clients: tuple[ClientData, ...]
-    x_test: np.ndarray  # global held-out set the server evaluates on
+    x_test: np.ndarray  # global held-out test set: the accuracy every report gives
     y_test: np.ndarray
     num_features: int
     num_classes: int
+    # the server's own validation split (disjoint from the test set): it scores every update before it is
+    # accepted or paid, and picks the model the job keeps; tuning on it never touches the reported accuracy
+    x_val: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    y_val: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 def _digits() -> tuple[np.ndarray, np.ndarray]:
@@ -60,6 +66,21 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
     return (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int64)
 
 
+def _breast_cancer() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's Wisconsin breast-cancer set (569 real samples, 30 features, 2 classes), z-scored."""
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(spec.origin).parent / "datasets" / "data" / "breast_cancer.csv" if spec and spec.origin else None
+    if path is not None and path.is_file():
+        table = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.float64)
+        x, y = table[:, :-1], table[:, -1].astype(np.int64)
+    else:
+        from sklearn.datasets import load_breast_cancer
+
+        x, y = load_breast_cancer(return_X_y=True)
+    x = (x - x.mean(axis=0)) / x.std(axis=0)
+    return x.astype(np.float32), y.astype(np.int64)
+
+
 def _mnist1d(seed: int) -> tuple[np.ndarray, np.ndarray]:
     from mnist1d.data import get_dataset_args, make_dataset
 
@@ -75,10 +96,14 @@ def _mnist1d(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def _split_indices(n: int, fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    order = rng.permutation(n)
+    n_test = max(1, int(round(n * fraction))) if n > 1 else 0
+    return order[n_test:], order[:n_test]
+
+
 def _split_train_test(x: np.ndarray, y: np.ndarray, fraction: float, rng: np.random.Generator):
-    order = rng.permutation(len(y))
-    n_test = max(1, int(round(len(y) * fraction))) if len(y) > 1 else 0
-    test, train = order[:n_test], order[n_test:]
+    train, test = _split_indices(len(y), fraction, rng)
     return x[train], y[train], x[test], y[test]
 
 
@@ -94,7 +119,7 @@ def partition_indices(labels: np.ndarray, spec: DataSpec, rng: np.random.Generat
         order = rng.permutation(len(shards))
         return [np.sort(np.concatenate([shards[j] for j in order[i::clients]])) for i in range(clients)]
     classes = np.unique(labels)
-    for _ in range(1000):  # resample until every client has enough data (the usual FL benchmark recipe)
+    for _ in range(DIRICHLET_TRIES):  # resample until every client has enough data (the usual FL benchmark recipe)
         parts: list[list[int]] = [[] for _ in range(clients)]
         for c in classes:
             idx = rng.permutation(np.flatnonzero(labels == c))
@@ -104,8 +129,29 @@ def partition_indices(labels: np.ndarray, spec: DataSpec, rng: np.random.Generat
                 parts[client].extend(chunk.tolist())
         if min(len(p) for p in parts) >= MIN_CLIENT_SAMPLES:
             return [np.sort(np.array(p, dtype=np.int64)) for p in parts]
-    raise ValueError(f"Dirichlet(alpha={spec.alpha}) could not give every one of {clients} clients "
-                     f"{MIN_CLIENT_SAMPLES} samples; raise alpha or lower the number of clients")
+    # strong skew with many clients (alpha 0.1, 50 clients on digits) leaves some client almost empty in
+    # every per-class draw: fall back to per-client label mixtures with equal sizes (Hsu et al. 2019)
+    return _dirichlet_per_client(labels, classes, spec, rng)
+
+
+def _dirichlet_per_client(labels: np.ndarray, classes: np.ndarray, spec: DataSpec,
+                          rng: np.random.Generator) -> list[np.ndarray]:
+    """Each client draws its label mix q ~ Dirichlet(alpha) and n/N samples from it, without replacement;
+    a class that runs out is dropped from the remaining draws."""
+    pools = [list(rng.permutation(np.flatnonzero(labels == c))) for c in classes]
+    sizes = np.full(spec.num_clients, len(labels) // spec.num_clients)
+    sizes[:len(labels) % spec.num_clients] += 1
+    parts = []
+    for size in sizes:
+        mix = rng.dirichlet(np.full(len(classes), spec.alpha))
+        chosen: list[int] = []
+        for _ in range(size):
+            left = np.array([len(p) > 0 for p in pools])
+            weights = np.where(left, mix, 0.0)
+            weights = weights / weights.sum() if weights.sum() > 0 else left / left.sum()
+            chosen.append(pools[int(rng.choice(len(classes), p=weights))].pop())
+        parts.append(np.sort(np.array(chosen, dtype=np.int64)))
+    return parts
 
 
 def _synthetic(spec: DataSpec, seeds: Seeds) -> FederatedData:
@@ -123,9 +169,9 @@ def _synthetic(spec: DataSpec, seeds: Seeds) -> FederatedData:
         x = rng.multivariate_normal(v, sigma, n).astype(np.float32)
         y = np.argmax(x @ w + b, axis=1).astype(np.int64)
         clients.append(ClientData(k, *_split_train_test(x, y, spec.test_fraction, rng)))
-    x_test = np.concatenate([c.x_test for c in clients])
-    y_test = np.concatenate([c.y_test for c in clients])
-    return FederatedData(tuple(clients), x_test, y_test, dim, classes)
+    x_held = np.concatenate([c.x_test for c in clients])
+    y_held = np.concatenate([c.y_test for c in clients])
+    return with_validation(tuple(clients), x_held, y_held, dim, classes, seeds)
 
 
 @lru_cache(maxsize=4)
@@ -133,13 +179,45 @@ def load_federated(spec: DataSpec) -> FederatedData:
     seeds = Seeds(spec.seed)
     if spec.dataset == "synthetic":
         return _synthetic(spec, seeds)
-    x, y = _digits() if spec.dataset == "digits" else _mnist1d(seeds.seed("mnist1d") % (2**31))
-    x_pool, y_pool, x_test, y_test = _split_train_test(x, y, spec.test_fraction, seeds.numpy("global-split"))
+    if is_target(spec.dataset):
+        return _custom(spec, seeds)
+    if spec.dataset == "digits":
+        x, y = _digits()
+    elif spec.dataset == "breast-cancer":
+        x, y = _breast_cancer()
+    else:
+        x, y = _mnist1d(seeds.seed("mnist1d") % (2**31))
+    x_pool, y_pool, x_held, y_held = _split_train_test(x, y, spec.test_fraction, seeds.numpy("global-split"))
     parts = partition_indices(y_pool, spec, seeds.numpy("partition"))
     split_rng = seeds.numpy("client-split")
     clients = tuple(ClientData(i, *_split_train_test(x_pool[p], y_pool[p], spec.test_fraction, split_rng))
                     for i, p in enumerate(parts))
-    return FederatedData(clients, x_test, y_test, x.shape[1], int(y.max()) + 1)
+    return with_validation(clients, x_held, y_held, x.shape[1], int(y.max()) + 1, seeds)
+
+
+def _custom(spec: DataSpec, seeds: Seeds) -> FederatedData:
+    """A `package.module:loader` dataset: its partition if it gives one (client_of), else the job's."""
+    x, y, client_of = load_dataset(spec.dataset, spec.num_clients, spec.seed)
+    pool, held = _split_indices(len(y), spec.test_fraction, seeds.numpy("global-split"))
+    x_pool, y_pool, x_held, y_held = x[pool], y[pool], x[held], y[held]
+    if client_of is None:
+        parts = partition_indices(y_pool, spec, seeds.numpy("partition"))
+    else:  # the held-out split is taken first, then every client keeps the rest of its samples
+        parts = [np.flatnonzero(client_of[pool] == cid) for cid in range(spec.num_clients)]
+        empty = [cid for cid, p in enumerate(parts) if len(p) < 2]
+        if empty:
+            raise ValueError(f"--dataset {spec.dataset!r} leaves clients {empty[:5]} with fewer than 2 samples")
+    split_rng = seeds.numpy("client-split")
+    clients = tuple(ClientData(i, *_split_train_test(x_pool[p], y_pool[p], spec.test_fraction, split_rng))
+                    for i, p in enumerate(parts))
+    return with_validation(clients, x_held, y_held, x.shape[1], int(y.max()) + 1, seeds)
+
+
+def with_validation(clients: tuple[ClientData, ...], x_held: np.ndarray, y_held: np.ndarray, num_features: int,
+                    num_classes: int, seeds: Seeds) -> FederatedData:
+    """Split the held-out data in half: the server's validation split and the reported test set."""
+    x_test, y_test, x_val, y_val = _split_train_test(x_held, y_held, 0.5, seeds.numpy("validation-split"))
+    return FederatedData(clients, x_test, y_test, num_features, num_classes, x_val, y_val)
 
 
 def load_client(spec: DataSpec, client_id: int) -> tuple[ClientData, int, int]:

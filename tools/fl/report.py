@@ -1,9 +1,14 @@
 """`fl-server report`: what a finished run (real or simulated) paid whom, and how good the model got.
 
-Provider tokens are the `pay` transfers a client received; honest versus malicious uses the
-attack each client declared at registration (reporting only: the server never uses it). With a
-baseline run (the default strategy: random selection, equal pay) the per-provider means are also
-given as ratios to the baseline's.
+Provider tokens are the `pay` transfers a client received. Honest versus malicious is ground
+truth only in a simulation (the simulator records whom it made attack); in a real run it is what
+each client declared at registration, which nobody can check, and the summary says which
+(`attackers`: "simulation ground truth" or "declared by clients"). The server never uses either.
+With a baseline run (the default strategy: random selection, equal pay) the per-provider means
+are also given as ratios to the baseline's; a baseline of a different job (data, training,
+rounds, clients per round, seed) is refused, or compared with a warning when forced.
+Accuracy: the last round's model and the kept one (best on the server's validation split), both
+on the test split.
 """
 from __future__ import annotations
 
@@ -15,6 +20,12 @@ from mlsyskit.core.storage import MetaStore
 from mlsyskit.tools.fl.incentive.ledger import Ledger, account_client
 
 DB_NAME = "fl.db"
+SIMULATION_KEY = "simulation"  # (ns "fl") written by the simulator: {"attacks": {client id: attack}}
+SAME_JOB_KEYS = ("seed", "rounds", "per_round", "data", "train")  # what a baseline must share with the run
+
+
+class BaselineMismatch(ValueError):
+    """The baseline ran a different job, so ratios against it would mean nothing."""
 
 
 @dataclass
@@ -28,9 +39,16 @@ class RunData:
     ledger_total: float
     reimbursements: list[dict[str, Any]]
     pay_rows: list[tuple[int, int, float]]  # (round, client, amount) of every provider payment
+    simulated_attacks: dict[int, str] | None = None  # ground truth, only for simulations
+
+    @property
+    def attackers_source(self) -> str:
+        return "simulation ground truth" if self.simulated_attacks is not None else "declared by clients"
 
     @property
     def malicious(self) -> list[int]:
+        if self.simulated_attacks is not None:
+            return sorted(c for c, attack in self.simulated_attacks.items() if attack != "none")
         return sorted(c for c, info in self.clients.items() if info.get("declared_attack", "none") != "none")
 
     @property
@@ -53,7 +71,20 @@ def load_run(run_dir: str | Path) -> RunData:
                        {int(k): v for k, v in store.items("fl_clients")}, pay, ledger.balances(), ledger.total(),
                        [r for _, r in store.read_log("fl_reimbursements")],
                        [(rnd, account_client(payee), amount) for _, rnd, _, payee, amount, kind in ledger.rows()
-                        if kind == "pay"])
+                        if kind == "pay"], _simulated(store.get("fl", SIMULATION_KEY, None)))
+
+
+def _simulated(record: dict | None) -> dict[int, str] | None:
+    return None if record is None else {int(k): str(v) for k, v in record.get("attacks", {}).items()}
+
+
+def check_same_job(run: RunData, baseline: RunData, force: bool = False) -> list[str]:
+    """The job settings in which the two runs differ; raises BaselineMismatch unless `force`."""
+    differ = [key for key in SAME_JOB_KEYS if run.config.get(key) != baseline.config.get(key)]
+    if differ and not force:
+        raise BaselineMismatch(f"baseline {baseline.path} ran a different job ({', '.join(differ)} differ from "
+                               f"{run.path}); compare runs of the same job, or pass --force to compare anyway")
+    return [f"baseline differs in {key}: {baseline.config.get(key)!r} vs {run.config.get(key)!r}" for key in differ]
 
 
 def _mean(values: list[float]) -> float | None:
@@ -61,13 +92,21 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def summarize(run: RunData, baseline: RunData | None = None) -> dict[str, Any]:
+def summarize(run: RunData, baseline: RunData | None = None, force: bool = False) -> dict[str, Any]:
+    """Raises BaselineMismatch for a baseline of another job unless `force` (then the summary warns)."""
+    warnings = check_same_job(run, baseline, force) if baseline is not None else []
     honest = _mean([run.pay.get(c, 0.0) for c in run.honest])
     malicious = _mean([run.pay.get(c, 0.0) for c in run.malicious])
     curve = run.accuracy_curve()
+    last = run.rounds[-1]["global"] if run.rounds else {}
     out: dict[str, Any] = {
         "run": str(run.path), "strategy": run.config.get("strategy"), "rounds": len(run.rounds),
-        "final_accuracy": curve[-1] if curve else None, "best_accuracy": max(curve) if curve else None,
+        # final = the last round's model; best = the kept model (best on the server's validation split, not on
+        # the test split it is reported on); runs from before the kept model existed fall back to the last
+        "final_accuracy": curve[-1] if curve else None,
+        "best_accuracy": last.get("kept_accuracy", curve[-1] if curve else None),
+        "best_round": last.get("kept_round", len(curve) if curve else None),
+        "attackers": run.attackers_source,
         "honest_providers": len(run.honest), "malicious_providers": len(run.malicious),
         "tokens_per_honest_provider": honest, "tokens_per_malicious_provider": malicious,
         "ledger_total": run.ledger_total, "pool": run.balances.get("pool", 0.0),
@@ -76,6 +115,8 @@ def summarize(run: RunData, baseline: RunData | None = None) -> dict[str, Any]:
         consumers = run.reimbursements[-1]["consumers"]
         out["consumers"] = {cid: {k: c[k] for k in ("paid", "refund", "trr", "uir")} for cid, c in consumers.items()}
         out["mean_trr"] = _mean([c["trr"] for c in consumers.values()])
+    if warnings:
+        out["warnings"] = warnings
     if baseline is not None:
         base = summarize(baseline)
         out["baseline"] = {k: base[k] for k in ("run", "strategy", "final_accuracy", "tokens_per_honest_provider",

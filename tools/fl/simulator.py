@@ -10,17 +10,35 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from mlsyskit.core.sim import EventHandle, EventLoop, Seeds
 from mlsyskit.core.storage import MetaStore
-from mlsyskit.tools.fl.config import JobConfig
+from mlsyskit.tools.fl.config import DataSpec, JobConfig, TrainSpec
 from mlsyskit.tools.fl.coordinator import Coordinator
 from mlsyskit.tools.fl.data import load_federated
 from mlsyskit.tools.fl.model import evaluate
 from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.profiles import flash_profiles
+from mlsyskit.tools.fl.report import SIMULATION_KEY
 from mlsyskit.tools.fl.threads import single_threaded
 from mlsyskit.tools.fl.training import local_only_accuracy, train_local
+
+
+def choose_attackers(num_clients: int, fraction: float, attack: str, seed: int) -> dict[int, str]:
+    """A seeded choice of round(fraction * N) attackers (the simulation's ground truth)."""
+    count = int(round(fraction * num_clients))
+    chosen = Seeds(seed).random("malicious").sample(range(num_clients), count)
+    return {cid: attack for cid in sorted(chosen)}
+
+
+@lru_cache(maxsize=8192)
+def _local_only(data: DataSpec, train: TrainSpec, client_id: int, seed: int) -> float:
+    """A consumer's local-only baseline depends only on its data, the TrainSpec and the seed, so simulations of
+    the same job with other strategies or attackers (a benchmark sweep) share it instead of retraining."""
+    federated = load_federated(data)
+    return local_only_accuracy(federated.clients[client_id], train, federated.num_features, federated.num_classes,
+                               seed)
 
 
 @dataclass
@@ -51,12 +69,14 @@ class Simulation:
         for client in self.data.clients:
             if client.client_id in c.clients:
                 continue
-            local = local_only_accuracy(client, self.config.train, c.num_features, c.num_classes,
-                                        Seeds(self.config.seed).seed(f"local-only:{client.client_id}") % (2**31))
+            local = _local_only(self.config.data, self.config.train, client.client_id,
+                                Seeds(self.config.seed).seed(f"local-only:{client.client_id}") % (2**31))
             c.register(client.client_id, {"num_samples": client.num_samples, "local_only_accuracy": local,
                                           "declared_attack": self.attacks.get(client.client_id, "none")})
 
     def run(self, on_round: Callable[[RoundOutcome], None] | None = None) -> SimulationResult:
+        # the attackers are known here, and only here: the report marks them as ground truth
+        self.coordinator.store.put("fl", SIMULATION_KEY, {"attacks": {str(c): a for c, a in self.attacks.items()}})
         self._register_all()
         self._on_round = on_round
         if not self.coordinator.done:
@@ -104,5 +124,7 @@ class Simulation:
 
     def _finish_job(self) -> None:
         c = self.coordinator
-        c.finish_job({client.client_id: evaluate(c.weights, client.x_test, client.y_test)["accuracy"]
+        model = self.config.train.model
+        c.finish_job({client.client_id: evaluate(c.kept_weights, client.x_test, client.y_test, model,
+                                                 c.num_classes)["accuracy"]
                       for client in self.data.clients})

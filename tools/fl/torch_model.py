@@ -6,10 +6,47 @@ import torch
 from torch import nn
 
 from mlsyskit.tools.fl.model import Weights
+from mlsyskit.tools.fl.plugins import PluginError, load_object
 
 
-def build_model(num_features: int, num_classes: int, hidden: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(num_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+def build_model(num_features: int, num_classes: int, hidden: int, model: str = "") -> nn.Module:
+    """The built-in MLP, or what the `package.module:factory` named by `model` builds."""
+    if not model:
+        return nn.Sequential(nn.Linear(num_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+    built = load_object(model, "--model")(num_features, num_classes)
+    if not isinstance(built, nn.Module):
+        raise PluginError(f"--model {model!r} returned a {type(built).__name__}, not a torch nn.Module")
+    return built
+
+
+def initial_weights(model: str, num_features: int, num_classes: int, seed: int) -> Weights:
+    """A custom model's starting weights, the same for a given seed (torch's own initialisers)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed % 2**63)
+        weights = get_weights(build_model(num_features, num_classes, 0, model))
+    bad = [name for name, a in weights.items() if not np.issubdtype(a.dtype, np.floating)]
+    if bad:  # FedAvg averages every entry; integer buffers (BatchNorm's counters) cannot be averaged
+        raise PluginError(f"--model {model!r} has non-float state {bad}; use layers without integer buffers")
+    return weights
+
+
+_modules: dict[tuple[str, int, int], nn.Module] = {}  # one module per custom model and task, reloaded per call
+
+
+@torch.no_grad()
+def evaluate_model(model: str, weights: Weights, x: np.ndarray, y: np.ndarray, num_classes: int) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of a custom model (the MLP has a numpy version in model.py)."""
+    if len(y) == 0:
+        return {"accuracy": 0.0, "loss": 0.0}
+    key = (model, x.shape[1], num_classes)
+    if key not in _modules:
+        _modules[key] = build_model(x.shape[1], num_classes, 0, model)
+    module = _modules[key]
+    set_weights(module, weights)
+    module.eval()
+    out = module(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))).double()
+    loss = nn.functional.cross_entropy(out, torch.from_numpy(y.astype(np.int64)))
+    return {"accuracy": float((out.argmax(dim=1).numpy() == y).mean()), "loss": float(loss)}
 
 
 def get_weights(model: nn.Module) -> Weights:

@@ -25,6 +25,9 @@ from mlsyskit.tools.fl.model import Weights, init_weights
 from mlsyskit.tools.fl.torch_model import accuracy, build_model, get_weights, set_weights
 
 NOISY_LABEL_RATE = 0.8
+SCALE_FACTOR = 10.0  # the `scaled` attacker boosts its update by this much (model-replacement style)
+FREE_RIDER_NOISE = 1e-4  # relative size of the noise a free-rider adds so its weights are not bit-identical
+LIED_QUALITY = 0.99  # what a quality liar claims
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ def poisoned_labels(y: np.ndarray, attack: str, num_classes: int, rng: np.random
         raise ValueError(f"unknown attack {attack!r}; choose from {', '.join(ATTACKS)}")
     if attack == "label-flip":
         return (num_classes - 1 - y).astype(np.int64)
-    if attack == "noisy-labels":
+    if attack in ("noisy-labels", "quality-liar"):  # the liar trains on mostly random labels, claims 0.99
         noisy = y.copy()
         mask = rng.random(len(y)) < NOISY_LABEL_RATE
         noisy[mask] = rng.integers(0, num_classes, int(mask.sum()))
@@ -92,24 +95,49 @@ def train_local(global_weights: Weights, data: ClientData, spec: TrainSpec, num_
                 seed: int, attack: str = "none") -> LocalResult:
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
-    model = build_model(num_features, num_classes, spec.hidden)
+    model = build_model(num_features, num_classes, spec.hidden, spec.model)
     set_weights(model, global_weights)
     consumer_accuracy = accuracy(model, data.x_test, data.y_test)
+    if attack == "free-rider":  # trains nothing: sends the global model back (plus a hair of noise), claims 0.99
+        weights = {k: (v + rng.normal(0.0, FREE_RIDER_NOISE * (float(np.abs(v).mean()) or 1.0), v.shape)).astype(v.dtype)
+                   for k, v in global_weights.items()}
+        return LocalResult(weights, data.num_samples, 0.01, LIED_QUALITY, 0.0, 0.0, consumer_accuracy)
     labels = poisoned_labels(data.y_train, attack, num_classes, rng)
     wall0, cpu0 = time.perf_counter(), time.process_time()
     quality, loss = _train(model, torch.from_numpy(data.x_train), torch.from_numpy(labels), spec, spec.epochs,
                            generator)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    weights = get_weights(model)
-    if attack == "random-update":  # trains (and reports) honestly, then sends noise instead of its model
-        weights = {k: rng.normal(0.0, 1.0, v.shape).astype(v.dtype) for k, v in weights.items()}
+    weights = _tamper(get_weights(model), global_weights, attack, rng)
+    if attack == "quality-liar":
+        quality = LIED_QUALITY
     return LocalResult(weights, data.num_samples, loss, quality, wall, cpu, consumer_accuracy)
+
+
+def _tamper(weights: Weights, global_weights: Weights, attack: str, rng: np.random.Generator) -> Weights:
+    """What the update-level attackers send instead of their honestly trained model (they report honestly)."""
+    if attack not in ("random-update", "sign-flip", "scaled"):
+        return weights
+    delta = {k: v.astype(np.float64) - global_weights[k] for k, v in weights.items()}
+    if attack == "random-update":  # Gaussian noise with the norm of the honest update, so norm bounds pass it
+        noise = {k: rng.normal(0.0, 1.0, v.shape) for k, v in delta.items()}
+        scale = np.sqrt(sum((d ** 2).sum() for d in delta.values()) / sum((n ** 2).sum() for n in noise.values()))
+        delta = {k: n * scale for k, n in noise.items()}
+    elif attack == "sign-flip":  # same norm, opposite direction: undoes the other providers' progress
+        delta = {k: -d for k, d in delta.items()}
+    else:
+        delta = {k: SCALE_FACTOR * d for k, d in delta.items()}
+    return {k: (global_weights[k] + d).astype(weights[k].dtype) for k, d in delta.items()}
+
+
+def optimizer_steps(num_samples: int, spec: TrainSpec) -> int:
+    """Optimiser steps of one local training: one accumulated step for epoch 1, then minibatch SGD."""
+    return 1 + (spec.epochs - 1) * -(-num_samples // spec.batch_size)
 
 
 def local_only_accuracy(data: ClientData, spec: TrainSpec, num_features: int, num_classes: int, seed: int) -> float:
     """Accuracy on the client's own test split of a model trained on its own data alone (the UIR baseline)."""
-    model = build_model(num_features, num_classes, spec.hidden)
-    set_weights(model, init_weights(num_features, num_classes, spec.hidden, seed))
+    model = build_model(num_features, num_classes, spec.hidden, spec.model)
+    set_weights(model, init_weights(num_features, num_classes, spec.hidden, seed, spec.model))
     generator = torch.Generator().manual_seed(seed)
     _train(model, torch.from_numpy(data.x_train), torch.from_numpy(data.y_train), spec, spec.local_only_epochs,
            generator, exact_first_epoch=False)

@@ -7,7 +7,9 @@ Per round (formulas in docs/tiff.md):
     are forfeited to the reimbursement pool (the floor is relative to the round, ours: the first
     global model is random, so an absolute floor would reject everyone and never bootstrap);
   * the remaining  pot * |P| / K  is shared among the paid set P in proportion to
-        w_p = n_p * q_p ** gamma      (n = samples, q = quality, gamma = quality_exponent).
+        w_p = n_p * q_p ** gamma      (n = samples, q = quality, gamma = quality_exponent),
+    where q is the server-verified quality when there is one (incentive/verify.py), and equally
+    while the global model does not beat chance yet (outcome.pay_by_quality False).
 At reimbursement time the pool is refunded to consumers with weights
         v_c = paid_c / (1 + max(0, UIR_c)),   refund_c = min(paid_c, pool * v_c / sum v),
 so consumers who gained less from the federation get more of their payment back.
@@ -26,7 +28,7 @@ from mlsyskit.tools.fl.outcome import RoundOutcome
 
 def quality_threshold(outcome: RoundOutcome, floor: float) -> float:
     """The round's quality floor: a fraction of the median quality of its valid updates."""
-    qualities = [r.quality for r in outcome.with_status("valid")]
+    qualities = [r.pay_quality for r in outcome.with_status("valid")]
     return floor * float(median(qualities)) if qualities else 0.0
 
 
@@ -36,12 +38,15 @@ class TiffTokens(Incentive):
 
     def paid_set(self, outcome: RoundOutcome) -> list:
         floor = quality_threshold(outcome, self.config.quality_floor)
-        return [r for r in outcome.with_status("valid") if r.quality >= floor]
+        return [r for r in outcome.with_status("valid") if r.pay_quality >= floor and r.pay_quality > 0]
 
     def pay_providers(self, outcome: RoundOutcome, pot: float) -> list[Transfer]:
         paid = self.paid_set(outcome)
         slot = pot / max(len(outcome.selected), 1)
-        weights = {r.client_id: r.num_samples * r.quality ** self.config.quality_exponent for r in paid}
+        if outcome.pay_by_quality:
+            weights = {r.client_id: r.num_samples * r.pay_quality ** self.config.quality_exponent for r in paid}
+        else:  # the model is not better than chance yet, so quality is noise: one slot each
+            weights = {r.client_id: 1.0 for r in paid}
         total = sum(weights.values())
         if total <= 0:
             return [Transfer(ESCROW, POOL, pot, "forfeit")]

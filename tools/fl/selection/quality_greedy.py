@@ -58,7 +58,7 @@ class QualityGreedySelector(Selector):
         for report in outcome.reports.values():
             if report.status == "failed":
                 continue  # a crash says nothing about data quality
-            quality = report.quality if report.status == "valid" else 0.0
+            quality = report.pay_quality if report.status == "valid" else 0.0
             cid = report.client_id
             self.ema[cid] = quality if cid not in self.ema else (1 - beta) * self.ema[cid] + beta * quality
             self.window[cid] = (self.window.get(cid, []) + [quality])[-self.config.window:]

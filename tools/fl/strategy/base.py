@@ -1,34 +1,75 @@
-"""Strategy interface in the style of Flower's: configure a round, aggregate it, evaluate.
+"""Strategy interface in the style of Flower's: configure a round, verify its updates, aggregate, evaluate.
 
-A strategy composes three separately pluggable parts: a Selector (who trains), an aggregation
-rule (which valid updates enter FedAvg) and an Incentive (who gets paid). The Coordinator calls
-it; the real server and the simulator drive the same Coordinator, so they share this code.
+A strategy composes separately pluggable parts: a Selector (who trains), an optional
+UpdateVerifier (which updates the server can vouch for, and their verified quality), an
+aggregation rule (which valid updates enter FedAvg) and an Incentive (who gets paid). The
+Coordinator calls it; the real server and the simulator drive the same Coordinator, so they
+share this code.
 """
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from mlsyskit.tools.fl.aggregation import fedavg
 from mlsyskit.tools.fl.config import JobConfig
+from mlsyskit.tools.fl.data import ClientData
 from mlsyskit.tools.fl.incentive.base import Incentive
+from mlsyskit.tools.fl.incentive.verify import Reference, UpdateVerifier, Verdict
 from mlsyskit.tools.fl.model import Weights
 from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
 from mlsyskit.tools.fl.selection.base import Selector
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The server's own labelled split (never a client's data, never the reported test set)."""
+
+    data: ClientData  # samples in x_train / y_train
+    num_features: int
+    num_classes: int
+    accuracy: Callable[[Weights], float]  # of a model on this split
+
+    @property
+    def chance(self) -> float:
+        """Accuracy of always answering the most frequent class."""
+        y = self.data.y_train
+        return float(max((y == c).mean() for c in set(y.tolist()))) if len(y) else 0.0
 
 
 class Strategy:
     name = "strategy"
 
     def __init__(self, config: JobConfig, selector: Selector, incentive: Incentive,
-                 evaluator: Callable[[Weights], dict[str, float]]) -> None:
+                 evaluator: Callable[[Weights], dict[str, float]], verifier: UpdateVerifier | None = None) -> None:
         self.config = config
         self.selector = selector
         self.incentive = incentive
+        self.verifier = verifier
         self._evaluator = evaluator
+        self._reference: Reference | None = None
 
     def configure_round(self, round_num: int, available: Sequence[int], rng: random.Random) -> list[int]:
         return self.selector.select(round_num, available, self.config.per_round, rng)
+
+    def prepare_round(self, round_num: int, weights: Weights, seed: int) -> None:
+        """Called with the model the round's providers start from, before any update arrives."""
+        self._reference = self.verifier.reference(weights, seed) if self.verifier is not None else None
+
+    def verify(self, weights: Weights, num_samples: int) -> Verdict | None:
+        """The server's check of one well-formed update (None: this strategy verifies nothing)."""
+        if self.verifier is None or self._reference is None:
+            return None
+        return self.verifier.check(self._reference, weights, num_samples)
+
+    def state_dict(self) -> dict:
+        """What the strategy itself learns across rounds (checkpointed with the round)."""
+        return {"verifier": self.verifier.state_dict()} if self.verifier is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.verifier is not None and "verifier" in state:
+            self.verifier.load_state_dict(state["verifier"])
 
     def admitted(self, outcome: RoundOutcome) -> list[ClientReport]:
         """The valid updates that enter the aggregate (all of them, by default)."""

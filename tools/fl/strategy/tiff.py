@@ -1,21 +1,43 @@
-"""TIFF: quality-history selection with exploration, quality-weighted pay, consumer refunds.
+"""TIFF with verified work: trusted selection with exploration, server-verified quality, floor-gated
+aggregation, quality-weighted pay once the model has learnt something, consumer refunds.
 
-Aggregation stays sample-weighted FedAvg over every valid update. We tried also leaving updates
-under the quality floor out of FedAvg: on Dirichlet-skewed digits it cost accuracy (honest
-clients whose classes the model has not learned yet score low too, so excluding them starves
-those classes), while the selector already keeps label-flippers out of most rounds.
+* Every update is verified before its receipt (incentive/verify.py); the verified quality (its
+  alignment with the server's reference update) replaces the claimed one everywhere.
+* Updates under the round's quality floor are left out of the aggregate as well as out of pay:
+  with verified quality an honest update under skew still aligns with the reference, while a
+  label-flipper's or noisy labeller's barely does (measured in docs/tiff.md).
+* Pay by quality starts once the global model (the one the providers trained from) beats chance
+  on the validation split by CHANCE_MARGIN; before, every provider in the paid set gets one slot.
 """
 from __future__ import annotations
 
 from mlsyskit.tools.fl.incentive.tiff_tokens import TiffTokens
-from mlsyskit.tools.fl.selection.quality_greedy import QualityGreedySelector
+from mlsyskit.tools.fl.incentive.verify import UpdateVerifier
+from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
+from mlsyskit.tools.fl.selection.trusted_random import TrustedRandomSelector
 from mlsyskit.tools.fl.strategy import STRATEGIES
-from mlsyskit.tools.fl.strategy.base import Strategy
+from mlsyskit.tools.fl.strategy.base import Strategy, Validation
+
+CHANCE_MARGIN = 0.1  # accuracy points over the majority-class rate before quality decides pay
 
 
 @STRATEGIES.register("tiff")
 class Tiff(Strategy):
     name = "tiff"
 
-    def __init__(self, config, evaluator) -> None:
-        super().__init__(config, QualityGreedySelector(config.selection), TiffTokens(config.economy), evaluator)
+    def __init__(self, config, evaluator, validation: Validation | None = None) -> None:
+        if validation is None:
+            raise ValueError("tiff needs the server's validation split to verify updates")
+        verifier = UpdateVerifier(validation.data, config.train, validation.num_features, validation.num_classes)
+        super().__init__(config, TrustedRandomSelector(config.selection), TiffTokens(config.economy), evaluator,
+                         verifier)
+        self.validation = validation
+        self.pay_by_quality = False
+
+    def prepare_round(self, round_num, weights, seed) -> None:
+        super().prepare_round(round_num, weights, seed)
+        self.pay_by_quality = self.validation.accuracy(weights) >= self.validation.chance + CHANCE_MARGIN
+
+    def admitted(self, outcome: RoundOutcome) -> list[ClientReport]:
+        outcome.pay_by_quality = self.pay_by_quality  # read by the incentive when it pays this round
+        return self.incentive.paid_set(outcome)

@@ -1,0 +1,1 @@
+"""Examples for `--model package.module:factory` and `--dataset package.module:loader`."""
