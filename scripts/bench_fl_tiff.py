@@ -1,44 +1,48 @@
 #!/usr/bin/env python
-"""TIFF benchmark (simulated): 50 clients, 10 per round, Dirichlet(0.5) digits, 30% label-flippers, seeds 0-4.
+"""TIFF sweep (simulated): TIFF against the default (random selection, FedAvg, equal pay) in every cell of
+datasets x Dirichlet alpha x attacker fraction x attack, several seeds, the same attackers on both sides.
 
-For every seed it runs the default (fedavg: random selection, equal pay), TIFF as configured
-(epsilon 0.3, decay 0.95, floor 0.5 x round median quality) and TIFF with other exploration rates (the ablation),
-all on the virtual clock with FLASH-seeded client speeds. Targets (issue 4), each checked on
-the measured means over seeds and recorded with `met`:
-- tokens per malicious provider <= 0.80x the default's (paper: -18.1%);
-- tokens per honest provider >= 1.07x the default's (paper: +6.9%);
-- final accuracy >= the default's + 7.4 points (paper: up to +7.4);
-- exploration 0 is worse than the tuned rate (lower final accuracy and fewer honest providers tried late).
+Targets, per cell, on the means over seeds (and recorded per seed):
+- with attackers: tokens per malicious provider <= 0.80x the default's, tokens per honest provider
+  >= 1.07x the default's, accuracy of the kept model >= the default's - 1 point;
+- without attackers: accuracy >= the default's - 1 point;
+- every run: the ledger sums to zero (|total| <= 1e-9).
+Both jobs keep their best model by the server's validation split, and "accuracy" is that model's
+accuracy on the held-out test split (the last round's model is recorded too).
 
-    .venv/bin/python scripts/bench_fl_tiff.py --out runs/bench_fl_tiff.json
+Tuning: the constants (verification bounds, quality floor, trust fraction) were chosen on the
+digits cells; every other dataset's cells are reported as `held-out` and were not looked at
+while tuning. The JSON is rewritten after every cell, so a run cut short keeps what it measured,
+and `--resume` skips the cells already in it.
+
+    .venv/bin/python scripts/bench_fl_tiff.py --out runs/bench_fl_tiff.json            # the full sweep
+    .venv/bin/python scripts/bench_fl_tiff.py --quick --out runs/bench_quick.json      # CI: seconds
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from mlsyskit.core.console import emit_table, log, make_table, progress
+from mlsyskit.core.console import emit_table, log, make_table
 from mlsyskit.core.storage import MetaStore
-from mlsyskit.tools.fl.config import DataSpec, JobConfig, SelectionConfig
+from mlsyskit.tools.fl.config import DataSpec, JobConfig
 from mlsyskit.tools.fl.incentive.ledger import client_account
-from mlsyskit.tools.fl.server_cli import malicious_clients
-from mlsyskit.tools.fl.simulator import Simulation
+from mlsyskit.tools.fl.simulator import Simulation, choose_attackers
 
-TUNED_EPSILON = 0.3
+ATTACKS = ("label-flip", "noisy-labels", "random-update", "free-rider", "quality-liar", "sign-flip")
+TUNING_DATASETS = ("digits",)
+MALICIOUS_MAX, HONEST_MIN, ACCURACY_SLACK = 0.80, 1.07, 1.0  # x default, x default, points below default
 
 
-def one_run(strategy: str, seed: int, args, epsilon: float = TUNED_EPSILON) -> dict:
-    selection = SelectionConfig(epsilon=epsilon, epsilon_min=min(0.05, epsilon))
+def one_run(strategy: str, seed: int, dataset: str, alpha: float, fraction: float, attack: str, args) -> dict:
     config = JobConfig(strategy=strategy, rounds=args.rounds, per_round=args.per_round, seed=seed,
-                       round_timeout_s=30.0, selection=selection,
-                       data=DataSpec(dataset="digits", num_clients=args.clients, partition="dirichlet",
-                                     alpha=args.alpha, seed=seed))
-    attacks = malicious_clients(args.clients, args.malicious, "label-flip", seed)
+                       data=DataSpec(dataset=dataset, num_clients=args.clients, partition="dirichlet",
+                                     alpha=alpha, seed=seed))
+    attacks = choose_attackers(args.clients, fraction, attack, seed) if fraction > 0 else {}
     started = time.perf_counter()
     with MetaStore(":memory:") as store:
         sim = Simulation(config, store, attacks)
@@ -46,130 +50,160 @@ def one_run(strategy: str, seed: int, args, epsilon: float = TUNED_EPSILON) -> d
         ledger = sim.coordinator.ledger
         pay = ledger.totals_by("pay")
         honest = [c for c in range(args.clients) if c not in attacks]
-        curve = [o.global_metrics["accuracy"] for o in result.outcomes]
+        last = result.outcomes[-1].global_metrics
         return {
-            "final_accuracy": curve[-1], "last5_accuracy": statistics.fmean(curve[-5:]),
+            "accuracy": last["kept_accuracy"], "last_accuracy": last["accuracy"], "kept_round": last["kept_round"],
             "tokens_per_honest": statistics.fmean(pay.get(client_account(c), 0.0) for c in honest),
-            # None, not a mean over nothing, when the job has no malicious clients (--malicious 0)
             "tokens_per_malicious": statistics.fmean(pay.get(client_account(c), 0.0) for c in attacks)
             if attacks else None,
-            "honest_ever_paid": sum(client_account(c) in pay for c in honest) / len(honest),
-            "malicious_selections": sum(len(set(o.selected) & set(attacks)) for o in result.outcomes),
-            # over-fitting to early impressions: honest providers never picked again in the second half
-            "honest_late_coverage": len({c for o in result.outcomes[len(result.outcomes) // 2:]
-                                         for c in o.selected if c not in attacks}) / len(honest),
-            "honest_token_jain": jain([pay.get(client_account(c), 0.0) for c in honest]),
-            "ledger_total": ledger.total(), "ledger_digest": ledger.digest(),
-            "wall_s": time.perf_counter() - started, "virtual_s": result.virtual_time_s}
+            "malicious_selected": sum(len(set(o.selected) & set(attacks)) for o in result.outcomes),
+            "malicious_aggregated": sum(r.aggregated for o in result.outcomes for r in o.reports.values()
+                                        if r.client_id in attacks),
+            "honest_rejected": sum(r.status == "rejected" for o in result.outcomes for r in o.reports.values()
+                                   if r.client_id not in attacks),
+            "ledger_total": ledger.total(), "wall_s": time.perf_counter() - started}
 
 
-def jain(values: list[float]) -> float:
-    """Jain's fairness index: 1 when all equal, 1/n when one takes everything."""
-    total = sum(values)
-    return total * total / (len(values) * sum(v * v for v in values)) if total > 0 else 0.0
+def judge(runs: dict[int, dict[str, dict]], with_attackers: bool) -> dict:
+    """Targets of one cell: measured on the means over seeds, and which seeds meet each on their own."""
+    def mean(strategy: str, key: str) -> float:
+        return statistics.fmean(r[strategy][key] for r in runs.values())
+
+    def ratio(pair: dict, key: str) -> float | None:  # pair: one seed's two runs, or the means
+        base = pair["fedavg"][key]
+        return pair["tiff"][key] / base if base else None
+
+    checks = {"accuracy": (lambda r: 100 * (r["tiff"]["accuracy"] - r["fedavg"]["accuracy"]),
+                           lambda v: v >= -ACCURACY_SLACK, f">= -{ACCURACY_SLACK:g} points")}
+    if with_attackers:
+        checks["malicious_tokens"] = (lambda r: ratio(r, "tokens_per_malicious"),
+                                      lambda v: v is not None and v <= MALICIOUS_MAX, f"<= {MALICIOUS_MAX}x")
+        checks["honest_tokens"] = (lambda r: ratio(r, "tokens_per_honest"),
+                                   lambda v: v is not None and v >= HONEST_MIN, f">= {HONEST_MIN}x")
+    means = {s: {k: mean(s, k) for k in ("accuracy", "tokens_per_honest")} for s in ("fedavg", "tiff")}
+    if with_attackers:
+        for s in means:
+            means[s]["tokens_per_malicious"] = mean(s, "tokens_per_malicious")
+    targets = {}
+    for name, (measure, ok, text) in checks.items():
+        value = measure(means)
+        if value is None:  # the default paid this group nothing: no ratio to speak of
+            targets[name] = {"measured": None, "target": text, "met": None, "seeds_met": [],
+                             "note": "n/a: the default paid this group nothing"}
+            continue
+        targets[name] = {"measured": value, "target": text, "met": bool(ok(value)),
+                         "seeds_met": sorted(seed for seed, r in runs.items() if ok(measure(r)))}
+    conserved = max(abs(r[s]["ledger_total"]) for r in runs.values() for s in r)
+    targets["ledger_conserved"] = {"measured": conserved, "target": "<= 1e-9", "met": conserved <= 1e-9,
+                                   "seeds_met": sorted(runs)}
+    return {"means": means, "targets": targets}
 
 
-def main() -> int:
+def cells(args) -> list[tuple[str, float, float, str]]:
+    out = []
+    for dataset in args.datasets:
+        for alpha in args.alphas:
+            for fraction in args.fractions:
+                for attack in (("none",) if fraction == 0 else args.attacks):
+                    out.append((dataset, alpha, fraction, attack))
+    return out
+
+
+def cell_key(dataset: str, alpha: float, fraction: float, attack: str) -> str:
+    return f"{dataset}/alpha={alpha:g}/attackers={fraction:g}/{attack}"
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--clients", type=int, default=50)
-    p.add_argument("--per-round", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=40)
-    p.add_argument("--alpha", type=float, default=0.5)
-    p.add_argument("--malicious", type=float, default=0.3)
-    p.add_argument("--ablation", type=float, nargs="*", default=[0.0, 0.1, 0.5])
+    p.add_argument("--datasets", nargs="+", default=["digits", "mnist1d", "breast-cancer"])
+    p.add_argument("--alphas", type=float, nargs="+", default=[1.0, 0.5, 0.1])
+    p.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.2, 0.4])
+    p.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=ATTACKS)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--clients", type=int, default=30)
+    p.add_argument("--per-round", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--quick", action="store_true", help="CI: digits, alpha 0.5, 0 and 0.4 attackers, 2 attacks, "
+                   "1 seed, 10 clients, 6 rounds")
+    p.add_argument("--resume", action="store_true", help="keep the cells already in --out")
     p.add_argument("--out", type=Path, default=Path("runs/bench_fl_tiff.json"))
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.quick:
+        args.datasets, args.alphas, args.fractions = ["digits"], [0.5], [0.0, 0.4]
+        args.attacks, args.seeds, args.clients, args.per_round, args.rounds = ["label-flip", "free-rider"], 1, 10, 4, 6
+    return args
 
-    variants = [("default", "fedavg", TUNED_EPSILON), ("tiff", "tiff", TUNED_EPSILON)]
-    variants += [(f"tiff-eps{e:g}", "tiff", e) for e in args.ablation]
-    runs: dict[str, dict[int, dict]] = {name: {} for name, _, _ in variants}
-    with progress() as bar:
-        task = bar.add_task("simulations", total=args.seeds * len(variants))
-        for seed in range(args.seeds):
-            for name, strategy, eps in variants:
-                runs[name][seed] = one_run(strategy, seed, args, eps)
-                bar.advance(task)
-                run = runs[name][seed]
-                log(f"seed {seed} {name}: acc {run['final_accuracy']:.3f} honest {run['tokens_per_honest']:.1f} "
-                    f"malicious {_short(run['tokens_per_malicious'])}")
 
-    summary, targets = summarise(runs)
-    # determinism: a repeated run with the same seed writes the same ledger
-    repeat = one_run("tiff", 0, args)
-    targets["same_seed_same_ledger"] = {"measured": repeat["ledger_digest"] == runs["tiff"][0]["ledger_digest"],
-                                        "target": "identical ledger digest", "met":
-                                        repeat["ledger_digest"] == runs["tiff"][0]["ledger_digest"]}
-
-    rows = [(name, s["final_accuracy"], s["last5_accuracy"], s["tokens_per_honest"], _na(s["tokens_per_malicious"]),
-             s["honest_late_coverage"], s["honest_token_jain"]) for name, s in summary.items()]
-    emit_table(make_table(f"TIFF vs default, mean of {args.seeds} seeds",
-                          ["variant", "acc", "acc5", "tok/hon", "tok/mal", "late cov", "jain"], rows))
-    emit_table(make_table("targets", ["target", "measured", "met"],
-                          [(k, _short(v["measured"]), _na(v["met"])) for k, v in targets.items()]))
-    result = {"config": {k: v for k, v in vars(args).items() if k != "out"} | {"tuned_epsilon": TUNED_EPSILON,
-              "job_defaults": dataclasses.asdict(JobConfig())},
-              "summary": summary, "targets": targets, "runs": runs}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str, allow_nan=False))
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    setting = {k: v for k, v in vars(args).items() if k not in ("out", "resume")} | {
+        "tuning_datasets": list(TUNING_DATASETS)}
+    done: dict = {}
+    if args.resume and args.out.is_file():
+        previous = json.loads(args.out.read_text())
+        if previous.get("setting") == setting:
+            done = previous["cells"]
+    result = {"setting": setting, "cells": done}
+    todo = cells(args)
+    for i, (dataset, alpha, fraction, attack) in enumerate(todo, 1):
+        key = cell_key(dataset, alpha, fraction, attack)
+        if key in done:
+            continue
+        runs = {seed: {s: one_run(s, seed, dataset, alpha, fraction, attack, args) for s in ("fedavg", "tiff")}
+                for seed in range(args.seeds)}
+        cell = judge(runs, fraction > 0) | {
+            "dataset": dataset, "alpha": alpha, "attackers": fraction, "attack": attack,
+            "part": "tuning" if dataset in TUNING_DATASETS else "held-out", "seeds": list(range(args.seeds)),
+            "runs": {str(seed): r for seed, r in runs.items()}}
+        result["cells"][key] = cell
+        _write(args.out, result)
+        log(f"[{i}/{len(todo)}] {key}: " + " ".join(f"{n}={_short(t['measured'])}({_met(t)})"
+                                                    for n, t in cell["targets"].items() if n != "ledger_conserved"))
+    result["summary"] = summary(result["cells"])
+    _write(args.out, result)
+    emit_table(make_table(f"TIFF vs default, mean of {args.seeds} seeds per cell (accuracy: kept model, test split)",
+                          ["cell", "part", "acc default", "acc tiff", "d points", "honest x", "malicious x",
+                           "targets met", "seeds meeting all"], [_row(k, c) for k, c in result["cells"].items()]))
+    emit_table(make_table("cells meeting each target", ["part", "target", "met", "missed", "n/a"],
+                          [(part, name, *counts) for part, per in result["summary"].items()
+                           for name, counts in per.items()]))
     log(f"wrote {args.out}")
-    return 0 if all(t["met"] is not False for t in targets.values()) else 1  # None: not applicable
+    return 0 if all(t["met"] is not False for c in result["cells"].values() for t in c["targets"].values()) else 1
 
 
-SUMMARY_KEYS = ("final_accuracy", "last5_accuracy", "tokens_per_honest", "tokens_per_malicious", "honest_ever_paid",
-                "malicious_selections", "honest_late_coverage", "honest_token_jain", "wall_s")
+def summary(all_cells: dict) -> dict:
+    out: dict[str, dict[str, list[int]]] = {}
+    for cell in all_cells.values():
+        for name, t in cell["targets"].items():
+            counts = out.setdefault(cell["part"], {}).setdefault(name, [0, 0, 0])
+            counts[0 if t["met"] is True else 1 if t["met"] is False else 2] += 1
+    return out
 
 
-def summarise(runs: dict[str, dict[int, dict]]) -> tuple[dict, dict]:
-    """Means over seeds per variant, and the targets checked on them. A target that cannot be measured
-    (no malicious clients, or nothing paid to the default's group to compare with) is reported with
-    measured and met None ("n/a"), neither met nor failed, so the JSON stays valid (no NaN)."""
-    def mean(name: str, key: str) -> float | None:
-        values = [r[key] for r in runs[name].values()]
-        return None if any(v is None for v in values) else statistics.fmean(values)
-
-    summary = {name: {k: mean(name, k) for k in SUMMARY_KEYS} for name in runs}
-    tiff, default = summary["tiff"], summary["default"]
-    gain = 100 * (tiff["final_accuracy"] - default["final_accuracy"])
-    targets = {
-        "malicious_tokens_vs_default": _ratio_target(tiff["tokens_per_malicious"], default["tokens_per_malicious"],
-                                                     "<= 0.80", lambda r: r <= 0.80),
-        "honest_tokens_vs_default": _ratio_target(tiff["tokens_per_honest"], default["tokens_per_honest"],
-                                                  ">= 1.07", lambda r: r >= 1.07),
-        "accuracy_gain_points": {"measured": gain, "target": ">= 7.4", "met": gain >= 7.4},
-    }
-    if "tiff-eps0" in summary:  # what exploration is for: not freezing out honest providers after one look
-        eps0 = summary["tiff-eps0"]
-        targets["exploration_0_worse"] = {
-            "measured": {"eps0_late_coverage": eps0["honest_late_coverage"],
-                         "tuned_late_coverage": tiff["honest_late_coverage"],
-                         "eps0_final_accuracy": eps0["final_accuracy"], "tuned_final_accuracy": tiff["final_accuracy"]},
-            "target": "eps0 ends less accurate and covers fewer honest providers late in the job",
-            "met": eps0["final_accuracy"] < tiff["final_accuracy"]
-            and eps0["honest_late_coverage"] < tiff["honest_late_coverage"]}
-    conserved = max(abs(r["ledger_total"]) for v in runs.values() for r in v.values())
-    targets["ledger_conserved"] = {"measured": conserved, "target": "<= 1e-9", "met": conserved <= 1e-9}
-    return summary, targets
+def _row(key: str, cell: dict) -> tuple:
+    t, m = cell["targets"], cell["means"]
+    evaluated = [x for x in t.values() if x["met"] is not None]
+    every = set(cell["seeds"])
+    for x in evaluated:
+        every &= set(x["seeds_met"])
+    return (key, cell["part"], m["fedavg"]["accuracy"], m["tiff"]["accuracy"], t["accuracy"]["measured"],
+            _short(t.get("honest_tokens", {}).get("measured")), _short(t.get("malicious_tokens", {}).get("measured")),
+            f"{sum(x['met'] for x in evaluated)}/{len(evaluated)}", ",".join(map(str, sorted(every))) or "-")
 
 
-def _ratio_target(ours: float | None, baseline: float | None, target: str, check) -> dict:
-    if ours is None or baseline is None or baseline == 0:
-        why = "no malicious clients" if ours is None or baseline is None else "the default paid this group nothing"
-        return {"measured": None, "target": target, "met": None, "note": f"n/a: {why}"}
-    ratio = ours / baseline
-    return {"measured": ratio, "target": target, "met": check(ratio)}
+def _write(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, allow_nan=False))
+    tmp.replace(path)
 
 
-def _na(value):
-    return "n/a" if value is None else value
+def _met(target: dict) -> str:
+    return "n/a" if target["met"] is None else "met" if target["met"] else "MISSED"
 
 
-def _short(measured) -> str:
-    if measured is None:
-        return "n/a"
-    if isinstance(measured, dict):
-        return " ".join(f"{k.split('_')[0]}={v:.3f}" for k, v in measured.items())[:60]
-    return f"{measured:.4g}" if isinstance(measured, float) else str(measured)
+def _short(value) -> str:
+    return "n/a" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
-"""scripts/bench_fl_tiff.py's summary: with no malicious clients (--malicious 0) the malicious-token
-target is reported as n/a (neither met nor failed) and the JSON stays valid, instead of a crash."""
+"""scripts/bench_fl_tiff.py: the sweep's cells, its per-cell targets (met, missed or n/a, with the seeds
+that meet each) and its JSON; the --quick mode runs end to end as CI runs it."""
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 from pathlib import Path
@@ -17,41 +16,62 @@ def load_bench():
     return module
 
 
-def tiny_args(malicious: float) -> argparse.Namespace:
-    return argparse.Namespace(seeds=1, clients=6, per_round=3, rounds=2, alpha=0.5, malicious=malicious)
+def run(accuracy: float, honest: float, malicious: float | None) -> dict:
+    return {"accuracy": accuracy, "tokens_per_honest": honest, "tokens_per_malicious": malicious,
+            "ledger_total": 0.0}
 
 
-def test_no_malicious_clients_reports_na_and_valid_json():
+def test_cells_cover_the_sweep_and_cells_without_attackers_appear_once():
     bench = load_bench()
-    args = tiny_args(0.0)
-    runs = {name: {0: bench.one_run(strategy, 0, args)} for name, strategy in (("default", "fedavg"), ("tiff", "tiff"))}
-    assert runs["tiff"][0]["tokens_per_malicious"] is None and runs["tiff"][0]["malicious_selections"] == 0
-    summary, targets = bench.summarise(runs)
-    assert summary["tiff"]["tokens_per_malicious"] is None and summary["tiff"]["tokens_per_honest"] > 0
-    malicious = targets["malicious_tokens_vs_default"]
-    assert malicious["measured"] is None and malicious["met"] is None and "no malicious" in malicious["note"]
-    assert isinstance(targets["honest_tokens_vs_default"]["met"], bool)  # the other targets are still measured
-    assert targets["ledger_conserved"]["met"] is True
-    text = json.dumps({"summary": summary, "targets": targets, "runs": runs}, allow_nan=False)  # no NaN/Infinity
-    assert json.loads(text)["targets"]["malicious_tokens_vs_default"]["met"] is None
-    assert bench._short(malicious["measured"]) == "n/a" and bench._na(malicious["met"]) == "n/a"
+    args = bench.parse([])
+    cells = bench.cells(args)
+    assert len(cells) == 3 * 3 * (1 + 2 * 6)  # datasets x alphas x (no attackers + 2 fractions x 6 attacks)
+    assert sum(attack == "none" for *_, attack in cells) == 9
+    assert {d for d, *_ in cells} == {"digits", "mnist1d", "breast-cancer"} and args.seeds >= 3
 
 
-def test_ratio_targets_with_malicious_clients_and_an_unpaid_baseline():
+def test_targets_are_judged_on_means_and_recorded_per_seed():
     bench = load_bench()
+    runs = {0: {"fedavg": run(0.80, 10.0, 5.0), "tiff": run(0.85, 12.0, 0.5)},
+            1: {"fedavg": run(0.80, 10.0, 5.0), "tiff": run(0.78, 10.5, 4.5)}}  # seed 1 misses all three
+    cell = bench.judge(runs, with_attackers=True)
+    t = cell["targets"]
+    assert t["malicious_tokens"]["measured"] == 0.5 and t["malicious_tokens"]["met"] is True
+    assert t["malicious_tokens"]["seeds_met"] == [0]
+    assert abs(t["honest_tokens"]["measured"] - 1.125) < 1e-12 and t["honest_tokens"]["seeds_met"] == [0]
+    assert abs(t["accuracy"]["measured"] - 1.5) < 1e-9 and t["accuracy"]["seeds_met"] == [0]
+    assert t["ledger_conserved"]["met"] is True
+    runs[0]["tiff"] = run(0.70, 9.0, 6.0)  # now the means miss every target
+    missed = bench.judge(runs, with_attackers=True)["targets"]
+    assert [missed[k]["met"] for k in ("accuracy", "malicious_tokens", "honest_tokens")] == [False, False, False]
+    runs[0]["fedavg"]["ledger_total"] = 1e-6
+    assert bench.judge(runs, with_attackers=True)["targets"]["ledger_conserved"]["met"] is False
 
-    def run(honest: float, malicious: float, accuracy: float) -> dict:
-        return {"final_accuracy": accuracy, "last5_accuracy": accuracy, "tokens_per_honest": honest,
-                "tokens_per_malicious": malicious, "honest_ever_paid": 1.0, "malicious_selections": 3,
-                "honest_late_coverage": 0.5, "honest_token_jain": 0.9, "wall_s": 1.0, "ledger_total": 0.0}
 
-    runs = {"default": {0: run(10.0, 4.0, 0.70), 1: run(10.0, 6.0, 0.70)},
-            "tiff": {0: run(11.0, 3.0, 0.80), 1: run(11.0, 1.0, 0.80)}}
-    _, targets = bench.summarise(runs)
-    assert targets["malicious_tokens_vs_default"] == {"measured": 0.4, "target": "<= 0.80", "met": True}
-    assert abs(targets["honest_tokens_vs_default"]["measured"] - 1.1) < 1e-12
-    assert targets["honest_tokens_vs_default"]["met"] is True
-    runs["default"] = {0: run(10.0, 0.0, 0.70)}  # malicious clients present but the default paid them nothing
-    _, targets = bench.summarise(runs)
-    assert targets["malicious_tokens_vs_default"]["met"] is None
-    json.dumps(targets, allow_nan=False)
+def test_without_attackers_only_accuracy_is_judged_and_unpaid_groups_are_na():
+    bench = load_bench()
+    runs = {0: {"fedavg": run(0.90, 10.0, None), "tiff": run(0.895, 9.0, None)}}
+    targets = bench.judge(runs, with_attackers=False)["targets"]
+    assert set(targets) == {"accuracy", "ledger_conserved"} and targets["accuracy"]["met"] is True
+    unpaid = {0: {"fedavg": run(0.9, 10.0, 0.0), "tiff": run(0.9, 11.0, 0.0)}}
+    na = bench.judge(unpaid, with_attackers=True)["targets"]["malicious_tokens"]
+    assert na["met"] is None and na["measured"] is None and "n/a" in na["note"]
+
+
+def test_quick_mode_runs_end_to_end_and_writes_valid_json(tmp_path):
+    bench = load_bench()
+    out = tmp_path / "quick.json"
+    code = bench.main(["--quick", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert set(result["cells"]) == {"digits/alpha=0.5/attackers=0/none", "digits/alpha=0.5/attackers=0.4/label-flip",
+                                    "digits/alpha=0.5/attackers=0.4/free-rider"}
+    for cell in result["cells"].values():
+        assert cell["part"] == "tuning" and cell["seeds"] == [0] and set(cell["runs"]["0"]) == {"fedavg", "tiff"}
+        assert all(t["met"] in (True, False, None) for t in cell["targets"].values())
+        assert cell["targets"]["ledger_conserved"]["met"] is True
+    assert code == (0 if all(t["met"] is not False for c in result["cells"].values()
+                             for t in c["targets"].values()) else 1)
+    # --resume keeps the measured cells instead of running them again
+    before = out.read_text()
+    assert bench.main(["--quick", "--resume", "--out", str(out)]) == code
+    assert json.loads(before)["cells"] == json.loads(out.read_text())["cells"]
