@@ -88,17 +88,25 @@ def test_ten_client_processes_five_tiff_rounds_with_mutual_tls_and_token(proc_ma
     assert rounds[-1]["global"]["accuracy"] > 0.5
 
 
-def test_client_killed_mid_round_is_failed_unpaid_and_rejoins(proc_manager, tmp_path):
+def test_client_killed_with_sigkill_mid_round_is_failed_unpaid_and_rejoins(proc_manager, tmp_path):
     port = free_port()
     run_dir = tmp_path / "run"
     # --fill-timeout 60: a round waits (up to 60 s) for per_round=3 connected clients, so round 2 waits for
-    # the rejoin; --min-clients 2 alone would let it go on with the two that stayed
+    # the rejoin; --min-clients 2 alone would let it go on with the two that stayed. 20 local epochs: the
+    # SIGKILL lands while client 2 trains (it prints the line polled for just before it starts)
+    (tmp_path / "job.toml").write_text("[train]\nepochs = 20\n")
     server = start_server(proc_manager, port, run_dir, "--clients", "3", "--per-round", "3", "--rounds", "3",
-                          "--fill-timeout", "60")
+                          "--min-clients", "3", "--fill-timeout", "60", "--round-timeout", "600",
+                          "--config", str(tmp_path / "job.toml"))
     clients = [start_client(proc_manager, port, cid) for cid in (0, 1)]
-    crasher = start_client(proc_manager, port, 2, "--crash-in-round", "1")
-    code, _ = finish(proc_manager, crasher)
-    assert code == 3
+    log = tmp_path / "client-2.log"
+    victim = start_client(proc_manager, port, 2, "-v", stderr=log.open("w"))
+    deadline = time.monotonic() + 240
+    while "round 1: selected; training" not in " ".join(log.read_text().split()):
+        assert time.monotonic() < deadline and victim.poll() is None, "client 2 never trained round 1"
+        time.sleep(0.01)  # polling a file for a condition, with a deadline
+    proc_manager.kill(victim)  # kill -9 mid-training
+    assert victim.returncode == -9
     clients.append(start_client(proc_manager, port, 2))  # rejoins with the same id
     code, stderr = finish(proc_manager, server)
     assert code == 0, stderr

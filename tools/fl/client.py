@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 import random
 from dataclasses import dataclass
 
@@ -56,7 +55,7 @@ class FlClient:
     def __init__(self, address: str, client_id: int, *, dataset: str | None = None, attack: str = "none",
                  token: str | None = None, tls: ClientTls | None = None, reconnect_s: float = 60.0,
                  backoff_initial_s: float = 0.1, backoff_max_s: float = 5.0, jitter_seed: int | None = None,
-                 clock: Clock | None = None, exit_after_round: int | None = None, freeze_heap: bool = False) -> None:
+                 clock: Clock | None = None, freeze_heap: bool = False) -> None:
         self.address = address
         self.client_id = client_id
         self.dataset = dataset
@@ -66,7 +65,6 @@ class FlClient:
         self.clock = clock or RealClock()
         self.backoff = Backoff(backoff_initial_s, backoff_max_s,
                                random.Random(client_id if jitter_seed is None else jitter_seed))
-        self.exit_after_round = exit_after_round  # fault injection for tests: vanish mid-round
         self.freeze_heap = freeze_heap  # freeze_startup_heap() once ready (the CLI paused GC at start-up)
         self.rpc = RpcClient(address, token=token, tls=tls, timeout=60.0)
         self.summary = ClientSummary()
@@ -186,9 +184,6 @@ class FlClient:
         # thread and back cost ~0.15 ms of CPU per round (gRPC keepalive pings are answered by its core)
         result = train_local(task["weights"], self._data, spec, self.num_features, self.num_classes,
                              int(task["seed"]), self.attack)
-        if self.exit_after_round is not None and task["round"] >= self.exit_after_round:
-            log.error("client %d: crashing in round %d (fault injection)", self.client_id, task["round"])
-            os._exit(3)  # like a kill: no goodbye, the server sees the connection drop
         self.summary.rounds_trained += 1
         update = {"client_id": self.client_id, "round": task["round"], "weights": result.weights,
                   "metrics": result.metrics()}

@@ -48,8 +48,6 @@ def run(server: str | None = typer.Option(None, "--server", help="fl-server HOST
         token_file: Path | None = typer.Option(None, "--token-file", help="Shared secret the server expects."),
         reconnect: float | None = typer.Option(None, "--reconnect",
                                                help="Give up after this many seconds without a server (default 60)."),
-        crash_in_round: int | None = typer.Option(None, "--crash-in-round", hidden=True,
-                                                  help="Fault injection: die mid-round N (tests)."),
         config: Path | None = config_option(), json_out: bool = json_option(),
         verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Join a server and take part until the job is done (-v: selection, receipt and balance per round)."""
@@ -71,8 +69,7 @@ def run(server: str | None = typer.Option(None, "--server", help="fl-server HOST
                      _path(settings.tls_key), settings.tls_server_name)
     route_logging(info_by_default=False)
     client = FlClient(settings.server, settings.client_id, dataset=settings.dataset, attack=settings.attack,
-                      token=token, tls=tls, reconnect_s=settings.reconnect_s, exit_after_round=crash_in_round,
-                      freeze_heap=True)
+                      token=token, tls=tls, reconnect_s=settings.reconnect_s, freeze_heap=True)
     try:
         summary = asyncio.run(client.run())
     except ClientStopped as e:
