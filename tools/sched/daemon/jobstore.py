@@ -67,11 +67,14 @@ class Job:
                 "samples": self.samples}
 
 
-def _row(r: tuple) -> Job:
-    req = JobRequest(**json.loads(r[2]))
+def _row(r: tuple, requests: dict[int, JobRequest]) -> Job:
+    req = requests.get(r[0])
+    if req is None:  # a request never changes: decode it once per process
+        req = requests[r[0]] = JobRequest(**json.loads(r[2]))
     gpus = {int(k): tuple(v) for k, v in json.loads(r[9]).items()} if r[9] else {}
-    return Job(r[0], r[1], req, r[3], r[4], r[5], r[6], tuple(tuple(p) for p in json.loads(r[7] or "[]")),
-               tuple(json.loads(r[8] or "[]")), gpus, r[10], r[11], r[12], r[13], r[14])
+    placement = tuple(tuple(p) for p in json.loads(r[7])) if r[7] else ()
+    return Job(r[0], r[1], req, r[3], r[4], r[5], r[6], placement, tuple(json.loads(r[8])) if r[8] else (), gpus,
+               r[10], r[11], r[12], r[13], r[14])
 
 
 class JobStore:
@@ -84,6 +87,7 @@ class JobStore:
                     self.db.put("marble", "instance", secrets.token_hex(4))
         except StorageError as e:  # corrupt, unreadable or full: say so, do not guess
             raise RuntimeFailure(f"the job table cannot be used: {e}") from None
+        self._requests: dict[int, JobRequest] = {}
 
     @property
     def instance(self) -> str:
@@ -100,7 +104,7 @@ class JobStore:
         rows = self.db.query(f"SELECT {_COLUMNS} FROM marble_jobs WHERE id=?", (job_id,))
         if not rows:
             raise UnknownJobError(f"no job {job_id}")
-        return _row(rows[0])
+        return _row(rows[0], self._requests)
 
     def jobs(self, states: tuple[str, ...] | None = None) -> list[Job]:
         if states is None:
@@ -108,7 +112,7 @@ class JobStore:
         else:
             marks = ",".join("?" * len(states))
             rows = self.db.query(f"SELECT {_COLUMNS} FROM marble_jobs WHERE state IN ({marks}) ORDER BY id", states)
-        return [_row(r) for r in rows]
+        return [_row(r, self._requests) for r in rows]
 
     def _move(self, job_id: int, from_states: tuple[str, ...], sets: dict[str, Any]) -> bool:
         """One guarded transition; False when the job was not in `from_states` (nothing changes)."""
