@@ -30,7 +30,7 @@ import hiredis
 from mlsyskit.tools.kv import admin, resp
 from mlsyskit.tools.kv.commands import HANDLERS
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT, WRITES
-from mlsyskit.tools.kv.requests import Ready, Request
+from mlsyskit.tools.kv.requests import PEER_MESSAGE, Ready, Request
 
 if TYPE_CHECKING:
     from mlsyskit.tools.kv.node import Node
@@ -165,6 +165,9 @@ class ClientConnection(asyncio.Protocol):
                             fast_put(key, value)
                             out.append(ok)
                             continue
+                if type(cmd) is list and cmd and cmd[0] == PEER_MESSAGE and self.peer is not None:
+                    node.on_peer_message(self.peer, self.peer_bytes, cmd)  # authenticated: the replication path
+                    continue
                 if type(cmd) is not list or not cmd or not _all_bulk(cmd):
                     self.fatal("Protocol error: expected an array of bulk strings")
                     return

@@ -23,7 +23,7 @@ import hiredis
 
 from mlsyskit.core import __version__
 from mlsyskit.core.clock import Clock, RealClock
-from mlsyskit.tools.kv import resp, rmw
+from mlsyskit.tools.kv import resp
 from mlsyskit.tools.kv.controlets import Controlet, controlet_class
 from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
@@ -42,10 +42,9 @@ from mlsyskit.tools.kv.controlets.base import (
 )
 from mlsyskit.tools.kv.datalets import Datalet
 from mlsyskit.tools.kv.links import Link
-from mlsyskit.tools.kv.requests import PEER_MESSAGE, Request, write_reply
+from mlsyskit.tools.kv.requests import PEER_MESSAGE, Request, relay_answer, write_reply
 from mlsyskit.tools.kv.shardmap import ShardMap
-
-SNAPSHOT_BATCH = 256  # pairs per SNAPDATA message
+from mlsyskit.tools.kv.snapshot import stream_snapshot
 
 
 class Node:
@@ -195,7 +194,7 @@ class Node:
     def forward(self, req: Request, node_id: str) -> None:
         self.stats["forwarded"] += 1
         fut = self.link(node_id).call_frame(req.frame())
-        fut.add_done_callback(lambda f: req.complete(_relay(req, f)))
+        fut.add_done_callback(lambda f: req.complete(relay_answer(req, f)))
 
     def on_peer_message(self, peer: str, peer_bytes: bytes, cmd: list) -> None:
         """BKV.MSG epoch src kind fields... from an authenticated peer; other epochs are fenced off."""
@@ -260,21 +259,48 @@ class Node:
             return _Failed(e)
 
     def _run_inline(self, actions: list) -> None:
-        failed: set[int] = set()
-        stopped = False
-        for a in actions:
+        """A local datalet: run the actions now. The common kinds are inlined (the write path)."""
+        datalet = self.datalet
+        for i, a in enumerate(actions):
             kind = type(a)
-            if kind is Apply or kind is Read or kind is Reset or kind is SendStored:
+            if kind is Apply:
+                try:
+                    res = datalet.delete(a.key) if a.value is None else datalet.put(a.key, a.value)
+                except Exception as e:  # noqa: BLE001 - a datalet error fails the request, never the node
+                    return self._inline_failed(actions, i, e)
+                if a.value is None and a.req is not None:
+                    a.req.existed = bool(res)
+            elif kind is Send:
+                if a.fields is not self._sent_fields or a.kind is not self._sent_kind:  # held: ids stay unique
+                    self._sent_fields, self._sent_kind = a.fields, a.kind
+                    self._sent_frame = self.frame(a.kind, a.fields)
+                link = self.links.get(a.node) or self.link(a.node)
+                link.send(self._sent_frame)
+            elif kind is Reply:
+                a.req.complete(write_reply(a.req))
+            elif kind is Read or kind is Reset or kind is SendStored:
                 res = self._issue(a)
                 if type(res) is _Failed:
-                    stopped = True
-                    self._datalet_failed(a, res.error, failed)
-                    continue
+                    return self._inline_failed(actions, i, res.error)
                 self._finish(a, res)
-            elif stopped and (kind is Send or kind is Snapshot or id(getattr(a, "req", None)) in failed):
-                self.stats["sends_dropped"] += kind is Send
             else:
                 self._finish(a, None)
+        return None
+
+    def _inline_failed(self, actions: list, i: int, error: BaseException) -> None:
+        """Action i's datalet operation raised: fail it, then finish the rest with Sends stopped."""
+        failed: set[int] = set()
+        self._datalet_failed(actions[i], error, failed)
+        for a in actions[i + 1:]:
+            kind = type(a)
+            if kind is Send or kind is Snapshot or id(getattr(a, "req", None)) in failed:
+                self.stats["sends_dropped"] += kind is Send
+                continue
+            res = self._issue(a) if kind is Apply or kind is Read or kind is Reset or kind is SendStored else None
+            if type(res) is _Failed:
+                self._datalet_failed(a, res.error, failed)
+            else:
+                self._finish(a, res)
 
     def _drain(self, _f: Any = None) -> None:
         queue = self.queue
@@ -323,7 +349,7 @@ class Node:
         elif kind is Send:
             if a.fields is not self._sent_fields or a.kind is not self._sent_kind:  # held: ids stay unique
                 self._sent_fields, self._sent_kind = a.fields, a.kind
-                self._sent_frame = self._frame(a.kind, a.fields)
+                self._sent_frame = self.frame(a.kind, a.fields)
             self.link(a.node).send(self._sent_frame)
         elif kind is Forward:
             self.forward(a.req, a.node)
@@ -331,39 +357,12 @@ class Node:
             a.req.complete(resp.error(a.message))
         elif kind is SendStored:
             if res is not None:
-                self.link(a.node).send(self._frame(a.kind, (a.key, res)))
+                self.link(a.node).send(self.frame(a.kind, (a.key, res)))
         elif kind is Snapshot:
-            self._snapshot(a)
+            stream_snapshot(self, a)
 
-    def _frame(self, kind: bytes, fields: tuple) -> bytes:
+    def frame(self, kind: bytes, fields: tuple) -> bytes:
         return hiredis.pack_command((PEER_MESSAGE, self.epoch_bytes, self.src_bytes, kind, *fields))
-
-    def _snapshot(self, a: Snapshot) -> None:
-        """Stream this datalet to a catching-up replica: SNAPBEGIN, SNAPDATA..., SNAPEND."""
-        link = self.link(a.node)
-        link.send(self._frame(b"SNAPBEGIN", (a.token, a.seq)))
-
-        async def stream() -> None:
-            batch: list[bytes] = []
-            async for key, value in self.datalet.export_pairs():
-                batch += (key, value)
-                if len(batch) >= 2 * SNAPSHOT_BATCH:
-                    link.send(self._frame(b"SNAPDATA", (a.token, *batch)))
-                    batch = []
-            if batch:
-                link.send(self._frame(b"SNAPDATA", (a.token, *batch)))
-            link.send(self._frame(b"SNAPEND", (a.token, a.seq)))
-
-        coro = stream()
-        if self.sync_datalet:  # a local datalet's export never awaits: run it to the end right here
-            try:
-                coro.send(None)
-            except StopIteration:
-                return
-            raise RuntimeError("a synchronous datalet's export awaited")
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
 
     def _answer_read(self, req: Request, value: Any) -> None:
         if self.visible is not None:
@@ -398,20 +397,3 @@ class _Failed:
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
-
-
-def _relay(req: Request, fut: asyncio.Future) -> bytes:
-    """Re-encode a forwarded request's answer the way this op answers."""
-    exc = fut.exception()
-    if exc is not None:
-        if isinstance(exc, hiredis.ReplyError):
-            return resp.error(str(exc))
-        return resp.error(f"TRYAGAIN forward failed: {exc}")
-    value = fut.result()
-    if req.rmw is not None:
-        return rmw.relayed(req.rmw, value)
-    if req.op is GET:
-        return resp.bulk(value)
-    if req.op is PUT:
-        return resp.OK
-    return resp.integer(int(value))

@@ -5,11 +5,12 @@ builds Requests, the node completes them, and the commands module needs only the
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any, ClassVar
 
 import hiredis
 
-from mlsyskit.tools.kv import resp
+from mlsyskit.tools.kv import resp, rmw
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT
 
 PEER_MESSAGE = b"BKV.MSG"  # BKV.MSG epoch src kind fields...: one-way, authenticated peers only
@@ -69,3 +70,20 @@ def write_reply(req: Request) -> bytes:
     if req.reply is not None:
         return req.reply
     return resp.OK if req.op is PUT else (resp.ONE if req.existed else resp.ZERO)
+
+
+def relay_answer(req: Request, fut: asyncio.Future) -> bytes:
+    """Re-encode a forwarded request's answer the way this op answers."""
+    exc = fut.exception()
+    if exc is not None:
+        if isinstance(exc, hiredis.ReplyError):
+            return resp.error(str(exc))
+        return resp.error(f"TRYAGAIN forward failed: {exc}")
+    value = fut.result()
+    if req.rmw is not None:
+        return rmw.relayed(req.rmw, value)
+    if req.op is GET:
+        return resp.bulk(value)
+    if req.op is PUT:
+        return resp.OK
+    return resp.integer(int(value))
