@@ -2,37 +2,54 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from typer.testing import CliRunner
 
+from mlsyskit.core.errors import UserError
 from mlsyskit.tools.offload.cli import app
 
 SMALL_ARGS = ["--model", "gpt-small", "--batch", "2", "--seq", "32", "--device-mem", "96KiB", "--cpu-mem", "128KiB",
               "--opt-mem", "2MiB"]
 
 
-def invoke(*args: str):
-    return CliRunner().invoke(app, list(args))
+@dataclass
+class Result:
+    exit_code: int
+    output: str
+    stdout: str
+
+
+def invoke(*args: str) -> Result:
+    """As `tencache` (run_app) behaves: a UserError is one `error:` line and its exit code (1 or 2)."""
+    res = CliRunner().invoke(app, list(args))
+    if isinstance(res.exception, UserError):
+        return Result(res.exception.exit_code, f"{res.output}error: {res.exception}", res.stdout)
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    return Result(res.exit_code, res.output, res.stdout)
 
 
 def test_profile_then_train_with_all_tiers(tmp_path):
-    prof, png = tmp_path / "p.json", tmp_path / "p.png"
-    r = invoke("profile", "--model", "gpt-small", "--batch", "2", "--seq", "32", "--out", str(prof), "--plot", str(png),
+    prof, png = tmp_path / "prof" / "profile.json", tmp_path / "prof" / "profile.png"
+    r = invoke("profile", "--model", "gpt-small", "--batch", "2", "--seq", "32", "--out", str(prof.parent), "--plot",
                "--json")
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout[r.stdout.index("{"):])
     assert summary["tensors"] == 69 and summary["order_length"] == 72
     assert png.stat().st_size > 10_000
-    nvme, log = tmp_path / "nvme", tmp_path / "run.jsonl"
+    nvme, run = tmp_path / "nvme", tmp_path / "run"
     nvme.mkdir()
-    r = invoke("train", *SMALL_ARGS, "--profile", str(prof), "--steps", "3", "--nvme-dir", str(nvme),
-               "--log", str(log), "--json")
+    r = invoke("train", *SMALL_ARGS, "--profile", str(prof.parent), "--steps", "3", "--nvme-dir", str(nvme),
+               "--out", str(run), "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout[r.stdout.index("{"):])
     assert len(out["losses"]) == 3 and out["summary"]["device"] == "emulated device"
     assert out["summary"]["occupancy"]["bytes"]["nvme"] > 0
-    events = [json.loads(line) for line in log.read_text().splitlines()]
+    events = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
     assert [e["kind"] for e in events] == ["step", "step", "step", "summary"]
+    assert json.loads((run / "summary.json").read_text())["losses"] == out["losses"]
+    assert out["summary"]["peak_rss"] > 0 and all(e["peak_rss"] > 0 for e in events[:3])
+    assert [p.name for p in nvme.iterdir()] == [".tencache.lock"]  # the run's blocks are removed at exit
     r = invoke("train", *SMALL_ARGS, "--profile", str(prof), "--steps", "2", "--nvme-dir", str(nvme),
                "--policy", "lru")
     assert r.exit_code == 0, r.output
@@ -80,11 +97,12 @@ def test_clear_errors(tmp_path):
         (["train", *SMALL_ARGS, "--device-mem", "lots"], "cannot parse size 'lots'"),
         (["train", *SMALL_ARGS, "--resume"], "--resume needs --checkpoint-dir"),
         (["train", *SMALL_ARGS, "--checkpoint-every", "-2"], "checkpoint_every and warmup_steps must be >= 0"),
-        (["train", *SMALL_ARGS, "--lr", "0"], "lr must be positive"),
+        (["train", *SMALL_ARGS, "--lr", "0"], "lr must be a positive finite number"),
+        (["train", *SMALL_ARGS, "--lr", "inf"], "lr: expected a finite number, got inf"),
+        (["train", *SMALL_ARGS, "--nvme-dir", str(nvme), "--keep-checkpoints", "0"], "keep_checkpoints must be >= 1"),
         (["train", *SMALL_ARGS, "--nvme-dir", str(nvme), "--checkpoint-dir", str(tmp_path / "no-ckpt")],
          "checkpoint directory"),  # refused before training, not when the first checkpoint is due
-        (["profile", "--model", "gpt-tiny", "--batch", "1", "--seq", "8", "--out", str(blocker / "p.json")],
-         "cannot write profile"),
+        (["profile", "--model", "gpt-tiny", "--batch", "1", "--seq", "8", "--out", str(blocker)], "is a file"),
     ]
     for args, message in cases:
         r = invoke(*args)

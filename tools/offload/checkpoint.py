@@ -8,6 +8,7 @@ Free space is checked before writing, so a disk that is already too full fails b
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -72,6 +73,7 @@ def save(directory: Path, step: int, manifest: dict[str, Any], states: Iterable[
                 tier.write(f"t{i}", buf)
                 entries.append({"name": name, "numel": buf.numel() // 3, "shape": list(shapes[name])})
         body = {"schema": SCHEMA, "step": step, **manifest, "tensors": entries}
+        body["checksum"] = _digest(body)
         with open(tmp / "manifest.json", "w") as f:
             json.dump(body, f)
             f.flush()
@@ -89,20 +91,67 @@ def save(directory: Path, step: int, manifest: dict[str, Any], states: Iterable[
     return final
 
 
-def latest(directory: Path) -> Checkpoint | None:
-    """The newest complete checkpoint in `directory` (incomplete temporary ones are ignored)."""
+def _digest(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps({k: v for k, v in body.items() if k != "checksum"}, sort_keys=True)
+                          .encode()).hexdigest()
+
+
+def _steps(directory: Path) -> list[tuple[int, Path]]:
     directory = Path(directory)
     if not directory.is_dir():
         raise MissingDirectoryError(f"checkpoint directory {directory} does not exist")
-    steps = sorted((int(m.group(1)), p) for p in directory.iterdir()
-                   if (m := _STEP_DIR.fullmatch(p.name)) and (p / "manifest.json").is_file())
-    if not steps:
-        return None
-    step, path = steps[-1]
+    return sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP_DIR.fullmatch(p.name)))
+
+
+def open_checkpoint(step: int, path: Path) -> Checkpoint:
+    """Read and check a checkpoint's manifest (schema, checksum, block files present with their sizes);
+    the blocks' own crc32s are checked by `verify` or while reading."""
     try:
         manifest = json.loads((path / "manifest.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}/manifest.json is unreadable: {e}") from None
-    if manifest.get("schema") != SCHEMA:
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
         raise CheckpointError(f"{path} is not a tencache checkpoint (schema {SCHEMA})")
+    if manifest.get("checksum") != _digest(manifest):
+        raise CheckpointError(f"{path}/manifest.json fails its checksum (edited or damaged)")
+    for i, t in enumerate(manifest.get("tensors", [])):
+        block = path / f"t{i}.blk"
+        if not block.is_file() or block.stat().st_size < 4096 + 12 * t["numel"]:
+            raise CheckpointError(f"{path}: block of {t['name']} is missing or truncated")
     return Checkpoint(step, manifest, path)
+
+
+def verify(ckpt: Checkpoint) -> None:
+    """Read every block once through one reusable buffer, checking its crc32 (raises CorruptBlockError)."""
+    largest = max((t["numel"] for t in ckpt.manifest["tensors"]), default=0)
+    buf = torch.empty(3 * largest, dtype=torch.float32)
+    with FileTier(ckpt.path) as tier:
+        for i in range(len(ckpt.manifest["tensors"])):
+            tier.read_into(f"t{i}", buf)
+
+
+def candidates(directory: Path) -> Iterator[tuple[Checkpoint | None, Path, str]]:
+    """Checkpoints newest first: (checkpoint, path, "") when its manifest checks out, else (None, path, why)."""
+    for step, path in reversed(_steps(directory)):
+        try:
+            yield open_checkpoint(step, path), path, ""
+        except (CheckpointError, KeyError, TypeError) as e:
+            yield None, path, str(e)
+
+
+def prune(directory: Path, keep: int) -> list[Path]:
+    """Keep the `keep` newest checkpoints whose manifest checks out (after a new one is safely in place);
+    remove the rest, including ones that fail the check (they could never be resumed from)."""
+    removed, kept = [], 0
+    for ckpt, path, _ in candidates(directory):
+        if ckpt is not None and kept < keep:
+            kept += 1
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def latest(directory: Path) -> Checkpoint | None:
+    """The newest checkpoint whose manifest checks out (incomplete temporary ones are ignored)."""
+    return next((c for c, _, _ in candidates(directory) if c is not None), None)

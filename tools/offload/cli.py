@@ -1,14 +1,33 @@
-"""tencache command line: `profile` a model's tensor execution order, `train` it across device, CPU and NVMe."""
+"""tencache command line: `profile` a model's tensor execution order, `train` it across device, CPU and NVMe.
+
+Exit codes: 0 success; 1 runtime failure (a corrupt block or checkpoint, a non-finite loss, gradient or
+lr, a busy --nvme-dir, a full disk); 2 usage error (a bad flag, budget, profile or missing folder).
+"""
 from __future__ import annotations
 
+import contextlib
+import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import typer
 
-from mlsyskit.core.cli import fail, make_app, run_app
-from mlsyskit.core.config import ConfigError, format_size, load_config
-from mlsyskit.core.console import emit_json, emit_table, err, make_table, progress
-from mlsyskit.core.storage_errors import StorageError
+from mlsyskit.core.cli import (
+    config_option,
+    ensure_out_dir,
+    json_option,
+    load_command_config,
+    make_app,
+    out_option,
+    quiet_option,
+    run_app,
+    seed_option,
+    verbose_option,
+)
+from mlsyskit.core.config import format_size
+from mlsyskit.core.console import emit_json, emit_table, log, make_table, reporter, set_verbosity
+from mlsyskit.core.errors import RuntimeFailure, UsageError, UserError
+from mlsyskit.core.storage_errors import MissingDirectoryError, StorageError, StoragePermissionError
 from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.offload.pools import BudgetError
 from mlsyskit.tools.offload.profiler import Profile, ProfileError
@@ -17,35 +36,50 @@ app = make_app(
     "tencache",
     "Train models larger than device memory (after 10Cache, SoCC'25): profile the execution order of "
     "parameter tensors, then cache and prefetch parameters and optimizer states across GPU, CPU and NVMe "
-    "with size-class buffer pools that are reused, never reallocated.",
+    "with size-class buffer pools that are reused, never reallocated. Exit codes: 0 ok, 1 runtime failure, "
+    "2 usage error.",
 )
-USER_ERRORS = (BudgetError, ProfileError, StorageError, ConfigError, ValueError)
+PROFILE_FILE, PLOT_FILE = "profile.json", "profile.png"
+STEPS_FILE, SUMMARY_FILE = "steps.jsonl", "summary.json"
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Library errors as the shared hierarchy: what the user asked for is wrong (2) or could not be done (1)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (MissingDirectoryError, StoragePermissionError, BudgetError, ProfileError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    except (StorageError, OSError, RuntimeError) as e:
+        raise RuntimeFailure(str(e)) from None
 
 
 @app.command()
 def profile(model: str = typer.Option("gpt-tiny", help="Model preset (gpt-tiny ... gpt-1.3b; the same default as train)."),
             batch: int = typer.Option(4, help="Sequences per step."),
             seq: int = typer.Option(64, help="Tokens per sequence."),
-            seed: int = typer.Option(0, help="Seed for weights and data."),
-            out: Path = typer.Option(Path("profile.json"), help="Where to write the profile (JSON)."),
-            plot: Path | None = typer.Option(None, help="Also write a PNG of the size distribution and timeline."),
-            json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
-    """Run the warm-up step with recording hooks and write the profile."""
+            seed: int = seed_option(0, "Seed for weights and data."),
+            out: Path = out_option(f"{PROFILE_FILE}, and {PLOT_FILE} with --plot; default tencache-profile"),
+            plot: bool = typer.Option(False, "--plot", help=f"Also write {PLOT_FILE} (size distribution and timeline)."),
+            as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+    """Run the warm-up step with recording hooks and write the profile (it records model, batch and seq)."""
     from mlsyskit.tools.offload.trainer import TrainConfig, run_profile
 
-    try:
+    set_verbosity(verbose, quiet)
+    folder = ensure_out_dir(out or Path("tencache-profile"))
+    with user_errors(), reporter() as rep:
+        rep.phase("profiling")
         prof = run_profile(TrainConfig(model=model, batch=batch, seq=seq, seed=seed))
-        prof.save(out)
-    except (*USER_ERRORS, OSError) as e:
-        raise fail(str(e)) from None
-    summary = profile_summary(prof)
-    if plot is not None:
-        from mlsyskit.tools.offload.plots import plot_profile
+        prof.save(folder / PROFILE_FILE)
+        if plot:
+            from mlsyskit.tools.offload.plots import plot_profile
 
-        plot_profile(prof, plot)
-        err.print(f"wrote {plot}")
-    err.print(f"wrote {out}")
-    if json_out:
+            plot_profile(prof, folder / PLOT_FILE)
+    log(f"wrote {folder / PROFILE_FILE}" + (f" and {folder / PLOT_FILE}" if plot else ""))
+    summary = profile_summary(prof)
+    if as_json:
         emit_json(summary)
         return
     emit_table(make_table(f"{model}: {summary['tensors']} tensors, {format_size(summary['bytes'])}, "
@@ -57,54 +91,72 @@ def profile(model: str = typer.Option("gpt-tiny", help="Model preset (gpt-tiny .
 
 def profile_summary(prof: Profile) -> dict:
     largest = sorted(prof.tensors, key=lambda t: -t.nbytes)[:5]
-    return {"model": prof.model, "tensors": len(prof.tensors), "bytes": sum(t.nbytes for t in prof.tensors),
-            "order_length": len(prof.uses), "size_classes": {str(k): v for k, v in prof.size_distribution.items()},
+    return {"model": prof.model, "batch": prof.batch, "seq": prof.seq, "tensors": len(prof.tensors),
+            "bytes": sum(t.nbytes for t in prof.tensors), "order_length": len(prof.uses),
+            "size_classes": {str(k): v for k, v in prof.size_distribution.items()},
             "largest": [{"name": t.name, "shape": list(t.shape), "nbytes": t.nbytes} for t in largest]}
 
 
+def load_profile(path: Path) -> Profile:
+    """A profile file, or a `tencache profile --out` folder holding profile.json."""
+    return Profile.load(path / PROFILE_FILE if path.is_dir() else path)
+
+
 @app.command()
-def train(model: str = typer.Option(None, help="Model preset (gpt-tiny, gpt-small, gpt-10m ... gpt-1.3b; default gpt-tiny)."),
-          profile_path: Path | None = typer.Option(None, "--profile", help="Profile from `tencache profile`; "
-                                                   "without it the run profiles first."),
+def train(model: str = typer.Option(None, help="Model preset (gpt-tiny, gpt-small, gpt-10m ... gpt-1.3b; default "
+                                                "the profile's, else gpt-tiny)."),
+          profile_path: Path | None = typer.Option(None, "--profile", help="Profile file or `tencache profile --out` "
+                                                   "folder; without it the run profiles first."),
           device_mem: str = typer.Option(None, help="Device budget (e.g. 2GiB; default 1GiB)."),
           cpu_mem: str = typer.Option(None, help="CPU parameter-cache budget (default 4GiB)."),
           opt_mem: str = typer.Option(None, help="CPU optimizer-state cache budget (default 8GiB; overflow goes to NVMe)."),
-          nvme_dir: Path | None = typer.Option(None, help="Directory for the NVMe tier (must exist)."),
+          nvme_dir: Path | None = typer.Option(None, help="Folder for the NVMe tier (must exist; locked for this run; "
+                                               "its blocks are removed at exit)."),
           steps: int = typer.Option(None, help="Training steps (default 10)."),
-          batch: int = typer.Option(None, help="Sequences per step (default 4)."),
-          seq: int = typer.Option(None, help="Tokens per sequence (default 64)."),
-          seed: int = typer.Option(None, help="Seed for weights and data (default 0)."),
-          lr: float = typer.Option(None, help="AdamW learning rate (default 1e-3)."),
+          batch: int = typer.Option(None, help="Sequences per step (default the profile's, else 4)."),
+          seq: int = typer.Option(None, help="Tokens per sequence (default the profile's, else 64)."),
+          seed: int = typer.Option(None, "--seed", help="Seed for weights and data (default 0)."),
+          lr: float = typer.Option(None, help="AdamW learning rate (default 1e-3; finite and positive)."),
           policy: str = typer.Option(None, help="tencache (profile-guided, default) | on-demand (naive offload) | lru."),
           checkpoint_dir: Path | None = typer.Option(None, help="Write checkpoints here (must exist)."),
           checkpoint_every: int = typer.Option(None, help="Checkpoint every N steps (and at the end)."),
-          resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in "
-                                      "--checkpoint-dir. --model, --seed, --batch and --seq must equal the "
-                                      "checkpoint's (they fix the weights and the batch stream; a mismatch is "
-                                      "refused); --steps, --lr, the budgets, --nvme-dir, --policy and "
-                                      "--checkpoint-every may change."),
-          config: Path | None = typer.Option(None, help="TOML file with any of these options."),
-          log: Path | None = typer.Option(None, help="Per-step telemetry (JSON lines)."),
-          json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
+          keep_checkpoints: int = typer.Option(None, help="Keep the N newest checkpoints (default 2)."),
+          resume: bool = typer.Option(False, "--resume", help="Continue from the newest valid checkpoint in "
+                                      "--checkpoint-dir (a corrupt one is skipped with a warning). --model, --seed, "
+                                      "--batch and --seq must equal the checkpoint's; --steps, --lr, the budgets, "
+                                      "--nvme-dir, --policy and --checkpoint-every may change."),
+          config: Path | None = config_option(),
+          out: Path | None = out_option(f"{STEPS_FILE} (one JSON line per step, then the summary) and {SUMMARY_FILE}"),
+          as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Train a GPT preset on the Shakespeare corpus with the chosen offload policy."""
     from mlsyskit.tools.offload import trainer
 
-    overrides = {"model": model, "device_mem": device_mem, "cpu_mem": cpu_mem, "opt_mem": opt_mem,
-                 "nvme_dir": nvme_dir, "steps": steps, "batch": batch, "seq": seq, "seed": seed, "lr": lr,
-                 "policy": policy, "checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every,
-                 "resume": resume or None}
-    try:
-        cfg = load_config(trainer.TrainConfig, config, overrides)
-        prof = Profile.load(profile_path) if profile_path is not None else None
+    set_verbosity(verbose, quiet)
+    with user_errors():
+        prof = load_profile(profile_path) if profile_path is not None else None
+        overrides = {"model": model or (prof.model if prof else None), "device_mem": device_mem, "cpu_mem": cpu_mem,
+                     "opt_mem": opt_mem, "nvme_dir": nvme_dir, "steps": steps,
+                     "batch": batch or (prof.batch if prof and prof.batch else None),
+                     "seq": seq or (prof.seq if prof and prof.seq else None), "seed": seed, "lr": lr,
+                     "policy": policy, "checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every,
+                     "keep_checkpoints": keep_checkpoints, "resume": resume or None}
+        cfg = load_command_config(trainer.TrainConfig, config, overrides)
         if cfg.checkpoint_dir is not None and not cfg.checkpoint_every:
-            cfg = load_config(trainer.TrainConfig, config, {**overrides, "checkpoint_every": cfg.steps})
-        with Telemetry(log_path=log) as tel, progress() as bar:
-            task = bar.add_task(f"{cfg.policy} {cfg.model}", total=cfg.steps)
-            result = trainer.train(cfg, prof, telemetry=tel, on_step=lambda r: bar.update(
-                task, completed=r["step"] + 1, description=f"{cfg.policy} loss {r['loss']:.3f}"))
-    except (*USER_ERRORS, OSError) as e:
-        raise fail(str(e)) from None
-    if json_out:
+            cfg = load_command_config(trainer.TrainConfig, config, {**overrides, "checkpoint_every": cfg.steps})
+        folder = ensure_out_dir(out) if out is not None else None
+        with Telemetry(log_path=folder / STEPS_FILE if folder else None) as tel, reporter() as rep:
+            def phase(name: str) -> None:
+                if name == "training":
+                    rep.start(f"{cfg.policy} {cfg.model} step", total=cfg.steps, unit="steps")
+                else:
+                    rep.phase(name)
+
+            result = trainer.train(cfg, prof, telemetry=tel, on_phase=phase, on_step=lambda r: rep.update(
+                completed=r["step"] + 1, note=f"loss {r['loss']:.4f}, {r['step_s']:.2f} s/step"))
+        if folder is not None:
+            (folder / SUMMARY_FILE).write_text(json.dumps({"summary": result.summary, "losses": result.losses},
+                                                          indent=1, default=str))
+    if as_json:
         emit_json({"summary": result.summary, "losses": result.losses})
         return
     emit_table(summary_table(result.summary))
@@ -117,10 +169,12 @@ def summary_table(s: dict) -> object:
             ("device hit rate", s["device_hit_rate"]), ("fetch wait per step (s)", s["fetch_wait_s"]),
             ("fetch wait p99 (s)", s["fetch_wait_p99_s"]), ("allocations per step", s["allocations_per_step"]),
             ("optimizer-state miss rate", s["optimizer_miss_rate"]),
+            ("optimizer-state wait per step (s)", s["optimizer_wait_s"]),
             ("profile deviations per step", s["deviations_per_step"]),
             ("device budget used", f"{s['device_utilisation']:.1%}"), ("CPU budget used", f"{s['cpu_utilisation']:.1%}"),
             ("optimizer budget used", f"{s['optimizer_utilisation']:.1%}"),
             ("tensors on device / CPU / NVMe", " / ".join(format_size(occ[k]) for k in ("device", "cpu", "nvme"))),
+            ("peak RSS", format_size(s["peak_rss"])), ("budgets (device + CPU + optimizer)", format_size(s["budgets"])),
             ("final loss", s["final_loss"])]
     rows += [(f"moved {k} per step", format_size(v)) for k, v in s["bytes_moved_per_step"].items()]
     return make_table(f"tencache, policy {s['policy']}, on {s['model']} ({s['device']}, {s['measured_steps']} measured steps)",

@@ -25,6 +25,7 @@ from mlsyskit.core.config import format_size
 from mlsyskit.core.errors import UsageError
 from mlsyskit.core.filetier import FileTier
 from mlsyskit.core.memory import round_up
+from mlsyskit.tools.offload.nvme_run import NvmeRun
 from mlsyskit.tools.offload.optimizer import HyperParams, NonFiniteError, OptimizerStateCache, adam_update
 from mlsyskit.tools.offload.policies import Policy, make_policy
 from mlsyskit.tools.offload.policies.base import PlanContext
@@ -89,7 +90,7 @@ class OffloadEngine:
     def __init__(self, model: nn.Module, masters: dict[str, torch.Tensor], *, policy: str | Policy,
                  budgets: Budgets, profile: Profile | None, hyper: HyperParams, device: torch.device | None = None,
                  states: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None, adam_step: int = 0,
-                 accumulate: int = 1, clip_norm: float | None = None) -> None:
+                 accumulate: int = 1, clip_norm: float | None = None, nvme_run: NvmeRun | None = None) -> None:
         if accumulate < 1:
             raise UsageError(f"accumulate must be >= 1, got {accumulate}")
         if clip_norm is not None and not (math.isfinite(clip_norm) and clip_norm > 0):
@@ -108,7 +109,20 @@ class OffloadEngine:
         self.adam_step = adam_step
         self.accumulate = accumulate
         self.clip_norm = clip_norm
-        self.nvme = FileTier(budgets.nvme_dir) if budgets.nvme_dir is not None else None
+        self._own_run = nvme_run is None and budgets.nvme_dir is not None
+        self.nvme_run = NvmeRun.open(budgets.nvme_dir) if self._own_run else nvme_run
+        self.nvme: FileTier | None = None
+        try:
+            self.nvme = FileTier(self.nvme_run.path) if self.nvme_run is not None else None
+            self._build(model, masters, budgets, profile, states, accumulate, clip_norm, adam_step)
+        except BaseException:
+            if self.nvme is not None:
+                self.nvme.close()
+            if self._own_run:
+                self.nvme_run.close()
+            raise
+
+    def _build(self, model, masters, budgets, profile, states, accumulate, clip_norm, adam_step) -> None:
         entries = [Entry(i, n, p, p.shape, p.dtype, p.numel() * p.element_size(), trainable=p.requires_grad)
                    for i, (n, p) in enumerate(named_tensors(model))]
         self.by_name = {e.name: e for e in entries}
@@ -314,6 +328,17 @@ class OffloadEngine:
         for e in self.trainable:
             yield e.name, self.states.peek(e.idx)
 
+    def load_states(self, items, adam_step: int) -> None:
+        """Stream (name, fp32 master, m, v) items (a checkpoint, read one tensor at a time) into the
+        optimizer-state cache and the compute copies; training continues from `adam_step`."""
+        for name, master, m, v in items:
+            e = self.by_name[name]
+            self.states.initialize(e.idx, master, m, v)
+            self.store.write_home(e, master.reshape(-1), m)  # m is copied: its buffer stages the cast
+        self.states.flush()
+        self.adam_step = adam_step
+        self.param_steps = dict.fromkeys(self.param_steps, adam_step)
+
     def materialize(self, dtypes: dict[str, torch.dtype] | None = None) -> None:
         """Give every parameter ordinary storage again (in `dtypes[name]`, default its compute dtype):
         trainable ones from their fp32 master weight, frozen ones from their compute copy."""
@@ -350,3 +375,5 @@ class OffloadEngine:
         self.states.close()
         if self.nvme is not None:
             self.nvme.close()
+        if self._own_run:
+            self.nvme_run.close()  # this run's blocks are removed; checkpoints hold what --resume needs

@@ -39,7 +39,7 @@ class PlainAdamW:
         self.accumulate, self.clip_norm = accumulate, clip_norm
         self.micro = 0
         self.got: set[int] = set()
-        self.tracker = UseTracker(model, [_Resident(i, n, p) for i, (n, p) in enumerate(named)], _NoMoves())
+        self.tracker = resident_tracker(model)
 
     def close(self) -> None:
         self.tracker.remove()
@@ -107,6 +107,11 @@ class _NoMoves:
 
     def updated(self, entry: object) -> bool:
         return False
+
+
+def resident_tracker(model: nn.Module) -> UseTracker:
+    """The engine's use tracker on a model whose tensors all stay resident (same autograd graph)."""
+    return UseTracker(model, [_Resident(i, n, p) for i, (n, p) in enumerate(named_tensors(model))], _NoMoves())
 
 
 @contextmanager

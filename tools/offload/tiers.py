@@ -316,7 +316,7 @@ class TierStore:
         elif e.where == CPU:
             e.cpu.view(e.dtype, (e.shape.numel(),)).copy_(values)
         else:
-            stage = scratch.view(torch.uint8)[:e.nbytes]
+            stage = scratch.reshape(-1).view(torch.uint8)[:e.nbytes]
             stage.view(e.dtype).copy_(values)
             self.nvme.write(e.key, stage, e.nbytes)
             self.stats.add(CPU, NVME, e.nbytes)

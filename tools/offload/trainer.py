@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,14 +21,18 @@ import torch
 
 from mlsyskit.core.clock import RealClock
 from mlsyskit.core.config import parse_size, require
-from mlsyskit.core.storage_errors import MissingDirectoryError, StoragePermissionError
+from mlsyskit.core.console import warn
+from mlsyskit.core.errors import UsageError
+from mlsyskit.core.storage_errors import MissingDirectoryError, StorageError, StoragePermissionError
 from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.offload import checkpoint
 from mlsyskit.tools.offload.corpus import batch
 from mlsyskit.tools.offload.engine import Budgets, OffloadEngine, pick_device
 from mlsyskit.tools.offload.model import PRESETS, build_model, preset
+from mlsyskit.tools.offload.nvme_run import NvmeRun
 from mlsyskit.tools.offload.optimizer import AdamConfig, HyperParams, adam_update
-from mlsyskit.tools.offload.profiler import Profile, model_signature, profile_model
+from mlsyskit.tools.offload.profiler import Profile, ProfileError, profile_model
+from mlsyskit.tools.offload.reference import resident_tracker
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class TrainConfig:
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    keep_checkpoints: int = 2
     warmup_steps: int = 1
     device: str | None = None  # "cuda", "cpu" (emulated device); default: cuda when available
 
@@ -57,7 +64,8 @@ class TrainConfig:
                 f"seq {self.seq} exceeds the maximum {preset(self.model).max_seq} of {self.model}")
         require(self.steps > 0, "steps must be positive")
         require(self.checkpoint_every >= 0 and self.warmup_steps >= 0, "checkpoint_every and warmup_steps must be >= 0")
-        require(self.lr > 0, "lr must be positive")
+        require(math.isfinite(self.lr) and self.lr > 0, f"lr must be a positive finite number, got {self.lr}")
+        require(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
         require(self.policy in ("tencache", "on-demand", "lru"),
                 f"unknown policy {self.policy!r}; policies: tencache, on-demand, lru")
         require(not self.resume or self.checkpoint_dir is not None, "--resume needs --checkpoint-dir")
@@ -77,10 +85,12 @@ def run_profile(cfg: TrainConfig) -> Profile:
 
 
 def train_plain(cfg: TrainConfig) -> list[float]:
-    """The in-memory reference: every tensor resident, same arithmetic as the engine."""
+    """The in-memory reference: every tensor resident, same arithmetic and autograd graph (the same use
+    tracker, moving nothing) as the engine."""
     model, masters = build_model(cfg.model, cfg.seed)
     device = pick_device(cfg.device)
     model.to(device)
+    tracker = resident_tracker(model)
     adam = AdamConfig(lr=cfg.lr)
     named = dict(model.named_parameters())
     ms = {n: torch.zeros_like(t) for n, t in masters.items()}
@@ -89,62 +99,95 @@ def train_plain(cfg: TrainConfig) -> list[float]:
     for step in range(cfg.steps):
         x, y = batch(step, cfg.batch, cfg.seq, cfg.seed)
         loss = model(x.to(device), y.to(device))
-        loss.backward()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            loss.backward()
+        tracker.end_backward()
         for n, p in named.items():
             g32 = p.grad.reshape(-1).to("cpu", torch.float32)
             adam_update(masters[n].view(-1), g32, ms[n].view(-1), vs[n].view(-1), step + 1, adam)
             p.data.copy_(masters[n].to(p.dtype))
             p.grad = None
         losses.append(loss.item())
+    tracker.remove()
     return losses
 
 
-def build_engine(cfg: TrainConfig, profile: Profile | None = None) -> OffloadEngine:
-    """The model, its tiers and optimizer state for `cfg` (profiling first for tencache without a profile,
-    loading the newest checkpoint with `resume`); `engine.adam_step` is the step to continue from."""
-    model, masters = build_model(cfg.model, cfg.seed)
-    if cfg.policy == "tencache" and profile is None:
-        profile = run_profile(cfg)
-    if profile is not None:
-        profile.check_model(model, cfg.model)
-    start, states = 0, None
-    if cfg.resume:
-        start, masters, states = _load_checkpoint(cfg, model)
-    budgets = Budgets(cfg.device_mem, cfg.cpu_mem, cfg.opt_mem, cfg.nvme_dir)
-    hyper = HyperParams.fixed(AdamConfig(lr=cfg.lr), list(range(len(masters))))
-    return OffloadEngine(model, masters, policy=cfg.policy, budgets=budgets,
-                         profile=profile if cfg.policy == "tencache" else None,
-                         hyper=hyper, states=states, adam_step=start, device=pick_device(cfg.device))
-
-
-def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Telemetry | None = None,
-          on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
-    if cfg.checkpoint_dir is not None:  # fail before training, not when the first checkpoint is due
+def preflight(cfg: TrainConfig, profile: Profile | None) -> NvmeRun | None:
+    """Everything that can be refused before the model is built: folders, the --nvme-dir lock, the profile's
+    batch and seq. Returns this run's share of the --nvme-dir (locked)."""
+    if cfg.checkpoint_dir is not None:
         ckpt = Path(cfg.checkpoint_dir)
         if not ckpt.is_dir():
             raise MissingDirectoryError(f"checkpoint directory {ckpt} does not exist (create it first)")
-        if not os.access(ckpt, os.W_OK):
+        if not os.access(ckpt, os.W_OK | os.X_OK):
             raise StoragePermissionError(f"checkpoint directory {ckpt} is not writable")
-    engine = build_engine(cfg, profile)
-    tel = telemetry or Telemetry(clock=RealClock())
-    result = TrainResult(losses=[])
+    if profile is not None and profile.batch and (profile.batch, profile.seq) != (cfg.batch, cfg.seq):
+        raise UsageError(f"the profile was recorded with --batch {profile.batch} --seq {profile.seq} but this run "
+                         f"uses --batch {cfg.batch} --seq {cfg.seq}: the tensor order and activations differ; "
+                         f"use the profile's values or re-run `tencache profile`")
+    if profile is not None and profile.model != cfg.model:
+        raise ProfileError(f"the profile was recorded for model {profile.model!r}, not {cfg.model!r}: use its "
+                           f"model or re-run `tencache profile`")
+    return NvmeRun.open(cfg.nvme_dir) if cfg.nvme_dir is not None else None
+
+
+def build_engine(cfg: TrainConfig, profile: Profile | None = None, nvme_run: NvmeRun | None = None,
+                 on_phase: Callable[[str], None] = lambda _: None) -> OffloadEngine:
+    """The model, its tiers and optimizer state for `cfg` (profiling first for tencache without a profile,
+    loading the newest valid checkpoint with `resume`); `engine.adam_step` is the step to continue from."""
+    model, masters = build_model(cfg.model, cfg.seed)
+    if cfg.policy == "tencache" and profile is None:
+        on_phase("profiling")
+        profile = run_profile(cfg)
+    if profile is not None:
+        profile.check_model(model, cfg.model)
+    on_phase("populating tiers")
+    budgets = Budgets(cfg.device_mem, cfg.cpu_mem, cfg.opt_mem, cfg.nvme_dir)
+    hyper = HyperParams.fixed(AdamConfig(lr=cfg.lr), list(range(len(masters))))
+    engine = OffloadEngine(model, masters, policy=cfg.policy, budgets=budgets,
+                           profile=profile if cfg.policy == "tencache" else None,
+                           hyper=hyper, device=pick_device(cfg.device), nvme_run=nvme_run)
+    del masters
+    if cfg.resume:
+        try:
+            on_phase("loading checkpoint")
+            _resume(cfg, engine)
+        except BaseException:
+            engine.close()
+            raise
+    return engine
+
+
+def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Telemetry | None = None,
+          on_step: Callable[[dict[str, Any]], None] | None = None,
+          on_phase: Callable[[str], None] = lambda _: None) -> TrainResult:
+    nvme_run = preflight(cfg, profile)  # fail before the model is built, not when the first I/O is due
     try:
-        for step in range(engine.adam_step, cfg.steps):
-            record = one_step(engine, cfg, step)
-            result.losses.append(record["loss"])
-            result.steps.append(record)
-            tel.event("step", **record)
-            if on_step is not None:
-                on_step(record)
-            if cfg.checkpoint_dir is not None and cfg.checkpoint_every and \
-                    ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
-                save_checkpoint(engine, cfg, step + 1)
-        result.summary = summarize(result.steps, cfg, engine)
-        tel.event("summary", **result.summary)
+        engine = build_engine(cfg, profile, nvme_run, on_phase)
+        tel = telemetry or Telemetry(clock=RealClock())
+        result = TrainResult(losses=[])
+        on_phase("training")
+        try:
+            for step in range(engine.adam_step, cfg.steps):
+                record = one_step(engine, cfg, step)
+                result.losses.append(record["loss"])
+                result.steps.append(record)
+                tel.event("step", **record)
+                if on_step is not None:
+                    on_step(record)
+                if cfg.checkpoint_dir is not None and cfg.checkpoint_every and \
+                        ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
+                    save_checkpoint(engine, cfg, step + 1)
+            result.summary = summarize(result.steps, cfg, engine)
+            tel.event("summary", **result.summary)
+        finally:
+            engine.close()
+            if telemetry is None:
+                tel.close()
     finally:
-        engine.close()
-        if telemetry is None:
-            tel.close()
+        if nvme_run is not None:
+            nvme_run.close()  # this run's blocks go; checkpoints hold what --resume needs
     return result
 
 
@@ -170,7 +213,13 @@ def one_step(engine: OffloadEngine, cfg: TrainConfig, step: int) -> dict[str, An
             "fetch_wait_p99_s": waits[min(len(waits) - 1, math.ceil(0.99 * len(waits)) - 1)] if waits else 0.0,
             "bytes_moved": {k: v for k, v in sorted(moved.items()) if v}, "allocations": engine.allocations() - before_alloc,
             "optimizer_miss_rate": misses / max(1, accesses), "optimizer_wait_s": opt.wait_s - before_opt[2],
-            "optimizer_s": s.optimizer_s, "deviations": s.deviations, "occupancy": engine.occupancy()}
+            "optimizer_s": s.optimizer_s, "deviations": s.deviations, "occupancy": engine.occupancy(),
+            "peak_rss": peak_rss()}
+
+
+def peak_rss() -> int:
+    """The process's peak resident set size so far, in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def summarize(steps: list[dict[str, Any]], cfg: TrainConfig, engine: OffloadEngine) -> dict[str, Any]:
@@ -191,6 +240,8 @@ def summarize(steps: list[dict[str, Any]], cfg: TrainConfig, engine: OffloadEngi
             "fetch_wait_p99_s": max(r["fetch_wait_p99_s"] for r in measured),
             "allocations_per_step": mean("allocations"), "optimizer_miss_rate": mean("optimizer_miss_rate"),
             "deviations_per_step": mean("deviations"), "bytes_moved_per_step": moved,
+            "optimizer_wait_s": mean("optimizer_wait_s"), "peak_rss": max(r["peak_rss"] for r in steps),
+            "budgets": cfg.device_mem + cfg.cpu_mem + cfg.opt_mem,
             "device_utilisation": occ["device_pool_in_use"] / cfg.device_mem if cfg.device_mem else 0.0,
             "cpu_utilisation": occ["cpu_pool_in_use"] / cfg.cpu_mem if cfg.cpu_mem else 0.0,
             "optimizer_utilisation": occ["optimizer_capacity"] / cfg.opt_mem if cfg.opt_mem else 0.0,
@@ -202,7 +253,9 @@ def save_checkpoint(engine: OffloadEngine, cfg: TrainConfig, step: int) -> Path:
     manifest = {"model": cfg.model, "signature": engine.signature, "adam_step": engine.adam_step,
                 "seed": cfg.seed, "batch": cfg.batch, "seq": cfg.seq, "lr": cfg.lr}
     shapes = {e.name: tuple(e.shape) for e in engine.trainable}
-    return checkpoint.save(cfg.checkpoint_dir, step, manifest, engine.iter_states(), shapes)
+    path = checkpoint.save(cfg.checkpoint_dir, step, manifest, engine.iter_states(), shapes)
+    checkpoint.prune(cfg.checkpoint_dir, cfg.keep_checkpoints)
+    return path
 
 
 # Settings that fix the weights' initialisation and the batch stream (a function of seed, batch, seq and
@@ -217,24 +270,33 @@ def resume_mismatches(cfg: TrainConfig, manifest: dict[str, Any]) -> list[str]:
             for k in RESUME_FIXED if k in manifest and manifest[k] != getattr(cfg, k)]
 
 
-def _load_checkpoint(cfg: TrainConfig, model) -> tuple[int, dict[str, torch.Tensor], dict]:
-    ckpt = checkpoint.latest(cfg.checkpoint_dir)
-    if ckpt is None:
-        raise checkpoint.CheckpointError(f"--resume: no complete checkpoint in {cfg.checkpoint_dir}")
-    if mismatches := resume_mismatches(cfg, ckpt.manifest):
-        raise checkpoint.CheckpointError(f"--resume: {ckpt.path} was written with other settings ("
-                                         f"{'; '.join(mismatches)}); resume with the stored values or use a new "
-                                         f"--checkpoint-dir")
-    if ckpt.manifest["adam_step"] >= cfg.steps:
-        raise checkpoint.CheckpointError(f"--resume: {ckpt.path} is already at step {ckpt.manifest['adam_step']}; "
-                                         f"ask for more --steps than that to continue")
-    if ckpt.manifest.get("signature") != model_signature(model):
-        raise checkpoint.CheckpointError(f"{ckpt.path} was written for model {ckpt.manifest.get('model')!r}, "
-                                         f"not {cfg.model!r}")
-    masters, states = {}, {}
-    params = dict(model.named_parameters())
-    for name, master, m, v in ckpt.states():
-        masters[name] = master
-        states[name] = (m, v)
-        params[name].data = master.to(params[name].dtype)
-    return ckpt.manifest["adam_step"], masters, states
+def _resume(cfg: TrainConfig, engine: OffloadEngine) -> None:
+    """Load the newest valid checkpoint, falling back past corrupt ones (each skipped with a warning)."""
+    skipped = []
+    for ckpt, path, why in checkpoint.candidates(cfg.checkpoint_dir):
+        if ckpt is None:
+            warn(f"--resume: skipping {path}: {why}")
+            skipped.append(path.name)
+            continue
+        if mismatches := resume_mismatches(cfg, ckpt.manifest):
+            raise UsageError(f"--resume: {ckpt.path} was written with other settings ("
+                                             f"{'; '.join(mismatches)}); resume with the stored values or use a "
+                                             f"new --checkpoint-dir")
+        if ckpt.manifest.get("signature") != engine.signature:
+            raise checkpoint.CheckpointError(f"{ckpt.path} was written for model {ckpt.manifest.get('model')!r}, "
+                                             f"not {cfg.model!r}")
+        if ckpt.manifest["adam_step"] >= cfg.steps:
+            raise UsageError(f"--resume: {ckpt.path} is already at step "
+                                             f"{ckpt.manifest['adam_step']}; ask for more --steps than that")
+        try:
+            checkpoint.verify(ckpt)
+        except StorageError as e:
+            warn(f"--resume: skipping {path}: {e}")
+            skipped.append(path.name)
+            continue
+        engine.load_states(ckpt.states(), ckpt.manifest["adam_step"])
+        if skipped:
+            warn(f"--resume: continuing from {path.name} (skipped {', '.join(skipped)})")
+        return
+    raise checkpoint.CheckpointError(f"--resume: no valid checkpoint in {cfg.checkpoint_dir}"
+                                     + (f" (skipped {', '.join(skipped)})" if skipped else ""))
