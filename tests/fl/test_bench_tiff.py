@@ -28,6 +28,7 @@ def test_cells_cover_the_sweep_and_cells_without_attackers_appear_once():
     assert len(cells) == 3 * 3 * (1 + 2 * 6)  # datasets x alphas x (no attackers + 2 fractions x 6 attacks)
     assert sum(attack == "none" for *_, attack in cells) == 9
     assert {d for d, *_ in cells} == {"digits", "mnist1d", "breast-cancer"} and args.seeds >= 3
+    assert [d for d, *_ in cells[:3]] == ["digits", "mnist1d", "breast-cancer"]  # datasets innermost
 
 
 def test_targets_are_judged_on_means_and_recorded_per_seed():
@@ -71,6 +72,7 @@ def test_quick_mode_runs_end_to_end_and_writes_valid_json(tmp_path):
         assert cell["targets"]["ledger_conserved"]["met"] is True
     assert code == (0 if all(t["met"] is not False for c in result["cells"].values()
                              for t in c["targets"].values()) else 1)
+    assert result["not_run"] == []
     # --resume keeps the measured cells instead of running them again
     before = out.read_text()
     assert bench.main(["--quick", "--resume", "--out", str(out)]) == code

@@ -2,6 +2,8 @@
 forced), attackers are ground truth only in simulations and "declared" otherwise, best and last accuracy."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from mlsyskit.core.storage import MetaStore
@@ -51,3 +53,21 @@ def test_attackers_are_ground_truth_in_simulation_and_declared_otherwise(tmp_pat
         c.register(2, {"num_samples": c.partition_sizes[2], "declared_attack": "noisy-labels"})
     real = load_run(tmp_path / "real")
     assert summarize(real)["attackers"] == "declared by clients" and real.malicious == [2]
+
+
+def test_report_cli_exits_2_for_another_jobs_baseline_and_warns_with_force(tmp_path):
+    from typer.testing import CliRunner
+
+    from mlsyskit.core.errors import UsageError
+    from mlsyskit.tools.fl.server_cli import app
+
+    simulate(tmp_path / "tiff", "tiff")
+    simulate(tmp_path / "other", "fedavg", seed=1)
+    args = ["report", "--run-dir", str(tmp_path / "tiff"), "--baseline", str(tmp_path / "other"), "--json"]
+    refused = CliRunner().invoke(app, args)
+    assert isinstance(refused.exception, UsageError) and refused.exception.exit_code == 2
+    assert "different job" in str(refused.exception)
+    forced = CliRunner().invoke(app, [*args, "--force"])
+    assert forced.exit_code == 0, forced.output
+    summary = json.loads(forced.stdout)
+    assert summary["attackers"] == "simulation ground truth" and summary["warnings"]

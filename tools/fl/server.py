@@ -317,7 +317,7 @@ class FlServer:
         asked = sorted(self._queues)
         self._eval_asked = set(asked)
         for cid in asked:
-            self._queues[cid].put_nowait({"type": "evaluate", "weights": c.weights})
+            self._queues[cid].put_nowait({"type": "evaluate", "weights": c.kept_weights})  # the model the job keeps
         await self._wait(lambda: all(cid in self._eval_results or cid not in self._queues for cid in asked),
                          self.clock.now() + self.eval_timeout_s)
         c.finish_job(dict(self._eval_results))

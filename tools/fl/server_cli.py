@@ -18,14 +18,14 @@ from mlsyskit.core.cli import (
     run_app,
     verbose_option,
 )
-from mlsyskit.core.console import debug, emit_json, emit_table, log, make_table, reporter, set_verbosity
+from mlsyskit.core.console import debug, emit_json, emit_table, log, make_table, reporter, set_verbosity, warn
 from mlsyskit.core.errors import RuntimeFailure, UsageError
 from mlsyskit.core.rpc import RpcError
 from mlsyskit.core.sim import Seeds
 from mlsyskit.core.storage import MetaStore, StorageError
 from mlsyskit.tools.fl.config import ATTACKS, DATASETS, PARTITIONS, JobConfig, check_address
 from mlsyskit.tools.fl.outcome import RoundOutcome
-from mlsyskit.tools.fl.report import DB_NAME, load_run, plot, summarize
+from mlsyskit.tools.fl.report import DB_NAME, BaselineMismatch, load_run, plot, summarize
 from mlsyskit.tools.fl.strategy import STRATEGIES
 
 log_ = logging.getLogger("mlsyskit.fl.server")
@@ -227,6 +227,9 @@ def report(run_dir: Path = typer.Option(..., "--run-dir", file_okay=False,
                                                 help="Run directory of a default-strategy run to compare to."),
            out: Path | None = out_option("accuracy.png (accuracy per round) and tokens.png (cumulative provider "
                                          "tokens, honest vs malicious)"),
+           force: bool = typer.Option(False, "--force", help="Compare with a baseline of a different job "
+                                      "(seed, rounds, per-round, data or training differ) instead of refusing; "
+                                      "the differences are printed as warnings."),
            json_out: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Tokens per honest and malicious provider (vs a baseline), accuracy, TRR/UIR per consumer."""
     set_verbosity(verbose, quiet)
@@ -237,7 +240,12 @@ def report(run_dir: Path = typer.Option(..., "--run-dir", file_okay=False,
         raise UsageError(str(e)) from None
     except StorageError as e:
         raise RuntimeFailure(str(e)) from None
-    summary = summarize(run_data, base)
+    try:
+        summary = summarize(run_data, base, force)
+    except BaselineMismatch as e:
+        raise UsageError(str(e)) from None
+    for warning in summary.get("warnings", []):
+        warn(warning)
     if out is not None:
         summary["plots"] = [str(p) for p in plot(run_data, ensure_out_dir(out), base)]
     _print_summary(summary, json_out, consumers=True)
@@ -285,7 +293,8 @@ def _print_summary(summary: dict, json_out: bool, consumers: bool = False) -> No
     if json_out:
         emit_json(summary)
         return
-    keys = ["strategy", "rounds", "final_accuracy", "best_accuracy", "honest_providers", "malicious_providers",
+    keys = ["strategy", "rounds", "final_accuracy", "best_accuracy", "best_round", "attackers", "honest_providers",
+            "malicious_providers",
             "tokens_per_honest_provider", "tokens_per_malicious_provider", "honest_tokens_vs_baseline",
             "malicious_tokens_vs_baseline", "accuracy_gain_points", "mean_trr", "pool", "infra", "ledger_total"]
     emit_table(make_table("FL run", ["metric", "value"], [(k, summary[k]) for k in keys if k in summary]))
