@@ -143,8 +143,10 @@ class OffloadEngine:
         trainable_ids = {e.idx for e in self.trainable}
         order = ([i for i in profile.optimizer_order if i in trainable_ids] if profile is not None
                  else [e.idx for e in reversed(self.trainable)])
+        # every policy reads NVMe-homed optimizer states ahead in gradient order (baselines: reverse model
+        # order), so the policies differ only in how they place and move parameters
         self.states = OptimizerStateCache({e.idx: e.shape.numel() for e in self.trainable},
-                                          order, budgets.optimizer, self.nvme, read_ahead=self.policy.prefetches,
+                                          order, budgets.optimizer, self.nvme, read_ahead=True,
                                           persist_grad=accumulate > 1 or clip_norm is not None)
         for e in self.trainable:
             m, v = states[e.name] if states is not None else (None, None)
