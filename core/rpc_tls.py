@@ -8,8 +8,9 @@
 
 Private keys are written 0600. With mutual TLS the server takes each caller's identity from its
 verified certificate's CN (core.rpc `CallContext.identity`), so a client id cannot be claimed
-without the matching key. `speaks_tls(host, port)` tells whether a listener answers a TLS
-handshake, so a client can say "the server expects TLS" instead of "no server answered".
+without the matching key. `probe_tls(host, port)` tells whether a listener answers a TLS
+handshake (and whether it asks for a client certificate), so a client can say "the server expects TLS"
+instead of "no server answered".
 """
 from __future__ import annotations
 
@@ -129,21 +130,30 @@ def issue_certs(directory: str | Path, client_ids: tuple[str, ...] | list[str] =
     return files
 
 
-def speaks_tls(host: str, port: int, timeout: float = 2.0) -> bool | None:
-    """True if host:port completes a TLS handshake (certificate not checked: this only asks which
-    protocol the listener speaks), False if it answers but not with TLS, None if nothing answers."""
+def probe_tls(host: str, port: int, timeout: float = 2.0) -> str | None:
+    """What a listener at host:port speaks: "plaintext", "tls", "tls-client-cert" (TLS that asks for a
+    client certificate), or None if nothing answers. The server's certificate is not checked: this
+    only tells a client which settings it is missing."""
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     context.set_alpn_protocols(["h2"])
     try:
-        with socket.create_connection((host, port), timeout=timeout) as raw:
-            try:
-                with context.wrap_socket(raw, server_hostname=host):
-                    return True
-            except ssl.SSLError as e:  # a TLS alert (e.g. "certificate required") is still TLS
-                return "ALERT" in str(e.reason or e).upper()
-            except OSError:  # closed or reset on a plaintext listener
-                return False
+        raw = socket.create_connection((host, port), timeout=timeout)
     except OSError:
         return None
+    with raw:
+        try:
+            with context.wrap_socket(raw, server_hostname=host) as tls:
+                # TLS 1.3 refuses a missing client certificate only after the handshake: an HTTP/2 server
+                # speaks first (its SETTINGS frame), one that wants a certificate just closes
+                return "tls" if tls.recv(1) else "tls-client-cert"
+        except ssl.SSLError as e:  # a TLS alert is still TLS
+            reason = str(e.reason or e).upper()
+            if "CERTIFICATE_REQUIRED" in reason or "HANDSHAKE_FAILURE" in reason:
+                return "tls-client-cert"
+            return "tls" if "ALERT" in reason else "plaintext"
+        except TimeoutError:  # handshake done, the server just did not speak first
+            return "tls"
+        except OSError:  # closed or reset on a plaintext listener
+            return "plaintext"

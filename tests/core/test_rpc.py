@@ -268,8 +268,8 @@ def test_issue_certs_extends_the_same_ca_and_keeps_keys_private(tmp_path):
         issue_certs(tmp_path, days=0)
 
 
-def test_speaks_tls_tells_tls_from_plaintext_from_nothing(tmp_path):
-    from mlsyskit.core.rpc_tls import speaks_tls
+def test_probe_tls_tells_plaintext_tls_and_client_certificates_apart(tmp_path):
+    from mlsyskit.core.rpc_tls import probe_tls
 
     files = issue_certs(tmp_path, client_ids=["0"])
 
@@ -279,10 +279,10 @@ def test_speaks_tls_tells_tls_from_plaintext_from_nothing(tmp_path):
         mutual = make_echo_server(tls=ServerTls.from_files(files.server_cert, files.server_key, client_ca=files.ca))
         ports = [await s.start() for s in (plain, tls, mutual)]
         try:
-            return [await asyncio.to_thread(speaks_tls, "127.0.0.1", p) for p in ports]
+            return [await asyncio.to_thread(probe_tls, "127.0.0.1", p) for p in ports]
         finally:
             for s in (plain, tls, mutual):
                 await s.stop()
 
-    assert run(main()) == [False, True, True]
-    assert speaks_tls("127.0.0.1", free_port()) is None
+    assert run(main()) == ["plaintext", "tls", "tls-client-cert"]
+    assert probe_tls("127.0.0.1", free_port()) is None

@@ -118,6 +118,11 @@ def test_certificates_bind_ids_replays_and_reports_are_refused(tmp_path):
             # the shared token without a certificate gets no connection at all
             async with RpcClient(address, token="t", tls=ClientTls.from_files(files.ca)) as rpc:
                 await expect_code(rpc.call("job", {}, timeout=5), StatusCode.UNAVAILABLE)
+            # ... and a client in that position is told what it lacks, not "no server answered"
+            with pytest.raises(ClientStopped, match="asks for a client certificate"):
+                await FlClient(address, 0, token="t", tls=ClientTls.from_files(files.ca), reconnect_s=10).run()
+            with pytest.raises(ClientStopped, match="expects TLS and this client sent plaintext: give --certs"):
+                await FlClient(address, 0, token="t", reconnect_s=10).run()
             # a whole client run as someone else stops at once with the server's reason
             with pytest.raises(ClientStopped, match="certificate is for client 1"):
                 await FlClient(address, 0, token="t", tls=tls_for(files, "1"), reconnect_s=10).run()

@@ -23,7 +23,7 @@ import numpy as np
 
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.core.rpc import TRANSPORT_FAILURES, ClientTls, RpcClient, RpcError, StatusCode
-from mlsyskit.core.rpc_tls import speaks_tls
+from mlsyskit.core.rpc_tls import probe_tls
 from mlsyskit.core.sim import Seeds
 from mlsyskit.tools.fl.backoff import Backoff
 from mlsyskit.tools.fl.config import DataSpec, TrainSpec
@@ -142,12 +142,15 @@ class FlClient:
 
     async def _check_tls_matches(self) -> None:
         host, _, port = self.address.rpartition(":")
-        tls = await asyncio.to_thread(speaks_tls, host.strip("[]"), int(port))
-        if tls is True and self.tls is None:
-            raise ClientStopped(f"the server at {self.address} expects TLS and this client sent plaintext: "
-                                "give --tls-ca (and --tls-cert/--tls-key, or --certs DIR, if it asks for client certificates)")
-        if tls is False and self.tls is not None:
-            raise ClientStopped(f"the server at {self.address} does not speak TLS: drop the --tls-* options "
+        speaks = await asyncio.to_thread(probe_tls, host.strip("[]"), int(port))
+        if speaks in ("tls", "tls-client-cert") and self.tls is None:
+            raise ClientStopped(f"the server at {self.address} expects TLS and this client sent plaintext: give "
+                                f"{'--certs DIR (its client certificates)' if speaks == 'tls-client-cert' else '--tls-ca'}")
+        if speaks == "tls-client-cert" and self.tls is not None and self.tls.cert_chain is None:
+            raise ClientStopped(f"the server at {self.address} asks for a client certificate: give --certs DIR "
+                                "(from fl-server certs) or --tls-cert/--tls-key")
+        if speaks == "plaintext" and self.tls is not None:
+            raise ClientStopped(f"the server at {self.address} does not speak TLS: drop the --tls-*/--certs options "
                                 "(or start the server with a certificate)")
 
     async def _follow(self) -> None:
