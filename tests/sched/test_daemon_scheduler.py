@@ -264,3 +264,16 @@ def test_a_job_reports_progress_through_marble_progress(tmp_path):
     a = sched.submit(JobRequest(cmd=cmd, app="ncf", gpus=1))
     _step_until(sched, lambda: sched.store.get(a.id).state == "done", 30, "the job")
     assert sched.store.get(a.id).samples == 640.0
+
+
+def test_a_job_larger_than_a_node_spans_nodes_with_each_nodes_own_ids(tmp_path):
+    sched, ex, _ = make(tmp_path)    # 2 nodes x 4 logical GPUs on one machine: ids 0-3 and 4-7
+    big = sched.submit(job(gpus=6, min_gpus=6, app="bert"))
+    sched.step()
+    launch = sched.launch_of(sched.store.get(big.id))
+    assert ex.launched == [big.id] and sorted(len(s.held) for s in launch.nodes) == [2, 4]
+    for part in launch.nodes:
+        node = int(part.node[1:])
+        assert set(part.held) <= set(range(4 * node, 4 * node + 4))
+    env = launch.job_env()
+    assert env["MARBLE_GPUS"] == "6" and len(set(env["CUDA_VISIBLE_DEVICES"].split(","))) == 6
