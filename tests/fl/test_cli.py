@@ -60,6 +60,8 @@ def test_simulate_then_report_against_the_default(tmp_path):
 def test_bad_input_gives_one_line_errors(tmp_path):
     empty = tmp_path / "empty-token"
     empty.write_text("\n")
+    (tmp_path / "client.toml").write_text('client_id = 1\nattack = "evil"\n')
+    (tmp_path / "typo.toml").write_text('client_id = 1\nreconect_s = 5\n')
     cases = [
         (server_app, ["simulate", "--clients", "10", "--per-round", "20", "--run-dir", str(tmp_path / "a")],
          "per_round must be in [1, clients=10]"),
@@ -73,6 +75,8 @@ def test_bad_input_gives_one_line_errors(tmp_path):
          "cannot read token file"),
         (client_app, ["run", "--client-id", "0", "--attack", "evil"], "--attack must be one of"),
         (client_app, ["run", "--server", "127.0.0.1:1"], "--client-id is required"),
+        (client_app, ["run", "--config", str(tmp_path / "client.toml")], "--attack must be one of"),
+        (client_app, ["run", "--config", str(tmp_path / "typo.toml")], "reconect_s"),
         (client_app, ["run", "--client-id", "0", "--certs", str(tmp_path / "no-certs")], "fl-server certs"),
         (server_app, ["run", "--certs", str(tmp_path / "no-certs"), "--run-dir", str(tmp_path / "j")],
          "fl-server certs"),
