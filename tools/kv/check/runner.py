@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -132,8 +133,10 @@ async def run_check(spec: CheckSpec, out_dir: Path, log: Callable[[str], None] =
         await final_reads(cluster, history, workload.register_keys() + workload.once_keys,
                           every_replica=not spec.strong, timeout=spec.timeout)
         verify(spec.strong, history, result)
-    except (RuntimeError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 - any failure of the run is its verdict (error, exit 1)
         result.error = f"{type(e).__name__}: {e}"
+        if not isinstance(e, (RuntimeError, OSError)):  # unexpected: keep the traceback for whoever debugs it
+            log(traceback.format_exc().rstrip())
     finally:
         await cluster.stop()
         result.duration_s = round(clock.now() - started, 3)
