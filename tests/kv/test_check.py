@@ -111,3 +111,41 @@ def test_fault_bench_script_writes_its_table_and_json(tmp_path) -> None:
     [summary] = report["summary"]
     assert summary["runs"] == 1 and summary["faults"] >= 1 and all(summary["targets"].values())
     assert (tmp_path / "runs" / "aa-sc-seed0" / "history.jsonl").exists()
+
+
+def _history_with_final(rows) -> History:
+    """rows: (time, process, type, f, key, value); final reads use processes > FINAL_PROCESS."""
+    from mlsyskit.core.clock import VirtualClock
+
+    clock = VirtualClock()
+    h = History(clock)
+    for t, p, kind, f, key, value in rows:
+        clock.set(t)
+        if kind == "invoke":
+            h.invoke(p, f, key, value)
+        else:
+            h.complete(p, kind, f, key, value)
+    return h
+
+
+def test_eventual_registers_report_lww_inversions_but_write_once_keys_count_losses() -> None:
+    from mlsyskit.tools.kv.check.runner import CheckResult, verify
+
+    f1, f2 = FINAL_PROCESS + 1, FINAL_PROCESS + 2
+    inverted = _history_with_final([
+        (0, 0, "invoke", "put", b"k0", b"old"), (1, 0, "ok", "put", b"k0", b"old"),
+        (2, 1, "invoke", "put", b"k0", b"new"), (3, 1, "ok", "put", b"k0", b"new"),
+        (9, f1, "invoke", "get", b"k0", None), (10, f1, "ok", "get", b"k0", b"old")])
+    eventual = CheckResult(spec={"mode": "aa-ec"}, converged=True)
+    verify(False, inverted, eventual)
+    assert eventual.lww_inversions == 1 and eventual.lost_acked_writes == 0 and eventual.valid
+    strong = CheckResult(spec={"mode": "aa-sc"}, converged=True)
+    verify(True, inverted, strong)  # the same history from a strong mode: a lost write, not linearizable
+    assert strong.lost_acked_writes == 1 and strong.linearizable is False and not strong.valid
+
+    missing = _history_with_final([
+        (0, 0, "invoke", "put", b"u0", b"once"), (1, 0, "ok", "put", b"u0", b"once"),
+        (9, f2, "invoke", "get", b"u0", None), (10, f2, "ok", "get", b"u0", None)])
+    lost = CheckResult(spec={"mode": "aa-ec"}, converged=True)
+    verify(False, missing, lost)
+    assert lost.lost_acked_writes == 1 and not lost.valid and "lost acknowledged write" in lost.lost[0]
