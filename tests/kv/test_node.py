@@ -142,3 +142,9 @@ def test_a_proxy_spreads_active_active_operations_over_the_replicas() -> None:
         for i in range(30):
             proxy.submit(Request("put", b"k%d" % i, b"v", None))
         assert len(set(targets)) == spread, (controlet, targets)
+        targets.clear()
+        conns = [type("Conn", (), {"id": i})() for i in range(6)]
+        for i in range(30):  # one replica per client connection: its pipelined writes keep their order
+            proxy.submit(Request("put", b"k%d" % i, b"v", conns[i % 6]))
+        assert len(set(targets)) == spread
+        assert all(targets[i] == targets[i % 6] for i in range(30))

@@ -172,3 +172,22 @@ def test_dbsize_keys_and_scan_span_every_shard(tmp_path) -> None:
             s.sendall(hiredis.pack_command((b"BKV.KEYS", b"*")))
             assert s.recv(100).startswith(b"-NOPERM")
         r.close()
+
+
+@pytest.mark.parametrize("controlet", ["ms-sc", "ms-ec", "aa-sc"])
+def test_flushall_empties_every_replica_of_every_shard_in_order(controlet: str) -> None:
+    smap = make_map(controlet, shards=2, replicas=3)
+    with ThreadedCluster(LocalCluster(smap, lambda n: node_datalet("memory", n))) as tc:
+        r = redis.Redis(*addr(tc, "s1r2"))
+        pipe = r.pipeline(transaction=False)
+        for i in range(40):
+            pipe.set(f"k{i}", i)
+        pipe.flushall()
+        pipe.set("after", "1")  # session order: written after the flush, so it survives it
+        pipe.execute()
+        assert r.dbsize() == 1 and r.get("after") == b"1"
+        nodes = tc.cluster.nodes.values()
+        deadline = asyncio.run(_deadline(10))
+        while sum(n.datalet.size() for n in nodes) != 3:  # `after` on its shard's 3 replicas
+            assert asyncio.run(_now()) < deadline, {n.node_id: n.datalet.size() for n in nodes}
+        r.close()

@@ -29,13 +29,13 @@ import hiredis
 
 from mlsyskit.tools.kv import admin, resp
 from mlsyskit.tools.kv.commands import HANDLERS
-from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT, WRITES
+from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, FLUSH, GET, PUT, WRITES
 from mlsyskit.tools.kv.requests import PEER_MESSAGE, Ready, Request
 
 if TYPE_CHECKING:
     from mlsyskit.tools.kv.node import Node
 
-WRITE_OPS = {b"MSET": PUT, b"DEL": DEL}
+WRITE_OPS = {b"MSET": PUT, b"DEL": DEL, b"FLUSHALL": FLUSH}
 
 
 def _is_write(item: Any) -> bool:
@@ -63,7 +63,7 @@ class Aggregate:
             self.payload = failed
         elif self.kind == b"MGET":
             self.payload = b"*%d\r\n" % len(self.parts) + b"".join(self.parts)
-        elif self.kind == b"MSET":
+        elif self.kind == b"MSET" or self.kind == b"FLUSHALL":
             self.payload = resp.OK
         else:
             self.payload = resp.integer(sum(int(p[1:-2]) for p in self.parts))

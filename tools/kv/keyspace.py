@@ -4,8 +4,9 @@ The node that gets the command lists its own shard from its datalet and asks one
 replica of every other shard over its authenticated links (`BKV.KEYS pattern`, a peer-only
 command), then merges. Like Redis's own KEYS, the answer is a scan, not a snapshot: keys
 written meanwhile may or may not appear. SCAN returns everything in one call with cursor 0
-(Redis allows that; COUNT is a hint). FLUSHALL/FLUSHDB are refused: emptying a replicated
-shard must go through its write point, which is not built.
+(Redis allows that; COUNT is a hint). FLUSHALL/FLUSHDB send one FLUSH per shard, ordered at
+its write point like any write (chain head, master, sequencer), so every replica empties its
+datalet at the same place in the shard's order; aa-ec refuses it.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import fnmatch
 from typing import TYPE_CHECKING
 
 from mlsyskit.tools.kv import resp
-from mlsyskit.tools.kv.requests import Ready
+from mlsyskit.tools.kv.controlets.base import FLUSH
+from mlsyskit.tools.kv.requests import FLUSH_SHARD, Ready
 
 if TYPE_CHECKING:
     from mlsyskit.tools.kv.frontend import ClientConnection
@@ -105,9 +107,32 @@ def cmd_peer_keys(conn: ClientConnection, cmd: list) -> None:
 
 
 def cmd_flush(conn: ClientConnection, cmd: list) -> None:
-    conn.reply(resp.error(f"ERR {cmd[0].decode(errors='replace').upper()} is not supported by bespokv "
-                          "(emptying a replicated shard needs its write point; delete keys instead)"))
+    """FLUSHALL / FLUSHDB [ASYNC|SYNC]: one FLUSH per shard, answered once every shard acknowledged."""
+    if len(cmd) > 2 or (len(cmd) == 2 and cmd[1].upper() not in (b"ASYNC", b"SYNC")):
+        return conn.reply(resp.error("syntax error"))
+    conn.multi(b"FLUSHALL", FLUSH, [(key, None) for key in shard_keys(conn.node)])
+
+
+def cmd_flush_shard(conn: ClientConnection, cmd: list) -> None:
+    """BKV.FLUSHSHARD key: FLUSHALL's part for the shard that owns `key` (sent by other nodes)."""
+    if len(cmd) != 2:
+        return conn.reply(resp.error("wrong number of arguments for 'bkv.flushshard' command"))
+    conn.single(FLUSH, cmd[1], None)
+
+
+def shard_keys(node: Node) -> list[bytes]:
+    """One key per shard (found once by hashing candidates), so a FLUSH routes like a write."""
+    keys = getattr(node, "_shard_keys", None)
+    if keys is None:
+        found: dict[int, bytes] = {}
+        i = 0
+        while len(found) < len(node.map.shards):
+            key = b"bkv-flush-%d" % i
+            found.setdefault(node.map.shard_for(key), key)
+            i += 1
+        keys = node._shard_keys = [found[s] for s in range(len(node.map.shards))]
+    return keys
 
 
 HANDLERS = {b"DBSIZE": cmd_dbsize, b"KEYS": cmd_keys, b"SCAN": cmd_scan, b"BKV.KEYS": cmd_peer_keys,
-            b"FLUSHALL": cmd_flush, b"FLUSHDB": cmd_flush}
+            b"FLUSHALL": cmd_flush, b"FLUSHDB": cmd_flush, FLUSH_SHARD: cmd_flush_shard}

@@ -83,12 +83,15 @@ class Node:
         self.queue: deque[tuple[int, list]] = deque()  # (failure count, batch) waiting on remote-datalet results
         self.failures = 0  # datalet failures so far: batches made before the latest one drop their Sends
         self.links: dict[str, Link] = {}
+        # Where this node dials each peer when not at its shard-map address: `bespokv check` routes
+        # replica links through fault proxies to partition them (processes.serve_node sets it).
+        self.routes: dict[str, tuple[str, int]] = {}
         self.peer_names = {n.encode(): n for n in shard_map.nodes}
         self.quiet_due = False  # peer messages were handled in the current read: on_quiet follows
         self._sent_fields: tuple | None = None
         self._sent_kind = b""
         self._sent_frame = b""
-        self.rr = 0  # round robin over active-active replicas for forwarded operations
+        self.rr = 0  # spreads connection-less forwarded operations over active-active replicas
         self.client_connections: set[Any] = set()
         self.server: asyncio.base_events.Server | None = None
         self.ticker: asyncio.Task | None = None
@@ -163,8 +166,9 @@ class Node:
         link = self.links.get(node_id)
         if link is None:
             addr = self.map.nodes[node_id]
+            host, port = self.routes.get(node_id, (addr.host, addr.port))
             link = self.links[node_id] = Link(
-                addr.host, addr.port, secret=self.secret, me=self.node_id or "proxy", target=node_id,
+                host, port, secret=self.secret, me=self.node_id or "proxy", target=node_id,
                 on_give_up=lambda dropped, n=node_id: self.on_link_lost(n, dropped))
         return link
 
@@ -188,8 +192,14 @@ class Node:
         replicas = self.map.shards[shard]
         targets = (self.controlet_cls.read_targets(replicas) if req.op is GET or req.op is EXISTS
                    else self.controlet_cls.write_targets(replicas))
-        self.rr += 1
-        self.forward(req, targets[self.rr % len(targets)])
+        if len(targets) > 1:  # active-active: spread connections over the replicas, one replica each,
+            # so a connection's pipelined writes to a shard stay on one FIFO path (session order)
+            conn = req.conn if req.parent is None else req.parent.conn
+            self.rr += 1
+            pick = getattr(conn, "id", self.rr)
+            self.forward(req, targets[pick % len(targets)])
+        else:
+            self.forward(req, targets[0])
 
     def forward(self, req: Request, node_id: str) -> None:
         self.stats["forwarded"] += 1

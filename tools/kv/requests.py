@@ -11,11 +11,12 @@ from typing import Any, ClassVar
 import hiredis
 
 from mlsyskit.tools.kv import resp, rmw
-from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT
+from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, FLUSH, GET, PUT
 
 PEER_MESSAGE = b"BKV.MSG"  # BKV.MSG epoch src kind fields...: one-way, authenticated peers only
 PEER_NONCE = b"BKV.NONCE"
 PEER_AUTH = b"BKV.AUTH"
+FLUSH_SHARD = b"BKV.FLUSHSHARD"  # FLUSHALL's part for the shard that owns the key given
 
 
 class Request:
@@ -54,6 +55,8 @@ class Request:
             return hiredis.pack_command(tuple(self.rmw))
         if self.op is PUT:
             return hiredis.pack_command((b"SET", self.key, self.value))
+        if self.op is FLUSH:
+            return hiredis.pack_command((FLUSH_SHARD, self.key))
         return hiredis.pack_command(({GET: b"GET", EXISTS: b"EXISTS", DEL: b"DEL"}[self.op], self.key))
 
 
@@ -69,7 +72,7 @@ class Ready:
 def write_reply(req: Request) -> bytes:
     if req.reply is not None:
         return req.reply
-    return resp.OK if req.op is PUT else (resp.ONE if req.existed else resp.ZERO)
+    return resp.OK if req.op is PUT or req.op is FLUSH else (resp.ONE if req.existed else resp.ZERO)
 
 
 def relay_answer(req: Request, fut: asyncio.Future) -> bytes:
@@ -82,6 +85,8 @@ def relay_answer(req: Request, fut: asyncio.Future) -> bytes:
     value = fut.result()
     if req.rmw is not None:
         return rmw.relayed(req.rmw, value)
+    if req.op is FLUSH:
+        return resp.OK
     if req.op is GET:
         return resp.bulk(value)
     if req.op is PUT:

@@ -28,6 +28,7 @@ from typing import Any
 
 from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
+    FLUSH,
     GET,
     PUT,
     RMW,
@@ -131,6 +132,9 @@ class LastWriterWins(Controlet):
         if op is RMW:
             return [Fail(req, "ERR read-modify-write commands are not supported by aa-ec: "
                               "last-writer-wins cannot order a read against concurrent writes")]
+        if op is FLUSH:
+            return [Fail(req, "ERR FLUSHALL is not supported by aa-ec: a flush would need a version "
+                              "for every key of every replica (delete keys instead)")]
         self.counter = max(self.counter + 1, int(self.now * 1_000_000))
         key = req.key
         old = self.versions.get(key)

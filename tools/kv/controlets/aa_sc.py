@@ -38,14 +38,13 @@ from mlsyskit.tools.kv.controlets.base import (
     RMW,
     TRYAGAIN,
     Action,
-    Apply,
     Fail,
     Forward,
     Read,
     Reply,
     Send,
     op_code,
-    value_of,
+    stored,
 )
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
 
@@ -122,7 +121,7 @@ class SequencedActiveActive(OrderedStream):
             self.reads[rid] = (req, deadline)
             return [Send(self.sequencer, b"READ", (rid,))]
         self.writes[rid] = (req, set(), deadline)
-        fields = (rid, op_code(op), req.key, req.value if op is PUT else b"")
+        fields = (rid, op_code(op), req.key, req.value if op is PUT else b"")  # FLUSH: code F
         if self.is_sequencer:
             return self._sequence(self.node_id, *fields)
         return [Send(self.sequencer, b"SUBMIT", fields)]
@@ -132,15 +131,15 @@ class SequencedActiveActive(OrderedStream):
         self.applied += 1
         fields = (self.applied, origin, rid, code, key, value)  # one tuple: the runtime encodes it once
         out: list[Action] = [Send(n, b"SEQ", fields) for n in self.others]
-        out[:0] = self._applied(origin, int(rid), key, value_of(code, value))
+        out[:0] = self._applied(origin, int(rid), code, key, value)
         return out
 
-    def _applied(self, origin: str, rid: int, key: bytes, value: bytes | None) -> list[Action]:
+    def _applied(self, origin: str, rid: int, code: bytes, key: bytes, value: bytes) -> list[Action]:
         """This replica applies a sequenced write: count it toward the origin's answer."""
         if origin != self.node_id:
-            return [Apply(key, value), Send(origin, b"WACK", (rid,))]
+            return [stored(code, key, value), Send(origin, b"WACK", (rid,))]
         entry = self.writes.get(rid)
-        out: list[Action] = [Apply(key, value, entry[0] if entry else None)]
+        out: list[Action] = [stored(code, key, value, entry[0] if entry else None)]
         return out + self._count_ack(rid, self.node_id)
 
     def _count_ack(self, rid: int, replica: str) -> list[Action]:
@@ -156,7 +155,7 @@ class SequencedActiveActive(OrderedStream):
     def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
         _, origin, rid, code, key, value = fields
         origin = origin.decode() if isinstance(origin, bytes) else origin
-        return self._applied(origin, int(rid), key, value_of(code, value))
+        return self._applied(origin, int(rid), code, key, value)
 
     def on_peer(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
         if kind == b"SEQ":

@@ -41,8 +41,9 @@ GET = "get"
 EXISTS = "exists"
 PUT = "put"
 DEL = "del"
+FLUSH = "flush"  # empty the shard (FLUSHALL sends one per shard), ordered like any write
 RMW = "rmw"  # a read-modify-write command (INCR, SETNX, SET NX...): resolved to PUT/DEL where writes are ordered
-WRITES = (PUT, DEL, RMW)
+WRITES = (PUT, DEL, RMW, FLUSH)
 RMW_NEEDS_LOCAL = "ERR read-modify-write commands need a local datalet (memory or lmdb) at the shard's write point"
 
 
@@ -114,12 +115,19 @@ class ControletOptions:
 
 
 def op_code(op: str) -> bytes:
-    return b"P" if op == PUT else b"D"
+    return b"P" if op == PUT else b"F" if op == FLUSH else b"D"
 
 
 def value_of(code: bytes, value: bytes) -> bytes | None:
     """Wire form of a write: op code P carries a value, D (delete) carries an empty one."""
     return value if code == b"P" else None
+
+
+def stored(code: bytes, key: bytes, value: bytes, req: Any = None) -> Action:
+    """The datalet action of a replicated write: P put, D delete, F empty the datalet."""
+    if code == b"F":
+        return Reset()
+    return Apply(key, value if code == b"P" else None, req)
 
 
 class Controlet(ABC):

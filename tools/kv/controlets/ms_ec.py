@@ -15,16 +15,14 @@ from typing import Any
 from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
     GET,
-    PUT,
     RMW,
     Action,
-    Apply,
     Forward,
     Read,
     Reply,
     Send,
     op_code,
-    value_of,
+    stored,
 )
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
 
@@ -76,14 +74,14 @@ class AsyncPrimaryBackup(OrderedStream):
             return refused
         op = req.op
         self.applied += 1
-        value = req.value if op is PUT else None
-        out: list[Action] = [Apply(req.key, value, req), Reply(req)]
-        fields = (self.applied, op_code(op), req.key, req.value or b"")
+        code = op_code(op)
+        out: list[Action] = [stored(code, req.key, req.value, req), Reply(req)]
+        fields = (self.applied, code, req.key, req.value or b"")
         out.extend(Send(n, b"REPL", fields) for n in self.others)
         return out
 
     def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
-        return [Apply(fields[2], value_of(fields[1], fields[3]))]
+        return [stored(fields[1], fields[2], fields[3])]
 
     def on_peer(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
         if kind == b"REPL":

@@ -22,18 +22,16 @@ from typing import Any
 from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
     GET,
-    PUT,
     RMW,
     TRYAGAIN,
     Action,
-    Apply,
     Fail,
     Forward,
     Read,
     Reply,
     Send,
     op_code,
-    value_of,
+    stored,
 )
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
 
@@ -102,9 +100,10 @@ class ChainReplication(OrderedStream):
             if refused:
                 return refused
             op = req.op
-        value = req.value if op is PUT else None
+        code = op_code(op)
+        write = stored(code, req.key, req.value, req)
         if self.successor is None:  # a chain of one
-            return [Apply(req.key, value, req), Reply(req)]
+            return [write, Reply(req)]
         refused = self.refuse_if_catching_up(req)
         if refused:
             return refused
@@ -112,12 +111,11 @@ class ChainReplication(OrderedStream):
             return [Fail(req, OVERLOADED)]
         self.applied += 1
         self.in_flight.append((self.applied, req, self.now + self.options.write_timeout))
-        return [Apply(req.key, value, req),
-                Send(self.successor, b"CHAIN", (self.applied, op_code(op), req.key, req.value or b""))]
+        return [write, Send(self.successor, b"CHAIN", (self.applied, code, req.key, req.value or b""))]
 
     def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
         code, key, value = fields[1], fields[2], fields[3]
-        apply = Apply(key, value_of(code, value))
+        apply = stored(code, key, value)
         if self.successor is None:  # acks are cumulative: one per drained read covers them all
             self.ack_due = seq
             return [apply]
