@@ -167,6 +167,7 @@ class ClientConnection(asyncio.Protocol):
                             continue
                 if type(cmd) is list and cmd and cmd[0] == PEER_MESSAGE and self.peer is not None:
                     node.on_peer_message(self.peer, self.peer_bytes, cmd)  # authenticated: the replication path
+                    fast_get, fast_put = node.fast_get, node.fast_put  # off while the replica catches up
                     continue
                 if type(cmd) is not list or not cmd or not _all_bulk(cmd):
                     self.fatal("Protocol error: expected an array of bulk strings")
