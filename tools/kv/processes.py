@@ -264,6 +264,7 @@ def serve_node(data_dir: Path, node_id: str | None) -> None:
         redis = {"host": record["proxy"]["host"], "port": record["redis_ports"].get(node_id, 6379)}
         datalet = node_datalet(record["datalet"], node_id, Path(record["data_dir"]), redis)
     node = Node(smap, node_id, datalet, secret=load_or_create_secret(Path(data_dir)))
+    node.routes = {dst: (h, int(p)) for dst, (h, p) in record.get("routes", {}).get(node_id or "", {}).items()}
     proxy = record["proxy"]
     addr = (proxy["host"], proxy["port"]) if node_id is None else (None, None)
     _run(_serve(node, *addr))

@@ -4,7 +4,6 @@
     nemesis.py        the fault schedule (pure, seeded): kill -9, pause, partition, restart
     faultproxy.py     a TCP proxy per directed replica link that a partition severs
     procs.py          the cluster under test as node processes (kill, pause, restart them)
-    node_proc.py      the node entry point whose replica links dial the fault proxies
     model.py          the register model an operation is checked against
     linearizability.py  Wing-Gong-Lowe search per key, as Porcupine does
     verify.py         lost acknowledged writes and replica convergence

@@ -1,9 +1,9 @@
 """The cluster under test: one OS process per node on loopback, which the nemesis can kill
 (-9), pause (SIGSTOP/SIGCONT), restart, and cut off from its peers (through fault proxies).
 
-Node processes are the real `bespokv node` entry point reading a `cluster.json` record, or
-(when links must be partitionable) `check/node_proc.py`, which dials peers through one
-FaultProxy per directed replica link. Everything here is async so the proxies, which run
+Node processes are the real `bespokv node` entry point reading a `cluster.json` record; when
+links must be partitionable the record's `routes` make each node dial its peers through one
+FaultProxy per directed replica link (Node.routes). Everything here is async so the proxies, which run
 in the checker's event loop, keep relaying while the checker waits for processes.
 """
 from __future__ import annotations
@@ -98,8 +98,6 @@ class ProcCluster:
         return list(self.map.shards[self.map.shard_of_node(node_id)])
 
     def _argv(self, node_id: str) -> list[str]:
-        if self.partitionable:
-            return [sys.executable, "-m", "mlsyskit.tools.kv.check.node_proc", str(self.data_dir), node_id]
         return [sys.executable, "-m", "mlsyskit.tools.kv.cli", "node", node_id, "--data-dir", str(self.data_dir)]
 
     def _spawn(self, node_id: str) -> None:
