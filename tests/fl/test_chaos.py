@@ -222,6 +222,7 @@ def test_twenty_kills_of_server_and_clients_job_completes_books_balance_model_ma
     finally:
         pm.stop_all()
     assert code == 0, f"chaos seed {SEED}: {stderr[-3000:]}"
+    print(f"chaos seed {SEED}: {chaos.killed}")  # shown with -s
     assert sum(chaos.killed.values()) == FAULTS and chaos.killed["server"] >= 5 and chaos.killed["client"] >= 5, \
         chaos.killed
 
