@@ -154,7 +154,10 @@ class Coordinator:
         rng = Seeds(self.config.seed).random(f"select:{number}")
         self._consumers = sorted(set(available) & set(self.clients))
         selected = self.strategy.configure_round(number, self._consumers, rng)
+        started = self.clock.now() if self.clock is not None else None
         self.strategy.prepare_round(number, self.weights, sub_seed(self.config.seed, f"reference:{number}") % (2**31))
+        if started is not None:  # TIFF's reference update took server time: the providers' deadline starts after it
+            now += self.clock.now() - started
         seeds = {cid: sub_seed(self.config.seed, f"train:{number}:{cid}") % (2**31) for cid in selected}
         self._plan = RoundPlan(number, selected, self.weights, self.config.train.__dict__.copy(), seeds,
                                now + self.config.round_timeout_s)

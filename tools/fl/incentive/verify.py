@@ -7,7 +7,8 @@ checked, before its receipt, against that reference:
 
   * size per optimiser step:  r_i = (|d_i| / steps(n_i)) / (|d_ref| / steps(n_val)),  d = w - w_global.
     r_i < NORM_RATIO_MIN: the weights are (nearly) unchanged, a free-rider;
-    r_i > NORM_RATIO_MAX: the update is scaled up (or is noise of a larger size).
+    r_i > NORM_RATIO_MAX x scale: the update is scaled up (or is noise of a larger size); the scale
+    is learnt from the previous round (reference()), 1 for the MLP on digits.
     Dividing by the optimiser steps the server knows a client takes (its partition size and the
     TrainSpec fix them) is what makes one bound fit clients of 7 and of 150 samples.
   * direction: alignment a_i = cos(d_i, d_ref). a_i < MIN_ALIGNMENT: the update moves the model
@@ -22,8 +23,8 @@ Cost: one local training on the validation split per round (digits: 180 samples,
 64-unit MLP, tens of ms) and one dot product per update; the server also holds the split (half of
 the global held-out data), which is not used for the reported test accuracy.
 
-The bounds were chosen on digits with the MLP (Dirichlet 0.5 and 1.0, rounds 1-15, seed 0): honest updates had
-r in 0.79-2.59 and a in 0.03-0.62; a 10x scaled update r >= 8; free-riders r < 0.001.
+The bounds were chosen on digits with the MLP (Dirichlet 0.5 and 1.0, rounds 1-15, seed 0): honest
+updates had r in 0.79-2.59 and a in 0.03-0.62; a 10x scaled update r >= 8; free-riders r < 0.001.
 """
 from __future__ import annotations
 
