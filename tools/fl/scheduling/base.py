@@ -1,0 +1,109 @@
+"""What every heterogeneity-aware scheduler tracks, behind the project's Selector interface.
+
+`observe` turns each round's reports into: a latency EMA and a tier per client (tiering.py),
+participation counts and client CPU-seconds, the latest accuracy per client, per-tier accuracy
+(the mean of its members' latest accuracies) with its slope, and the global accuracy for the
+plateau detector. Selection is left to subclasses. Everything is plain data in `state_dict`, so a
+restarted server resumes with the same memory; randomness comes only from `select`'s rng.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mlsyskit.core.config import require
+from mlsyskit.tools.fl.outcome import RoundOutcome
+from mlsyskit.tools.fl.scheduling.metrics import jain_index
+from mlsyskit.tools.fl.scheduling.signals import signals
+from mlsyskit.tools.fl.scheduling.tiering import LatencyTiers, round_deadline
+from mlsyskit.tools.fl.scheduling.trend import PlateauDetector, TierAccuracy
+from mlsyskit.tools.fl.selection.base import Selector
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    num_tiers: int = 5
+    latency_ema_beta: float = 0.5
+    retier_every: int = 10
+    drift_fraction: float = 0.1
+    trend_window: int = 5
+    plateau_window: int = 5
+    plateau_min_gain: float = 0.005
+    deadline_slack: float = 1.5  # x the slowest expected latency among the selected
+    fallback_deadline_s: float = 600.0  # for a round of unprofiled clients only
+
+    def __post_init__(self) -> None:
+        require(self.num_tiers >= 1 and self.retier_every >= 1, "num_tiers and retier_every must be >= 1")
+        require(self.trend_window >= 2 and self.plateau_window >= 1, "trend_window >= 2, plateau_window >= 1")
+
+
+class TrackingScheduler(Selector):
+    name = "tracking"
+
+    def __init__(self, config: Any = None, tracking: TrackingConfig | None = None) -> None:
+        super().__init__(config)
+        self.tracking = tracking or TrackingConfig()
+        t = self.tracking
+        self.tiers = LatencyTiers(t.num_tiers, t.latency_ema_beta, t.retier_every, t.drift_fraction)
+        self.tier_accuracy = TierAccuracy(t.trend_window)
+        self.plateau = PlateauDetector(t.plateau_window, t.plateau_min_gain)
+        self.participation: dict[int, int] = {}
+        self.cpu_s: dict[int, float] = {}
+        self.accuracy: dict[int, float] = {}
+        self.seen: set[int] = set()  # every client ever offered as available: the fairness population
+
+    # --- selection helpers -------------------------------------------------------------------------
+    def offer(self, available: Sequence[int]) -> list[int]:
+        """The available ids, sorted and remembered as part of the population."""
+        ids = sorted(set(available))
+        self.seen.update(ids)
+        return ids
+
+    def round_deadline(self, selected: Sequence[int]) -> float:
+        t = self.tracking
+        return round_deadline((self.tiers.expected_latency(c) for c in selected), t.deadline_slack,
+                              t.fallback_deadline_s)
+
+    def participation_jain(self) -> float:
+        return jain_index(self.participation.get(c, 0) for c in self.seen)
+
+    def tier_accuracies(self) -> dict[int, float]:
+        return {t: a for t in range(self.tracking.num_tiers) if (a := self.tier_accuracy.accuracy(t)) is not None}
+
+    # --- learning ----------------------------------------------------------------------------------
+    def observe(self, outcome: RoundOutcome) -> None:
+        for cid in outcome.selected:
+            self.participation[cid] = self.participation.get(cid, 0) + 1
+        for s in signals(outcome):
+            if s.latency_s is not None:
+                self.tiers.observe(s.client_id, s.latency_s)
+            self.cpu_s[s.client_id] = self.cpu_s.get(s.client_id, 0.0) + s.cpu_s
+            if s.accuracy is not None:
+                self.accuracy[s.client_id] = s.accuracy
+        self.tiers.maybe_retier(outcome.round)
+        members: dict[int, list[float]] = {}
+        for cid, accuracy in self.accuracy.items():
+            tier = self.tiers.tier_of(cid)
+            if tier is not None:
+                members.setdefault(tier, []).append(accuracy)
+        for tier, values in sorted(members.items()):
+            self.tier_accuracy.record(outcome.round, tier, sum(values) / len(values))
+        if "accuracy" in outcome.global_metrics:
+            self.plateau.record(float(outcome.global_metrics["accuracy"]))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tiers": self.tiers.state_dict(), "tier_accuracy": self.tier_accuracy.state_dict(),
+                "plateau": self.plateau.state_dict(),
+                "participation": {str(k): v for k, v in self.participation.items()},
+                "cpu_s": {str(k): v for k, v in self.cpu_s.items()},
+                "accuracy": {str(k): v for k, v in self.accuracy.items()}, "seen": sorted(self.seen)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tiers.load_state_dict(state["tiers"])
+        self.tier_accuracy.load_state_dict(state["tier_accuracy"])
+        self.plateau.load_state_dict(state["plateau"])
+        self.participation = {int(k): int(v) for k, v in state["participation"].items()}
+        self.cpu_s = {int(k): float(v) for k, v in state["cpu_s"].items()}
+        self.accuracy = {int(k): float(v) for k, v in state["accuracy"].items()}
+        self.seen = {int(c) for c in state["seen"]}

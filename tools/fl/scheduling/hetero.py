@@ -1,0 +1,179 @@
+"""Ours: the heterogeneity-aware adaptive scheduler, knobs as presets or free weights.
+
+From the BigData'22 abstract: adapt selection to the accuracy trend and to each client's
+changing resources and availability, with knobs for resource-efficient fast training, resource
+fairness, accuracy fairness and model performance. Its scoring is not public; this one is ours
+(docs/fl-scheduling.md). Each available client i in tier t(i) gets four terms in [0, 1]:
+  fast   min EMA latency among available / EMA latency of i           (unprofiled: 0.5)
+  rfair  1 - (participation_i / max + cpu_s_i / max) / 2               (over the population)
+  afair  (best tier accuracy - accuracy of t(i)) / (best - worst)      (unknown: 0.5)
+  perf   normalised gain of t(i): EMA of the global accuracy change of rounds it took part in,
+         weighted by its share of the round                            (unknown: 0.5)
+score_i = sum of weight x term; the top k by score are chosen, except `explore` x k slots drawn
+at random (unprofiled clients first), so new and changed clients get measured. Ties are broken
+by a per-round random key. `adaptive` starts as `fast`; each time the plateau detector fires (at
+most once per plateau window) it moves `shift` of the weight from fast (or, once fast is spent,
+half of that from the largest other knob) to: rfair if participation Jain's index is below
+`rfair_target` (and rfair has < 0.5), else afair if the tier accuracy gap exceeds `afair_gap`,
+else perf.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlsyskit.core.config import require
+from mlsyskit.tools.fl.outcome import RoundOutcome
+from mlsyskit.tools.fl.scheduling.base import TrackingConfig, TrackingScheduler
+
+KNOBS = ("fast", "rfair", "afair", "perf")
+PRESETS: dict[str, dict[str, float]] = {
+    "fast": {"fast": 1.0},
+    "rfair": {"rfair": 1.0},
+    "afair": {"afair": 0.8, "fast": 0.2},
+    "perf": {"perf": 0.8, "fast": 0.2},
+    "adaptive": {"fast": 1.0},  # the start; it moves from there
+}
+
+
+@dataclass(frozen=True)
+class HeteroConfig:
+    preset: str = "adaptive"
+    weights: dict[str, float] = field(default_factory=dict)  # free weights; override the preset's
+    explore: float = 0.1
+    gain_beta: float = 0.3  # EMA weight of a round's accuracy change in a tier's gain
+    shift: float = 0.25  # adaptive: weight moved per adjustment
+    afair_gap: float = 0.05  # adaptive: tier accuracy gap that makes fairness the target
+    rfair_target: float = 0.5  # adaptive: participation Jain's index below which rfair gets weight
+
+    def __post_init__(self) -> None:
+        require(self.preset in PRESETS, f"preset must be one of {', '.join(PRESETS)}")
+        require(set(self.weights) <= set(KNOBS), f"weights may only name {', '.join(KNOBS)}")
+        require(all(w >= 0 for w in self.weights.values()), "weights must be non-negative")
+        require(0 <= self.explore <= 1 and 0 < self.gain_beta <= 1 and 0 < self.shift <= 1,
+                "explore in [0, 1], gain_beta and shift in (0, 1]")
+
+    def initial_weights(self) -> dict[str, float]:
+        chosen = dict(self.weights) if self.weights else dict(PRESETS[self.preset])
+        total = sum(chosen.values())
+        require(total > 0, "at least one weight must be positive")
+        return {k: chosen.get(k, 0.0) / total for k in KNOBS}
+
+
+def _normalise(values: dict[int, float]) -> dict[int, float]:
+    if not values:
+        return {}
+    low, high = min(values.values()), max(values.values())
+    return {k: (v - low) / (high - low) if high > low else 0.5 for k, v in values.items()}
+
+
+class HeteroScheduler(TrackingScheduler):
+    name = "hetero"
+    preset = "adaptive"
+
+    def __init__(self, config: HeteroConfig | None = None, tracking: TrackingConfig | None = None) -> None:
+        super().__init__(config or HeteroConfig(preset=self.preset), tracking)
+        self.weights = self.config.initial_weights()
+        self.adaptive = self.config.preset == "adaptive" and not self.config.weights
+        self.tier_gain: dict[int, float] = {}
+        self.last_accuracy: float | None = None
+        self.last_shift = 0
+        self.shifts: list[tuple[int, str]] = []
+
+    def terms(self, ids: Sequence[int]) -> dict[str, dict[int, float]]:
+        latency = {c: v for c in ids if (v := self.tiers.expected_latency(c)) is not None}
+        fastest = min(latency.values(), default=1.0)
+        max_part = max(self.participation.values(), default=0) or 1
+        max_cpu = max(self.cpu_s.values(), default=0.0) or 1.0
+        tier_acc = self.tier_accuracies()
+        gap = _normalise({t: -a for t, a in tier_acc.items()})  # worst accuracy -> 1
+        gain = _normalise(self.tier_gain)
+        out: dict[str, dict[int, float]] = {k: {} for k in KNOBS}
+        for c in ids:
+            tier = self.tiers.tier_of(c)
+            out["fast"][c] = fastest / latency[c] if c in latency and latency[c] > 0 else 0.5
+            out["rfair"][c] = 1 - (self.participation.get(c, 0) / max_part + self.cpu_s.get(c, 0.0) / max_cpu) / 2
+            out["afair"][c] = gap.get(tier, 0.5) if tier is not None else 0.5
+            out["perf"][c] = gain.get(tier, 0.5) if tier is not None else 0.5
+        return out
+
+    def select(self, round_num: int, available: Sequence[int], k: int, rng: random.Random) -> list[int]:
+        ids = self.offer(available)
+        k = min(k, len(ids))
+        n_explore = min(k, round(self.config.explore * k))
+        unprofiled = [c for c in ids if self.tiers.expected_latency(c) is None]
+        explore = rng.sample(unprofiled, min(n_explore, len(unprofiled)))
+        rest = [c for c in ids if c not in set(explore)]
+        explore += rng.sample(rest, n_explore - len(explore))
+        taken = set(explore)
+        candidates = [c for c in ids if c not in taken]
+        terms = self.terms(candidates)
+        tie = {c: rng.random() for c in candidates}
+        score = {c: sum(self.weights[knob] * terms[knob][c] for knob in KNOBS) for c in candidates}
+        ranked = sorted(candidates, key=lambda c: (-score[c], tie[c]))
+        return sorted(explore + ranked[:k - len(explore)])
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        super().observe(outcome)
+        accuracy = outcome.global_metrics.get("accuracy")
+        if accuracy is not None and self.last_accuracy is not None and outcome.selected:
+            delta = float(accuracy) - self.last_accuracy
+            shares: dict[int, int] = {}
+            for cid in outcome.selected:
+                tier = self.tiers.tier_of(cid)
+                if tier is not None:
+                    shares[tier] = shares.get(tier, 0) + 1
+            for tier, count in shares.items():
+                beta = self.config.gain_beta * count / len(outcome.selected)
+                self.tier_gain[tier] = (1 - beta) * self.tier_gain.get(tier, 0.0) + beta * delta
+        if accuracy is not None:
+            self.last_accuracy = float(accuracy)
+        if self.adaptive:
+            self.adapt(outcome.round)
+
+    def adapt(self, round_num: int) -> None:
+        if round_num - self.last_shift < self.tracking.plateau_window:
+            return
+        if not self.plateau.plateaued():
+            return
+        accuracies = list(self.tier_accuracies().values())
+        gap = max(accuracies) - min(accuracies) if accuracies else 0.0
+        if self.participation_jain() < self.config.rfair_target and self.weights["rfair"] < 0.5:
+            target = "rfair"
+        else:
+            target = "afair" if gap > self.config.afair_gap else "perf"
+        moved = min(self.config.shift, self.weights["fast"]) if self.weights["fast"] > 0 else 0.0
+        if moved == 0:  # nothing left to take from fast: take from the largest other knob
+            donor = max((k for k in KNOBS if k != target), key=lambda k: self.weights[k])
+            moved = min(self.config.shift, self.weights[donor]) / 2
+            self.weights[donor] -= moved
+        else:
+            self.weights["fast"] -= moved
+        self.weights[target] += moved
+        self.last_shift = round_num
+        self.shifts.append((round_num, target))
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {
+            "weights": dict(self.weights), "tier_gain": {str(k): v for k, v in self.tier_gain.items()},
+            "last_accuracy": self.last_accuracy, "last_shift": self.last_shift,
+            "shifts": [list(s) for s in self.shifts]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.weights = {k: float(state["weights"][k]) for k in KNOBS}
+        self.tier_gain = {int(k): float(v) for k, v in state["tier_gain"].items()}
+        self.last_accuracy = state["last_accuracy"]
+        self.last_shift = int(state["last_shift"])
+        self.shifts = [(int(r), str(t)) for r, t in state["shifts"]]
+
+
+def _preset_class(preset_name: str) -> type[HeteroScheduler]:
+    return type(f"{preset_name.capitalize()}Scheduler", (HeteroScheduler,),
+                {"name": preset_name, "preset": preset_name, "__module__": __name__,
+                 "__doc__": f"HeteroScheduler, preset {preset_name}."})
+
+
+PRESET_SCHEDULERS = {name: _preset_class(name) for name in PRESETS}

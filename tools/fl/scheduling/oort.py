@@ -1,0 +1,131 @@
+"""Oort (Lai et al., OSDI'21): guided participant selection by statistical and system utility.
+
+From the paper:
+  statistical utility   U_i = |B_i| * sqrt(mean over B_i of loss^2)   (from the client's last round)
+  staleness bonus       + sqrt(0.1 * ln(R) / L_i)                     (R: this round, L_i: last round seen)
+  duration penalty      x (T / t_i) ** alpha when t_i > T             (T: preferred round duration)
+  exploration           eps = max(0.3, 0.9 * 0.98 ** (R - 1)) of the k slots go to unexplored clients
+  exploitation          clients whose utility is >= 0.95 x the cut-off utility at rank (1 - eps) k,
+                        sampled without replacement with probability proportional to utility
+  pacer                 when the summed utility of the last W rounds fell below the W before, relax
+                        T: it is the `threshold` percentile of the explored clients' durations,
+                        and the percentile grows by `pacer_step`
+As in Oort's code, statistical utility is divided by the largest among the candidates before the
+staleness bonus is added, so the two are on one scale. Unexplored clients are explored at random
+(we know nothing about their speed before their first round).
+"""
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mlsyskit.core.config import require
+from mlsyskit.core.telemetry import percentile
+from mlsyskit.tools.fl.outcome import RoundOutcome
+from mlsyskit.tools.fl.scheduling.base import TrackingConfig, TrackingScheduler
+from mlsyskit.tools.fl.scheduling.signals import signals
+
+
+@dataclass(frozen=True)
+class OortConfig:
+    explore_start: float = 0.9
+    explore_decay: float = 0.98
+    explore_min: float = 0.3
+    alpha: float = 2.0  # duration penalty exponent
+    threshold: float = 30.0  # initial percentile of client durations taken as the preferred duration
+    pacer_window: int = 10
+    pacer_step: float = 10.0
+    cutoff: float = 0.95
+
+    def __post_init__(self) -> None:
+        require(0 <= self.explore_min <= self.explore_start <= 1, "need 0 <= explore_min <= explore_start <= 1")
+        require(0 < self.explore_decay <= 1 and self.alpha >= 0, "explore_decay in (0, 1], alpha >= 0")
+        require(0 < self.threshold <= 100 and self.pacer_window >= 1, "threshold in (0, 100], pacer_window >= 1")
+
+
+def weighted_sample(items: Sequence[int], weights: Sequence[float], k: int, rng: random.Random) -> list[int]:
+    """k distinct items, each draw proportional to weight (Efraimidis-Spirakis keys u ** (1 / w))."""
+    keyed = [(rng.random() ** (1.0 / w) if w > 0 else 0.0, item) for item, w in zip(items, weights, strict=True)]
+    keyed.sort(reverse=True)
+    return [item for _, item in keyed[:k]]
+
+
+class OortScheduler(TrackingScheduler):
+    name = "oort"
+
+    def __init__(self, config: OortConfig | None = None, tracking: TrackingConfig | None = None) -> None:
+        super().__init__(config or OortConfig(), tracking)
+        self.stat_utility: dict[int, float] = {}
+        self.last_round: dict[int, int] = {}
+        self.threshold = self.config.threshold
+        self.round_utility: list[float] = []
+
+    def exploration(self, round_num: int) -> float:
+        c = self.config
+        return max(c.explore_min, c.explore_start * c.explore_decay ** max(round_num - 1, 0))
+
+    def preferred_duration(self) -> float | None:
+        durations = sorted(self.tiers.ema.values())
+        return percentile(durations, self.threshold, presorted=True) if durations else None
+
+    def utilities(self, round_num: int, explored: Sequence[int]) -> dict[int, float]:
+        top = max((self.stat_utility[c] for c in explored), default=0.0) or 1.0
+        preferred = self.preferred_duration()
+        out = {}
+        for cid in explored:
+            utility = self.stat_utility[cid] / top
+            utility += math.sqrt(0.1 * math.log(max(round_num, 2)) / max(self.last_round[cid], 1))
+            duration = self.tiers.expected_latency(cid)
+            if preferred and duration and duration > preferred:
+                utility *= (preferred / duration) ** self.config.alpha
+            out[cid] = utility
+        return out
+
+    def select(self, round_num: int, available: Sequence[int], k: int, rng: random.Random) -> list[int]:
+        ids = self.offer(available)
+        k = min(k, len(ids))
+        explored = [c for c in ids if c in self.stat_utility]
+        unexplored = [c for c in ids if c not in self.stat_utility]
+        n_explore = min(len(unexplored), max(k - len(explored), round(self.exploration(round_num) * k)))
+        n_exploit = k - n_explore
+        chosen: list[int] = []
+        if n_exploit:
+            utility = self.utilities(round_num, explored)
+            ranked = sorted(explored, key=lambda c: (-utility[c], c))
+            cut = self.config.cutoff * utility[ranked[n_exploit - 1]]
+            pool = [c for c in ranked if utility[c] >= cut]
+            chosen = weighted_sample(pool, [utility[c] for c in pool], n_exploit, rng)
+        chosen += rng.sample(unexplored, n_explore)
+        return sorted(chosen)
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        super().observe(outcome)
+        total = 0.0
+        for s in signals(outcome):
+            self.last_round[s.client_id] = outcome.round
+            if s.late or s.loss_sq_mean is None:
+                self.stat_utility.setdefault(s.client_id, 0.0)  # explored, but nothing learnt about its data
+                continue
+            self.stat_utility[s.client_id] = s.samples * math.sqrt(s.loss_sq_mean)
+            total += self.stat_utility[s.client_id]
+        self.round_utility.append(total)
+        w = self.config.pacer_window
+        if len(self.round_utility) >= 2 * w and len(self.round_utility) % w == 0:
+            if sum(self.round_utility[-w:]) < sum(self.round_utility[-2 * w:-w]):
+                self.threshold = min(100.0, self.threshold + self.config.pacer_step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {
+            "stat_utility": {str(k): v for k, v in self.stat_utility.items()},
+            "last_round": {str(k): v for k, v in self.last_round.items()},
+            "threshold": self.threshold, "round_utility": list(self.round_utility)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.stat_utility = {int(k): float(v) for k, v in state["stat_utility"].items()}
+        self.last_round = {int(k): int(v) for k, v in state["last_round"].items()}
+        self.threshold = float(state["threshold"])
+        self.round_utility = [float(u) for u in state["round_utility"]]
