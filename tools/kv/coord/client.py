@@ -1,0 +1,96 @@
+"""A blocking client for the embedded coordinator's protocol, trying each coordinator address in turn.
+
+    c = CoordClient([("127.0.0.1", 7000), ("127.0.0.1", 7001)])   # leader and standby
+    m = c.map(); c.register("s0r3", "127.0.0.1", 7103); c.heartbeat("s0r3")
+
+Connection errors move on to the next address (a standby binds its port only once it leads);
+when none answers, RuntimeFailure. Protocol refusals become EpochConflict / RuntimeFailure / UsageError.
+"""
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+from mlsyskit.core.errors import RuntimeFailure, UsageError
+from mlsyskit.tools.kv.coord.base import EpochConflict
+from mlsyskit.tools.kv.shardmap import ShardMap
+
+
+class CoordClient:
+    def __init__(self, addrs: list[tuple[str, int]], timeout_s: float = 2.0) -> None:
+        if not addrs:
+            raise UsageError("a coordinator client needs at least one address")
+        self.addrs = list(addrs)
+        self.timeout_s = timeout_s
+        self._sock: socket.socket | None = None
+        self._file: Any = None
+
+    def _connect(self) -> None:
+        errors = []
+        for host, port in self.addrs:
+            try:
+                self._sock = socket.create_connection((host, port), timeout=self.timeout_s)
+                self._file = self._sock.makefile("rb")
+                self.addrs.remove((host, port))
+                self.addrs.insert(0, (host, port))   # remember who answered
+                return
+            except OSError as e:
+                errors.append(f"{host}:{port}: {e.strerror or e}")
+        raise RuntimeFailure(f"no coordinator reachable ({'; '.join(errors)})")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._file.close()
+            self._sock.close()
+        self._sock = self._file = None
+
+    def request(self, op: str, **fields: Any) -> dict:
+        """One round trip; reconnects once (to any address) if the connection broke."""
+        payload = json.dumps({"op": op, **fields}).encode() + b"\n"
+        for attempt in (1, 2):
+            if self._sock is None:
+                self._connect()
+            try:
+                self._sock.sendall(payload)
+                line = self._file.readline()
+                if not line:
+                    raise ConnectionError("coordinator closed the connection")
+                break
+            except OSError:
+                self.close()
+                if attempt == 2:
+                    raise RuntimeFailure("coordinator connection lost twice in a row") from None
+        reply = json.loads(line)
+        if reply.get("ok"):
+            return reply
+        if reply.get("kind") == "conflict":
+            raise EpochConflict(fields.get("expected_epoch", -1), reply.get("epoch"))
+        if reply.get("kind") == "bad_request":
+            raise UsageError(f"coordinator refused the request: {reply.get('error')}")
+        raise RuntimeFailure(f"coordinator refused the request: {reply.get('error')}")
+
+    def map(self) -> ShardMap | None:
+        d = self.request("map")["map"]
+        return None if d is None else ShardMap.from_dict(d)
+
+    def init(self, shard_map: ShardMap) -> ShardMap:
+        return ShardMap.from_dict(self.request("init", map=shard_map.to_dict())["map"])
+
+    def cas(self, expected_epoch: int, new_map: ShardMap) -> ShardMap:
+        return ShardMap.from_dict(self.request("cas", expected_epoch=expected_epoch, map=new_map.to_dict())["map"])
+
+    def register(self, node: str, host: str, port: int) -> None:
+        self.request("register", node=node, host=host, port=port)
+
+    def heartbeat(self, node: str) -> bool:
+        return bool(self.request("heartbeat", node=node)["known"])
+
+    def join(self, shard: int, node: str, host: str, port: int) -> ShardMap:
+        return ShardMap.from_dict(self.request("join", shard=shard, node=node, host=host, port=port)["map"])
+
+    def live(self) -> list[str]:
+        return list(self.request("live")["live"])
+
+    def status(self) -> dict:
+        return self.request("status")
