@@ -43,8 +43,8 @@ def to_compute_dtype(model: nn.Module, dtype: torch.dtype, device: torch.device 
     masters, dtypes = {}, {}
     for name, p in named_tensors(model):
         dtypes[name] = p.dtype
-        if p.requires_grad:
-            masters[name] = p.detach().to(torch.float32, copy=True)
+        if p.requires_grad:  # an fp32 parameter's own storage becomes its master (no second copy)
+            masters[name] = p.detach() if p.dtype == torch.float32 else p.detach().to(torch.float32)
         if p.is_floating_point():
             p.data = p.data.to(dtype)
     for module in model.modules():

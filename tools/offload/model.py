@@ -8,6 +8,7 @@ hooks see exactly which tensors each step of the computation uses. Parameters ar
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -142,23 +143,46 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def build_model(name: str, seed: int, *, dtype: torch.dtype = torch.bfloat16) -> tuple[GPT, dict[str, torch.Tensor]]:
-    """The model in `dtype` (compute copies) and its fp32 initial weights by parameter name."""
+class InitialWeights(Mapping[str, torch.Tensor]):
+    """The fp32 initial weights by parameter name, regenerated on access from the generator state saved
+    before each tensor: the model's fp32 weights never sit in memory all at once (a 350M model would
+    need 1.2 GB for them on top of its budgets)."""
+
+    def __init__(self, cfg: GPTConfig, shapes: dict[str, torch.Size], states: dict[str, torch.Tensor]) -> None:
+        self.cfg, self.shapes, self.states = cfg, shapes, states
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        gen = torch.Generator()
+        gen.set_state(self.states[name])
+        return self.generate(name, gen)
+
+    def generate(self, name: str, gen: torch.Generator) -> torch.Tensor:
+        fp32 = torch.empty(self.shapes[name], dtype=torch.float32)
+        if name.endswith("bias"):
+            return fp32.zero_()
+        if ".ln" in name or name.startswith("ln_f"):
+            return fp32.fill_(1.0)
+        std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("o.weight", "fc2.weight")) else 0.02
+        return fp32.normal_(0.0, std, generator=gen)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def build_model(name: str, seed: int, *, dtype: torch.dtype = torch.bfloat16) -> tuple[GPT, InitialWeights]:
+    """The model in `dtype` (compute copies) and its fp32 initial weights by parameter name (regenerated
+    per access, one tensor at a time)."""
     cfg = preset(name)
     with torch.device("meta"):
         model = GPT(cfg)
     model = model.to_empty(device="cpu")
     gen = torch.Generator().manual_seed(sub_seed(seed, "init"))
-    masters: dict[str, torch.Tensor] = {}
+    shapes, states = {}, {}
+    masters = InitialWeights(cfg, shapes, states)
     for pname, p in model.named_parameters():
-        fp32 = torch.empty(p.shape, dtype=torch.float32)
-        if pname.endswith("bias"):
-            fp32.zero_()
-        elif ".ln" in pname or pname.startswith("ln_f"):
-            fp32.fill_(1.0)
-        else:
-            std = 0.02 / math.sqrt(2 * cfg.n_layers) if pname.endswith(("o.weight", "fc2.weight")) else 0.02
-            fp32.normal_(0.0, std, generator=gen)
-        masters[pname] = fp32
-        p.data = fp32.to(dtype)
+        shapes[pname], states[pname] = p.shape, gen.get_state()
+        p.data = masters.generate(pname, gen).to(dtype)
     return model, masters

@@ -184,6 +184,7 @@ class OptimizerStateCache:
                 cls.rotation = [_Rotation(self.pool.acquire(s, owner=("rotation", s, i), exact=True))
                                 for i in range(reserve[s])]
         self.class_of = sizes
+        self._writes: dict[int, Future] = {}  # state -> the swap that writes it back (latest)
         self._io = ThreadPoolExecutor(workers, thread_name_prefix="tencache-opt") if self.nvme_homed else None
 
     @property
@@ -219,9 +220,12 @@ class OptimizerStateCache:
         if not self.read_ahead:
             return
         for cls in self.classes.values():
-            for rot, idx in zip(cls.rotation, cls.nvme_order, strict=False):
-                if rot.holder != idx:
-                    self._swap_async(rot, idx, cls.numel)
+            wanted = cls.nvme_order[:len(cls.rotation)]
+            held = {r.holder for r in cls.rotation}
+            free = [r for r in cls.rotation if r.holder not in wanted]
+            for idx in wanted:
+                if idx not in held and free:  # a state already held stays where it is (one copy only)
+                    self._swap_async(free.pop(0), idx, cls.numel)
 
     def get(self, idx: int) -> tuple[torch.Tensor, ...]:
         """(master, m, v, grad) views for `idx`, resident on the CPU; counts hits and misses."""
@@ -294,18 +298,25 @@ class OptimizerStateCache:
     def _swap_async(self, rot: _Rotation, incoming: int | None, numel: int) -> None:
         prev, out = rot.future, (rot.holder if rot.dirty else None)
         rot.holder, rot.dirty = incoming, False
+        # the incoming state may still be on its way out of another rotation slot: read it only after that
+        # write, never a stale or half-written block (submitted earlier, so waiting on it cannot deadlock)
+        writing = self._writes.get(incoming) if incoming is not None else None
 
         def swap() -> None:
             if prev is not None:
                 prev.result()
             if out is not None:
                 self.nvme.write(f"s{out}", rot.slot.data, 4 * self.persist * numel)
+            if writing is not None:
+                writing.result()
             if incoming is not None:
                 self.nvme.read_into(f"s{incoming}", rot.slot.data)
 
         self.stats.bytes_written += 4 * self.persist * numel if out is not None else 0
         self.stats.bytes_read += 4 * self.persist * numel if incoming is not None else 0
         rot.future = self._io.submit(swap)
+        if out is not None:
+            self._writes[out] = rot.future
 
     def _wait(self, rot: _Rotation) -> None:
         if rot.future is not None:

@@ -87,7 +87,8 @@ def run_profile(cfg: TrainConfig) -> Profile:
 def train_plain(cfg: TrainConfig) -> list[float]:
     """The in-memory reference: every tensor resident, same arithmetic and autograd graph (the same use
     tracker, moving nothing) as the engine."""
-    model, masters = build_model(cfg.model, cfg.seed)
+    model, initial = build_model(cfg.model, cfg.seed)
+    masters = dict(initial)  # the reference keeps every fp32 master in memory, as a plain run does
     device = pick_device(cfg.device)
     model.to(device)
     tracker = resident_tracker(model)
