@@ -17,16 +17,21 @@ from pathlib import Path
 
 import typer
 
-from mlsyskit.core.cli import make_app, quiet_option, run_app, verbose_option
+from mlsyskit.core.cli import env_prefix, quiet_option, run_app, verbose_option
 from mlsyskit.core.console import debug, log, set_verbosity, warn
-from mlsyskit.core.errors import UsageError
+from mlsyskit.core.errors import RuntimeFailure, UsageError
+from mlsyskit.core.storage_errors import StorageError
 from mlsyskit.tools.kv.coord.detector import DetectorConfig
 from mlsyskit.tools.kv.coord.embedded import EmbeddedCoordinator
 from mlsyskit.tools.kv.coord.failover import ShardLost
 from mlsyskit.tools.kv.coord.orchestrator import fail_over
 from mlsyskit.tools.kv.coord.protocol import MAX_LINE, handle
 
-app = make_app("bespokv-coord", "The embedded bespokv coordinator (leader or standby).")
+# One command, no sub-commands (make_app's version callback would turn it into a group).
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  help="The embedded bespokv coordinator (leader or standby).",
+                  context_settings={"help_option_names": ["-h", "--help"],
+                                    "auto_envvar_prefix": env_prefix("bespokv-coord")})
 
 
 async def _serve_client(coord: EmbeddedCoordinator, reader: asyncio.StreamReader,
@@ -85,7 +90,11 @@ def main(state_dir: Path = typer.Option(..., help="Directory of coord.db and the
     set_verbosity(verbose, quiet)
     if not 0 < port < 65536:
         raise UsageError(f"--port must be 1..65535, got {port}")
-    coord = EmbeddedCoordinator(state_dir, detector=DetectorConfig(interval_s=interval, misses=misses))
+    detector = DetectorConfig(interval_s=interval, misses=misses)
+    try:
+        coord = EmbeddedCoordinator(state_dir, detector=detector)
+    except (OSError, StorageError) as e:
+        raise RuntimeFailure(f"cannot open the coordinator state in {state_dir}: {e}") from None
     name = name or f"{host}:{port}/{os.getpid()}"
     if not coord.campaign(name, timeout_s=0):
         log(f"standby {name}: waiting for the leader lock of {state_dir}")

@@ -1,0 +1,133 @@
+"""The embedded coordinator process: failover on missed heartbeats, kill -9 and restart at the same epoch,
+a standby taking over through the SQLite leader lock, and hostile input on the wire."""
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+import pytest
+
+from mlsyskit.core.errors import RuntimeFailure
+from mlsyskit.tools.kv.coord.client import CoordClient
+from mlsyskit.tools.kv.shardmap import layout
+from tests.conftest import ProcManager, free_port
+
+INTERVAL = 0.2  # heartbeat interval given to the server (x3 misses = 0.6 s to detect)
+
+
+def wait_until(condition, timeout: float = 15.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def start_coord(procs: ProcManager, state_dir, port: int, log_path, name: str):
+    with open(log_path, "ab") as log:
+        return procs.start([sys.executable, "-m", "mlsyskit.tools.kv.coord.server", "--state-dir", str(state_dir),
+                            "--port", str(port), "--name", name, "--interval", str(INTERVAL)], stderr=log)
+
+
+def serving(proc) -> str:
+    """Block until the process prints its ready line (it does so only once it leads)."""
+    line = proc.stdout.readline().decode()
+    assert line.startswith("serving "), line
+    return line
+
+
+def reachable(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def procs():
+    manager = ProcManager()
+    yield manager
+    manager.stop_all()
+
+
+def test_silent_node_is_failed_over_and_a_restart_resumes_the_epoch(procs, tmp_path):
+    port = free_port()
+    proc = start_coord(procs, tmp_path / "state", port, tmp_path / "coord.log", "c1")
+    serving(proc)
+    client = CoordClient([("127.0.0.1", port)])
+    m = client.init(layout("ms-sc", "memory", 1, 3, "127.0.0.1", [7001, 7002, 7003]))
+    # s0r0 and s0r2 keep beating; the middle s0r1 falls silent.
+    new = wait_until(lambda: (client.heartbeat("s0r0"), client.heartbeat("s0r2"), client.map())[2].epoch > m.epoch
+                     and client.map(), what="failover of the silent middle")
+    assert new.epoch == 2 and new.shards == (("s0r0", "s0r2"),)
+    assert client.heartbeat("s0r1") is False                # the deposed node learns it must rejoin
+    procs.kill(proc)                                        # kill -9
+    client.close()
+    with pytest.raises(RuntimeFailure, match="no coordinator reachable"):
+        client.map()
+    proc = start_coord(procs, tmp_path / "state", port, tmp_path / "coord.log", "c1-again")
+    assert serving(proc).strip().endswith("epoch 2")
+    assert client.map() == new
+    joined = client.join(0, "s0r3", "127.0.0.1", 7004)
+    assert joined.epoch == 3 and joined.shards == (("s0r0", "s0r2", "s0r3"),)
+    client.close()
+
+
+def test_standby_takes_over_after_kill_9_of_the_leader(procs, tmp_path):
+    state = tmp_path / "state"
+    leader_port, standby_port = free_port(), free_port()
+    leader = start_coord(procs, state, leader_port, tmp_path / "leader.log", "leader")
+    serving(leader)
+    standby = start_coord(procs, state, standby_port, tmp_path / "standby.log", "standby")
+    wait_until(lambda: b"waiting for the leader lock" in (tmp_path / "standby.log").read_bytes(),
+               what="the standby to start waiting")
+    assert not reachable(standby_port)                      # a standby serves nothing
+    client = CoordClient([("127.0.0.1", leader_port), ("127.0.0.1", standby_port)])
+    m = client.init(layout("aa-sc", "memory", 1, 2, "127.0.0.1", [7001, 7002]))
+    assert client.status()["leader"] == "leader"
+    procs.kill(leader)
+    t0 = time.monotonic()
+    serving(standby)
+    took_over_s = time.monotonic() - t0
+    status = wait_until(lambda: client.status(), what="the standby to answer")
+    assert status["leader"] == "standby" and status["epoch"] == m.epoch
+    assert took_over_s < 10, took_over_s
+    client.close()
+
+
+def test_hostile_clients_do_not_hurt_the_server(procs, tmp_path):
+    port = free_port()
+    proc = start_coord(procs, tmp_path / "state", port, tmp_path / "coord.log", "c1")
+    serving(proc)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"x" * (2 << 20) + b"\n")                 # over the 1 MiB line limit
+        assert b"too long" in s.makefile("rb").readline()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b'{"op": "init", "map": "garbage"}\n\xff\n')
+        f = s.makefile("rb")
+        assert b"bad_request" in f.readline() and b"bad_request" in f.readline()
+    half = socket.create_connection(("127.0.0.1", port), timeout=5)
+    half.sendall(b'{"op": "map"')                           # a client that stops mid-request
+    client = CoordClient([("127.0.0.1", port)])
+    assert client.map() is None and proc.poll() is None
+    half.close()
+    client.close()
+
+
+def test_exit_codes_usage_2_runtime_1(procs, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    base = [sys.executable, "-m", "mlsyskit.tools.kv.coord.server"]
+    cases = [(["--state-dir", str(tmp_path / "s"), "--port", "0"], 2, b"--port"),
+             (["--state-dir", str(tmp_path / "s"), "--port", "x"], 2, b"port"),
+             (["--state-dir", str(tmp_path / "s"), "--port", "7000", "--misses", "0"], 2, b"misses"),
+             (["--state-dir", str(blocker), "--port", str(free_port())], 1, b"error: cannot open")]
+    for args, code, text in cases:
+        proc = procs.start(base + args)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == code and text in err, (args, proc.returncode, err)
