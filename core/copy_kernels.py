@@ -8,6 +8,7 @@ callers and tests can see it.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -67,10 +68,28 @@ def batched_copy(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor], *,
                              f"into {d.numel() * d.element_size()}")
     if not dsts:
         return "loop"
-    kernel = _cupy_kernel()
     tensors = list(dsts) + list(srcs)
+    cuda = any(t.is_cuda for t in tensors)
+    if cuda and stream is not None:
+        # the producers of srcs (and earlier readers of dsts) run on the current stream: order after them
+        stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream) if cuda and stream is not None else contextlib.nullcontext():
+        path = _copy(dsts, srcs, stream if cuda else None, tensors)
+    if cuda:
+        if stream is not None:
+            for t in tensors:  # the caching allocator must not hand these out again before the copy runs
+                if t.is_cuda:
+                    t.record_stream(stream)
+        else:
+            torch.cuda.current_stream().synchronize()  # non_blocking copies: done when we return
+    return path
+
+
+def _copy(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor], stream: torch.cuda.Stream | None,
+          tensors: list[torch.Tensor]) -> str:
+    kernel = _cupy_kernel()
     if kernel is not None and any(t.is_cuda for t in tensors) and all(_device_addressable(t) for t in tensors):
-        _launch(kernel, dsts, srcs, stream)
+        _launch(kernel, dsts, srcs, stream or torch.cuda.current_stream())
         return "cupy"
     same_dtypes = all(d.dtype == s.dtype and d.shape == s.shape for d, s in zip(dsts, srcs, strict=True))
     if same_dtypes and hasattr(torch, "_foreach_copy_"):
@@ -82,10 +101,9 @@ def batched_copy(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor], *,
 
 
 def _launch(kernel: Any, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor],
-            stream: torch.cuda.Stream | None) -> None:
+            torch_stream: torch.cuda.Stream) -> None:
     import cupy
 
-    torch_stream = stream or torch.cuda.current_stream()
     sizes = [d.numel() * d.element_size() for d in dsts]
     table = torch.tensor([[s.data_ptr() for s in srcs], [d.data_ptr() for d in dsts], sizes],
                          dtype=torch.int64).pin_memory()
@@ -97,5 +115,3 @@ def _launch(kernel: Any, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tens
         kernel((len(dsts), chunks), (_THREADS,), args)
     # the caching allocator must not reuse the pointer table before the kernel that reads it has run
     device_table.record_stream(torch_stream)
-    if stream is None:
-        torch_stream.synchronize()

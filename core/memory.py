@@ -14,6 +14,7 @@ from `acquire` or returns None from `try_acquire`; the caller decides what to ev
 from __future__ import annotations
 
 import bisect
+import weakref
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,10 +42,27 @@ def round_up(n: int, align: int = ALIGN) -> int:
 
 def aligned_empty(nbytes: int, *, device: str | torch.device = "cpu", pin: bool = False,
                   alignment: int = ALIGN) -> torch.Tensor:
-    """A uint8 tensor of `nbytes` whose first byte is `alignment`-aligned (over-allocates, then slices)."""
-    raw = torch.empty(nbytes + alignment, dtype=torch.uint8, device=device, pin_memory=pin)
+    """A uint8 tensor of `nbytes` whose first byte is `alignment`-aligned (over-allocates, then slices).
+    `pin`: page-locked with cudaHostRegister over exactly this allocation; torch's pin_memory goes through
+    the caching host allocator, which rounds to a power of two (an 8 GiB pool would pin 16 GiB). The
+    registration is undone when the memory is freed."""
+    raw = torch.empty(nbytes + alignment, dtype=torch.uint8, device=device)
     skip = (-raw.data_ptr()) % alignment
-    return raw[skip:skip + nbytes]
+    out = raw[skip:skip + nbytes]
+    if pin and torch.device(device).type == "cpu":
+        _register_pinned(raw, out)
+    return out
+
+
+def _register_pinned(raw: torch.Tensor, owner: torch.Tensor) -> None:
+    """Page-lock `raw`'s bytes; unregister when `owner` (the tensor handed out, e.g. a pool's arena) is
+    collected: views that outlive it keep valid, merely pageable, memory."""
+    cudart = torch.cuda.cudart()
+    ptr = raw.data_ptr()
+    rc = cudart.cudaHostRegister(ptr, raw.numel(), 0)
+    if int(getattr(rc, "value", rc)) != 0:
+        raise PoolError(f"cudaHostRegister of {raw.numel()} bytes failed ({rc}): is the memlock limit too low?")
+    weakref.finalize(owner, cudart.cudaHostUnregister, ptr)
 
 
 @dataclass(eq=False)

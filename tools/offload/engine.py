@@ -205,9 +205,9 @@ class OffloadEngine:
         pos = self._position(label, phase)
         hits = sum(1 for e in entries if self.store.ready_on_device(e))
         t0 = time.perf_counter()
+        # every entry is settled by the policy (its own copy's event synchronised), so the compute stream
+        # needs no wait on the copy stream: a whole-stream wait would serialise every queued prefetch
         self.policy.acquire(pos, entries)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream().wait_stream(self.store.mover._stream)
         waited = time.perf_counter() - t0
         s = self.stats
         s.tensor_uses += len(entries)
