@@ -29,7 +29,7 @@ from mlsyskit.tools.fl.training import train_local
 from tests.conftest import ProcManager, free_port, wait_for_port
 
 SEED = int(os.environ.get("CHAOS_SEED", "11"))
-CLIENTS, PER_ROUND, ROUNDS, FAULTS = 6, 3, 12, 20
+CLIENTS, PER_ROUND, ROUNDS, FAULTS, SERVER_KILLS = 6, 3, 12, 20, 8
 STRATEGY = os.environ.get("CHAOS_STRATEGY", "fedavg")
 
 
@@ -64,6 +64,7 @@ class Chaos:
     def __init__(self, pm: ProcManager, port: int, run_dir) -> None:
         self.pm, self.port, self.run_dir = pm, port, run_dir
         self.rng = random.Random(SEED)
+        self.server_faults = set(self.rng.sample(range(FAULTS), SERVER_KILLS))  # which of the 20 kill the server
         self.trained: list[tuple[int, int]] = []  # (client, round) updates sent, in order
         self.tasks: dict[int, asyncio.Task] = {}
         self.killed = {"server": 0, "client": 0}
@@ -123,7 +124,7 @@ class Chaos:
                              f"an update of round {target_round}")
         else:
             await self.until(lambda: self.rounds_ended() >= target_round, f"round {target_round} to end")
-        if self.rng.random() < 0.4:
+        if number in self.server_faults:
             self.pm.kill(self.server)  # SIGKILL, then the same command with the same --run-dir
             self.killed["server"] += 1
             self.server = self.start_server()
@@ -223,8 +224,7 @@ def test_twenty_kills_of_server_and_clients_job_completes_books_balance_model_ma
         pm.stop_all()
     assert code == 0, f"chaos seed {SEED}: {stderr[-3000:]}"
     print(f"chaos seed {SEED}: {chaos.killed}")  # shown with -s
-    assert sum(chaos.killed.values()) == FAULTS and chaos.killed["server"] >= 5 and chaos.killed["client"] >= 5, \
-        chaos.killed
+    assert chaos.killed == {"server": SERVER_KILLS, "client": FAULTS - SERVER_KILLS}, chaos.killed
 
     config = job()
     replayed, rounds = replay(config, run_dir, tmp_path / "replay.db")

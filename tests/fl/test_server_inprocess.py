@@ -259,3 +259,39 @@ def test_a_reconnect_mid_round_drops_the_old_stream_at_once(tmp_path):
     assert outcome.reports[1].status == "failed" and "reconnected mid-round" in outcome.reports[1].reason
     assert outcome.reports[0].status == "valid"
     assert outcome.duration_s < 30  # did not wait for the 60 s deadline
+
+
+def test_a_server_that_breaks_every_session_does_not_keep_a_client_retrying_forever():
+    """A server that answers `job` but fails every session (a bug, answered as INTERNAL) looks like a transport
+    failure; the client retries, but gives up after MAX_BARREN_SESSIONS such sessions in a row, with the reason."""
+    from mlsyskit.core.rpc import RpcServer
+    from mlsyskit.tools.fl.client import MAX_BARREN_SESSIONS
+
+    config = JobConfig(per_round=2, data=DataSpec(num_clients=2))
+    opened = []
+
+    async def main():
+        server = RpcServer()
+
+        async def job(payload, call):
+            return {"data": config.to_dict()["data"], "train": config.to_dict()["train"], "strategy": "fedavg",
+                    "rounds": 1}
+
+        async def session(requests, call):
+            await anext(requests)
+            opened.append(1)
+            yield {"type": "welcome", "round": 0}
+            raise ValueError("a bug in the session handler")
+
+        server.unary("job", job)
+        server.bidi("session", session)
+        port = await server.start()
+        try:
+            client = FlClient(f"127.0.0.1:{port}", 0, backoff_initial_s=0.01, backoff_max_s=0.02, reconnect_s=60)
+            with pytest.raises(ClientStopped, match="each failed before any task.*a bug in the session handler"):
+                await client.run()
+        finally:
+            await server.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert len(opened) == MAX_BARREN_SESSIONS

@@ -34,6 +34,10 @@ from mlsyskit.tools.fl.training import local_only_accuracy, train_local
 
 log = logging.getLogger("mlsyskit.fl.client")
 
+# sessions in a row that a server accepted and that then failed before any task: a server that answers
+# but breaks every session (a bug answered as INTERNAL) must not keep a client retrying forever
+MAX_BARREN_SESSIONS = 10
+
 
 class ClientStopped(Exception):
     """The client cannot continue (refused, misconfigured, no server for too long); the message says why."""
@@ -73,6 +77,8 @@ class FlClient:
         self._local_only: float | None = None
         self._last_contact = self.clock.now()
         self._ever_connected = False  # before the first answer, a refused connection is a server not up yet
+        self._tasks_seen = 0  # messages other than the welcome, over all sessions
+        self._barren = 0
         self._trained: tuple[tuple, dict] | None = None  # (task key, update): a re-sent task is not retrained
 
     async def _prepare(self) -> None:
@@ -107,8 +113,10 @@ class FlClient:
         self._last_contact = self.clock.now()
         try:
             while not self.summary.done:
+                answered, seen = False, self._tasks_seen
                 try:
                     await self._prepare()
+                    answered = True
                     await self._follow()
                     if self.summary.done:
                         break
@@ -117,6 +125,10 @@ class FlClient:
                     if e.code not in TRANSPORT_FAILURES:
                         raise ClientStopped(e.message) from None
                     failure = e
+                self._barren = 0 if self._tasks_seen > seen else self._barren + answered
+                if self._barren >= MAX_BARREN_SESSIONS:
+                    raise ClientStopped(f"the server at {self.address} accepted {self._barren} sessions in a row and "
+                                        f"each failed before any task; last error: {failure.message}")
                 await self._before_retry(failure)
         finally:
             await self.rpc.close()
@@ -162,6 +174,7 @@ class FlClient:
             async for task in session:
                 self._touch()
                 kind = task.get("type")
+                self._tasks_seen += kind != "welcome"
                 if kind == "train":
                     log.info("round %s: selected; training", task["round"])
                     await session.send(self._train(task))

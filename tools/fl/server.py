@@ -68,7 +68,7 @@ class FlServer:
                  token: str | None = None, tls: ServerTls | None = None, clock: Clock | None = None,
                  telemetry: Telemetry | None = None, on_round=None, eval_timeout_s: float = 10.0,
                  max_message_bytes: int | None = None, crash_after_round: int | None = None,
-                 require_identity: bool | None = None) -> None:
+                 require_identity: bool | None = None, linger_s: float = 10.0) -> None:
         self.config = config
         self.clock = clock or RealClock()
         self.coordinator = Coordinator(config, store, self.clock)
@@ -91,6 +91,8 @@ class FlServer:
         self._eval_results: dict[int, float] = {}
         self._eval_asked: set[int] = set()
         self._received: set[int] = set()  # clients whose update got an "accepted" receipt this round
+        self.linger_s = linger_s  # after the job: how long to wait for away clients to come back and hear "done"
+        self._told_done: set[int] = set()
         self.outcomes: list[RoundOutcome] = []
 
     # -- handlers ----------------------------------------------------------------------------------
@@ -169,6 +171,8 @@ class FlServer:
         try:
             yield {"type": "welcome", "round": self.coordinator.round}
             if self.coordinator.finished:
+                self._told_done.add(cid)
+                self._poke()
                 yield {"type": "done"}
                 return
             while True:
@@ -268,9 +272,13 @@ class FlServer:
                 os._exit(3)  # like a kill: the round is committed, nothing else is
         if not c.finished:
             await self._final_evaluation()
-        for queue in list(self._queues.values()):
+        for cid, queue in list(self._queues.items()):
             queue.put_nowait({"type": "done"})
-        await self._wait(lambda: not self._queues, self.clock.now() + 5.0)  # let the streams deliver it
+            self._told_done.add(cid)
+        # stay a little for clients that are away (reconnecting after a lost connection), so they hear the job is
+        # done instead of retrying against a closed port until they give up
+        await self._wait(lambda: not self._queues and self._told_done >= set(c.clients),
+                         self.clock.now() + self.linger_s)
 
     async def _await_quorum(self, registration_timeout_s: float | None) -> None:
         """Wait for min_clients connected clients (failing after the timeout), then up to fill_timeout_s

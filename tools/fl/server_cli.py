@@ -118,6 +118,8 @@ def run(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, datas
                                                   help="CA (PEM) of client certificates: mutual TLS, each client "
                                                        "may act only as the id in its certificate's CN."),
         token_file: Path | None = typer.Option(None, "--token-file", help="Shared secret clients must send."),
+        linger: float = typer.Option(10.0, "--linger", help="After the job, seconds to wait for clients that are "
+                                     "away (reconnecting) to come back and hear that the job is done."),
         crash_after_round: int | None = typer.Option(None, "--crash-after-round", hidden=True,
                                                      help="Fault injection: die after committing round N."),
         fresh: bool = FRESH, json_out: bool = json_option(),
@@ -146,7 +148,8 @@ def run(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, datas
         telemetry = Telemetry(log_path=run_dir / "events.jsonl")
         with reporter() as rep:
             server = FlServer(job, store, address=address, token=token, tls=tls, telemetry=telemetry,
-                              on_round=_round_progress(rep, job.rounds), crash_after_round=crash_after_round)
+                              on_round=_round_progress(rep, job.rounds), crash_after_round=crash_after_round,
+                              linger_s=linger)
             port = await server.start()
             freeze_startup_heap()
             if server.coordinator.round:
