@@ -5,7 +5,9 @@ changing resources and availability, with knobs for resource-efficient fast trai
 fairness, accuracy fairness and model performance. Its scoring is not public; this one is ours
 (docs/fl-scheduling.md). Each available client i in tier t(i) gets four terms in [0, 1]:
   fast   min EMA latency among available / EMA latency of i           (unprofiled: 0.5)
-  rfair  1 - (participation_i / max + cpu_s_i / max) / 2               (over the population)
+  rfair  1 - (0.75 participation_i / max + 0.25 cpu_s_i / max)        (maxima over the population;
+         0.25 is `rfair_cpu_share`: equal CPU-seconds means fast clients take part more often, so
+         the two goals pull apart and participation gets the larger share)
   afair  (best tier accuracy - accuracy of t(i)) / (best - worst)      (unknown: 0.5)
   perf   normalised gain of t(i): EMA of the global accuracy change of rounds it took part in,
          weighted by its share of the round                            (unknown: 0.5)
@@ -47,6 +49,7 @@ class HeteroConfig:
     shift: float = 0.25  # adaptive: weight moved per adjustment
     afair_gap: float = 0.05  # adaptive: tier accuracy gap that makes fairness the target
     rfair_target: float = 0.5  # adaptive: participation Jain's index below which rfair gets weight
+    rfair_cpu_share: float = 0.25  # rfair: weight of CPU-seconds against participation counts
 
     def __post_init__(self) -> None:
         require(self.preset in PRESETS, f"preset must be one of {', '.join(PRESETS)}")
@@ -54,6 +57,7 @@ class HeteroConfig:
         require(all(w >= 0 for w in self.weights.values()), "weights must be non-negative")
         require(0 <= self.explore <= 1 and 0 < self.gain_beta <= 1 and 0 < self.shift <= 1,
                 "explore in [0, 1], gain_beta and shift in (0, 1]")
+        require(0 <= self.rfair_cpu_share <= 1, "rfair_cpu_share must be in [0, 1]")
 
     def initial_weights(self) -> dict[str, float]:
         chosen = dict(self.weights) if self.weights else dict(PRESETS[self.preset])
@@ -94,7 +98,9 @@ class HeteroScheduler(TrackingScheduler):
         for c in ids:
             tier = self.tiers.tier_of(c)
             out["fast"][c] = fastest / latency[c] if c in latency and latency[c] > 0 else 0.5
-            out["rfair"][c] = 1 - (self.participation.get(c, 0) / max_part + self.cpu_s.get(c, 0.0) / max_cpu) / 2
+            cpu_share = self.config.rfair_cpu_share
+            out["rfair"][c] = 1 - ((1 - cpu_share) * self.participation.get(c, 0) / max_part
+                                   + cpu_share * self.cpu_s.get(c, 0.0) / max_cpu)
             out["afair"][c] = gap.get(tier, 0.5) if tier is not None else 0.5
             out["perf"][c] = gain.get(tier, 0.5) if tier is not None else 0.5
         return out
