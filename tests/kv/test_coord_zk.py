@@ -1,0 +1,171 @@
+"""The ZooKeeper coordinator backend against a real ZooKeeper 3.8 (standalone and a 3-member ensemble)
+on free loopback ports: compare-and-set epochs, ephemeral liveness, leader election, kill -9 of a
+session holder and of a ZooKeeper member."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import pytest
+
+from mlsyskit.core.errors import RuntimeFailure
+from mlsyskit.tools.kv.coord import zk_local
+from mlsyskit.tools.kv.coord.base import EpochConflict
+from mlsyskit.tools.kv.coord.failover import plan_failover
+from mlsyskit.tools.kv.coord.orchestrator import fail_over
+from mlsyskit.tools.kv.shardmap import NodeAddr, layout
+from tests.conftest import ProcManager
+
+pytest.importorskip("kazoo", reason="needs kazoo: pip install kazoo")
+if not zk_local.available():
+    pytest.skip(zk_local.INSTALL_HINT, allow_module_level=True)
+
+from mlsyskit.tools.kv.coord.zk import ZkCoordinator  # noqa: E402
+
+SESSION_S = 1.0  # short sessions so a killed holder's ephemeral znodes go quickly
+
+
+def wait_until(condition, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+    return value
+
+
+@pytest.fixture(scope="module")
+def zk(tmp_path_factory):
+    with zk_local.LocalZooKeeper(tmp_path_factory.mktemp("zk")) as server:
+        yield server
+
+
+@pytest.fixture
+def root(request):
+    return f"/t/{request.node.name.replace('[', '_').replace(']', '')}"
+
+
+@pytest.fixture
+def coords(zk, root):
+    made = []
+
+    def make():
+        made.append(ZkCoordinator(zk.hosts, root, session_timeout_s=SESSION_S))
+        return made[-1]
+    yield make
+    for c in made:
+        c.close()
+
+
+def first_map(mode="ms-sc"):
+    return layout(mode, "memory", 1, 3, "127.0.0.1", [7001, 7002, 7003])
+
+
+def test_map_compare_and_set_and_conflicts(coords):
+    a, b = coords(), coords()
+    m = first_map()
+    assert a.read_map() is None
+    assert a.initialize(m) == m and b.initialize(first_map("aa-ec")) == m
+    new = plan_failover(m, ["s0r2"])
+    assert b.compare_and_set(1, new) == new
+    with pytest.raises(EpochConflict):
+        a.compare_and_set(1, plan_failover(m, ["s0r0"]))
+    assert a.read_map() == new and sorted(a.members()) == ["s0r0", "s0r1", "s0r2"]
+
+
+def test_racing_planners_commit_exactly_one_map(coords):
+    a, b = coords(), coords()
+    m = a.initialize(first_map())
+    wins, barrier = [], threading.Barrier(2)
+
+    def race(c, victim):
+        barrier.wait()
+        try:
+            wins.append(c.compare_and_set(1, plan_failover(m, [victim])))
+        except EpochConflict:
+            pass
+    threads = [threading.Thread(target=race, args=(c, v)) for c, v in ((a, "s0r0"), (b, "s0r1"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1 and a.read_map() == wins[0]
+
+
+def test_liveness_is_the_session(coords):
+    watcher, node = coords(), coords()
+    node.register(NodeAddr("s0r1", "127.0.0.1", 7002))
+    node.register(NodeAddr("s0r1", "127.0.0.1", 7002))      # re-registering on the same session is fine
+    assert watcher.live() == ["s0r1"] and watcher.heartbeat("s0r1")
+    with pytest.raises(RuntimeFailure, match="already live"):
+        watcher.register(NodeAddr("s0r1", "127.0.0.1", 7002))  # an impostor on another session
+    seen = []
+    watcher.watch_live(seen.append)
+    node.close()
+    wait_until(lambda: seen and seen[-1] == [], what="the ephemeral znode to go")
+    assert "s0r1" in watcher.members() and not watcher.heartbeat("s0r1")
+
+
+def test_leader_election_hands_over_on_close(coords):
+    a, b = coords(), coords()
+    assert a.campaign("coord-a", timeout_s=5) and a.is_leader()
+    assert b.campaign("coord-b", timeout_s=0.3) is False and b.leader() == "coord-a"
+    a.close()
+    assert b.campaign("coord-b", timeout_s=10) and b.leader() == "coord-b"
+
+
+HOLDER = """
+import sys, time
+from mlsyskit.tools.kv.coord.zk import ZkCoordinator
+from mlsyskit.tools.kv.shardmap import NodeAddr
+c = ZkCoordinator(sys.argv[1], sys.argv[2], session_timeout_s=float(sys.argv[3]))
+c.register(NodeAddr("s0r1", "127.0.0.1", 7002))
+assert c.campaign("holder", timeout_s=10)
+print("ready", flush=True)
+while True:
+    time.sleep(60)
+"""
+
+
+def test_kill_9_of_a_session_holder_frees_its_node_and_leadership(zk, root, coords):
+    procs = ProcManager()
+    try:
+        holder = procs.start([sys.executable, "-c", HOLDER, zk.hosts, root, str(SESSION_S)])
+        assert holder.stdout.readline().strip() == b"ready", holder.stderr.read()
+        standby = coords()
+        standby.initialize(first_map())
+        assert standby.live() == ["s0r1"] and standby.leader() == "holder"
+        assert standby.campaign("standby", timeout_s=0.2) is False
+        procs.kill(holder)                                     # kill -9: no goodbye to ZooKeeper
+        t0 = time.monotonic()
+        assert standby.campaign("standby", timeout_s=20)
+        took_over_s = time.monotonic() - t0
+        wait_until(lambda: standby.live() == [], what="the dead node's ephemeral znode to expire")
+        assert took_over_s < 10, took_over_s                   # session timeout plus a margin
+        after = fail_over(standby, ["s0r1"])
+        assert after.epoch == 2 and after.shards == (("s0r0", "s0r2"),)
+    finally:
+        procs.stop_all()
+
+
+def test_ensemble_survives_a_member_kill(tmp_path):
+    with zk_local.LocalZooKeeper(tmp_path, members=3) as ensemble:
+        c = ZkCoordinator(ensemble.hosts, "/ens", session_timeout_s=4.0)
+        try:
+            m = c.initialize(first_map())
+            leader = [zk_local.mode(p) for p in ensemble.client_ports].index("leader")
+            ensemble.kill_member(leader)                        # kill -9 the ZooKeeper leader
+            new = wait_until(lambda: _try_cas(c, m), timeout=30, what="a write after re-election")
+            assert new.epoch == 2 and c.read_map() == new
+        finally:
+            c.close()
+
+
+def _try_cas(c, m):
+    try:
+        return c.compare_and_set(m.epoch, plan_failover(m, ["s0r0"]))
+    except EpochConflict:
+        return c.read_map() if c.read_map().epoch == 2 else None   # a retried write that had landed
+    except Exception:   # noqa: BLE001 - ConnectionLoss/SessionExpired while the ensemble re-elects
+        return None
