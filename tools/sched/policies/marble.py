@@ -69,6 +69,8 @@ class Marble(Policy):
     def __init__(self, model, options=None) -> None:
         super().__init__(model, options)
         self._sizes: dict[tuple[str, int, int, int, float], list[Shape]] = {}
+        self._fresh: dict[tuple, float] = {}   # estimates of never-started jobs, this decision only
+        self._fresh_at: tuple[float, int] | None = None
 
     def shapes_for(self, job: JobView, gpus_per_node: int, threshold: float | None = None) -> list[Shape]:
         thr = self.options.efficiency_threshold if threshold is None else threshold
@@ -78,6 +80,19 @@ class Marble(Policy):
             shapes = sized_shapes(self.model, *key)
             self._sizes[key] = shapes
         return shapes
+
+    def remaining(self, state: ClusterState, job: JobView) -> float:
+        """remaining_work, memoised within one decision for jobs that never ran (a scan of a long
+        queue then estimates each kind of job once: they differ only in application and request)."""
+        if job.progress or job.placement:
+            return remaining_work(self.model, state, job)
+        moment = (state.now, len(state.finished))
+        if moment != self._fresh_at:
+            self._fresh, self._fresh_at = {}, moment
+        key = (job.app, job.gpus, job.batch_size)
+        if key not in self._fresh:
+            self._fresh[key] = remaining_work(self.model, state, job)
+        return self._fresh[key]
 
     def decide(self, state: ClusterState) -> Decision:
         if not state.queue or state.free.total == 0:
@@ -102,29 +117,48 @@ class Marble(Policy):
         pressure = max(self.options.efficiency_threshold, self.options.pressure_threshold)
         ahead, window = iter(state.queue.values()), 0
         waits: dict[tuple[int, int], float] = {}
+        # Behind a reservation with no spare GPUs, a job starts only if it ends before the shadow
+        # even on its largest quiet shape that fits; that verdict is the same for every job of one
+        # kind (never started: same estimate), so a long scan costs one dict lookup per such job
+        # (cleared whenever a start changes the free GPUs).
+        too_long: set[tuple[str, int, int]] = set()
         for job in state.queue.values():
             if free.total == 0:
                 break
+            quiet = self.shapes_for(job, gpn)
             if shadow is not None:
                 scanned += 1
                 if scanned > self.options.backfill_depth:
                     break
+                kind = (job.app, job.gpus, job.batch_size)
+                if extra <= 0 and not job.progress and kind in too_long:
+                    window -= sum(quiet[-1])
+                    continue
             while window <= free.total and (nxt := next(ahead, None)) is not None:
                 window += sum(self.shapes_for(nxt, gpn)[-1])
             pressured = window > free.total
-            window -= sum(self.shapes_for(job, gpn)[-1])
-            shapes = self.shapes_for(job, gpn, pressure if pressured else None)
+            window -= sum(quiet[-1])
+            shapes = self.shapes_for(job, gpn, pressure if pressured else None) if pressured else quiet
             choice = self._choose(state, free, job, shapes, shadow, extra, waits)
             if choice is None:
                 if shadow is None:
                     shadow, extra = gpu_shadow(state, free.total, sum(shapes[-1]))
+                elif extra <= 0 and not job.progress and self._ends_late(state, free, job, quiet, shadow):
+                    too_long.add((job.app, job.gpus, job.batch_size))
                 continue
             placement, shape, in_time = choice
             if shadow is not None and not in_time:
                 extra -= sum(shape)
             free.take(placement)
+            too_long.clear()
             actions.append(Start(job.job_id, placement, shape))
         return actions, shadow, extra
+
+    def _ends_late(self, state: ClusterState, free: FreeMap, job: JobView, quiet: list[Shape],
+                   shadow: float) -> bool:
+        """True when even the largest quiet shape that fits now would end after the shadow."""
+        largest = quiet[min(len(quiet), free.total) - 1]
+        return state.now + runtime(self.model, state, job, largest, self.remaining(state, job)) > shadow
 
     def _choose(self, state: ClusterState, free: FreeMap, job: JobView, shapes: list[Shape],
                 shadow: float | None, extra: int, waits: dict[tuple[int, int], float]
@@ -136,6 +170,15 @@ class Marble(Policy):
         work: float | None = None
         finish_wait = None
         widest = free.max_free()
+        if shadow is not None and extra <= 0:
+            # Backfilling with no spare GPUs: only a job that ends before the shadow may start. We
+            # take the largest shape it may use as its fastest (true where the model is monotone;
+            # a measured dip, or model error, can make a smaller shape faster: then this errs
+            # towards waiting), so one estimate settles it instead of one per size.
+            work = self.remaining(state, job)
+            largest = shapes[min(len(shapes), free.total) - 1]
+            if now + runtime(self.model, state, job, largest, work) > shadow:
+                return None
         for gpus in range(min(len(shapes), free.total), 0, -1):  # shapes[p - 1] has p GPUs
             shape = shapes[gpus - 1]
             if shape[0] > widest:
@@ -144,7 +187,7 @@ class Marble(Policy):
             if placement is None:
                 continue
             if work is None:
-                work = remaining_work(self.model, state, job)
+                work = self.remaining(state, job)
             run = runtime(self.model, state, job, shape, work)
             in_time = shadow is None or now + run <= shadow
             if not in_time and gpus > extra:
