@@ -1,0 +1,91 @@
+"""The virtual-clock harness: determinism, masking, deadlines and wasted work, re-tiering after a
+slowdown, and the direction of the knobs on the synthetic learning-curve model (a model, not
+training: these are direction checks, not the issue's benchmark targets)."""
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from mlsyskit.tools.fl.scheduling import make_scheduler
+from mlsyskit.tools.fl.scheduling.availability import SyntheticAvailability
+from mlsyskit.tools.fl.scheduling.base import TrackingConfig
+from mlsyskit.tools.fl.scheduling.harness import HarnessConfig, run
+from mlsyskit.tools.fl.scheduling.resources import ResourceModel, Slowdown
+
+SMALL = HarnessConfig(clients=60, per_round=6, rounds=40)
+SEEDS = (0, 1, 2)
+
+
+def summaries(name, config=SMALL):
+    return [run(make_scheduler(name), config, seed).summary(target=0.7) for seed in SEEDS]
+
+
+@pytest.mark.parametrize("name", ["oort", "adaptive", "tifl"])
+def test_same_seed_same_trace_and_results(name):
+    first = run(make_scheduler(name), SMALL, seed=4)
+    second = run(make_scheduler(name), SMALL, seed=4)
+    assert first.selections == second.selections
+    assert first.accuracy == second.accuracy and first.round_end_s == second.round_end_s
+    assert first.summary(0.7) == second.summary(0.7)
+    assert run(make_scheduler(name), SMALL, seed=5).selections != first.selections
+
+
+def test_fast_shortens_rounds_against_random_on_every_seed():
+    for fast, rand in zip(summaries("fast"), summaries("random"), strict=True):
+        assert fast["mean_round_s"] < 0.8 * rand["mean_round_s"]
+
+
+def test_rfair_raises_participation_fairness():
+    rfair, rand, fast = summaries("rfair"), summaries("random"), summaries("fast")
+    for r, b in zip(rfair, rand, strict=True):
+        assert r["participation_jain"] > b["participation_jain"]
+        assert r["participation_jain"] >= 0.9
+    assert statistics.mean(r["cpu_jain"] for r in rfair) > statistics.mean(f["cpu_jain"] for f in fast)
+
+
+def test_afair_narrows_per_client_accuracy_against_fast():
+    for a, f in zip(summaries("afair"), summaries("fast"), strict=True):
+        assert a["client_accuracy_std"] < f["client_accuracy_std"]
+        assert a["client_accuracy_worst10_mean"] > f["client_accuracy_worst10_mean"]
+
+
+def test_unavailable_clients_are_masked():
+    availability = SyntheticAvailability(3, mean_on_s=60, mean_off_s=60, horizon_s=50_000)
+    for name in ("random", "oort", "adaptive"):
+        result = run(make_scheduler(name), SMALL, seed=3, availability=availability)
+        starts = [0.0, *result.round_end_s[:-1]]
+        for start, chosen in zip(starts, result.selections, strict=True):
+            assert all(availability.is_active(c, start) for c in chosen)
+        assert result.wasted_cpu_s, "with 60 s sessions some clients go offline mid-round"
+
+
+def test_a_tight_deadline_counts_wasted_work_and_caps_rounds():
+    config = HarnessConfig(clients=60, per_round=6, rounds=15, deadline_s=3.0)
+    result = run(make_scheduler("random"), config, seed=0)
+    durations = [b - a for a, b in zip([0.0, *result.round_end_s], result.round_end_s, strict=False)]
+    assert max(durations) <= 3.0 + 1e-9
+    summary = result.summary()
+    assert 0 < summary["wasted_cpu_s"] < summary["cpu_s"]
+    loose = run(make_scheduler("random"), HarnessConfig(clients=60, per_round=6, rounds=15), seed=0).summary()
+    assert loose["wasted_cpu_s"] == 0
+    assert summary["final_accuracy"] < loose["final_accuracy"]  # late updates do not train the model
+
+
+def test_a_client_slowed_mid_run_is_retiered_and_dropped_by_fast():
+    def scheduler():
+        return make_scheduler("fast", tracking=TrackingConfig(num_tiers=4, retier_every=5))
+
+    baseline = scheduler()
+    warm = run(baseline, HarnessConfig(clients=60, per_round=6, rounds=10), seed=0)
+    quickest = min(baseline.tiers.ema, key=baseline.tiers.ema.get)
+    assert baseline.tiers.tier_of(quickest) == 0 and any(quickest in chosen for chosen in warm.selections[-3:])
+    slow_from = warm.round_end_s[-1]  # the first 10 rounds are the same in the run below
+    resources = ResourceModel(seed=0, slowdowns=[Slowdown(quickest, slow_from, 50.0)])
+    slowed = scheduler()
+    result = run(slowed, HarnessConfig(clients=60, per_round=6, rounds=60), seed=0, resources=resources)
+    assert result.selections[:10] == warm.selections
+    # re-tiered out of the fast half: one slow round moves its EMA (beta 0.5) half way, and fast
+    # does not pick it again to measure more
+    assert slowed.tiers.tier_of(quickest) >= 2 and slowed.tiers.retiers > baseline.tiers.retiers
+    assert all(quickest not in chosen for chosen in result.selections[25:])
