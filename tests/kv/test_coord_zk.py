@@ -120,8 +120,8 @@ import sys, time
 from mlsyskit.tools.kv.coord.zk import ZkCoordinator
 from mlsyskit.tools.kv.shardmap import NodeAddr
 c = ZkCoordinator(sys.argv[1], sys.argv[2], session_timeout_s=float(sys.argv[3]))
-c.register(NodeAddr("s0r1", "127.0.0.1", 7002))
-assert c.campaign("holder", timeout_s=10)
+c.register(NodeAddr(sys.argv[4], "127.0.0.1", 7002))
+assert sys.argv[5] != "lead" or c.campaign("holder", timeout_s=10)
 print("ready", flush=True)
 while True:
     time.sleep(60)
@@ -131,7 +131,7 @@ while True:
 def test_kill_9_of_a_session_holder_frees_its_node_and_leadership(zk, root, coords):
     procs = ProcManager()
     try:
-        holder = procs.start([sys.executable, "-c", HOLDER, zk.hosts, root, str(SESSION_S)])
+        holder = procs.start([sys.executable, "-c", HOLDER, zk.hosts, root, str(SESSION_S), "s0r1", "lead"])
         assert holder.stdout.readline().strip() == b"ready", holder.stderr.read()
         standby = coords()
         standby.initialize(first_map())
@@ -169,3 +169,37 @@ def _try_cas(c, m):
         return c.read_map() if c.read_map().epoch == 2 else None   # a retried write that had landed
     except Exception:   # noqa: BLE001 - ConnectionLoss/SessionExpired while the ensemble re-elects
         return None
+
+
+def _start_zk_coord(procs, zk, root, name, log_path):
+    with open(log_path, "ab") as log:
+        return procs.start([sys.executable, "-m", "mlsyskit.tools.kv.coord.zk_main", "--zk", zk.hosts,
+                            "--root", root, "--name", name, "--session-timeout", str(SESSION_S),
+                            "--interval", "0.25", "--misses", "2"], stderr=log)
+
+
+def test_zk_coordinator_process_fails_over_and_a_standby_takes_over_after_kill_9(zk, root, coords, tmp_path):
+    procs = ProcManager()
+    try:
+        admin = coords()
+        m = admin.initialize(first_map())
+        head = procs.start([sys.executable, "-c", HOLDER, zk.hosts, root, str(SESSION_S), "s0r0", "node"])
+        assert head.stdout.readline().strip() == b"ready", head.stderr.read()
+        sessions = {n: coords() for n in ("s0r1", "s0r2")}      # each node on its own session
+        for n, c in sessions.items():
+            c.register(m.nodes[n])
+        leader = _start_zk_coord(procs, zk, root, "A", tmp_path / "a.log")
+        assert leader.stdout.readline().decode().strip() == "leading A epoch 1"
+        standby = _start_zk_coord(procs, zk, root, "B", tmp_path / "b.log")
+        wait_until(lambda: len(admin.client.get_children(f"{root}/leader")) == 2, what="B in the lock")
+        procs.kill(leader)                                      # kill -9 the leading coordinator
+        assert standby.stdout.readline().decode().strip() == "leading B epoch 1"
+        t0 = time.monotonic()
+        procs.kill(head)                                        # kill -9 the head: its session must expire
+        new = wait_until(lambda: (admin.read_map().epoch > 1) and admin.read_map(), what="head failover")
+        detect_s = time.monotonic() - t0
+        assert new.epoch == 2 and new.shards == (("s0r1", "s0r2"),)
+        assert detect_s < 10, detect_s                         # session expiry + 2 checks + slack
+        print(f"head failover committed {detect_s:.2f} s after kill -9 (session timeout {SESSION_S} s)")
+    finally:
+        procs.stop_all()

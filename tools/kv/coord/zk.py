@@ -28,6 +28,9 @@ try:
 except ImportError:  # pragma: no cover - reported when the backend is chosen
     KazooClient = None
 
+    class KazooException(Exception):  # type: ignore[no-redef]  # so callers can name it without kazoo
+        pass
+
 INSTALL_HINT = "the zookeeper coordinator needs kazoo: pip install 'mlsyskit[kv]' (or pip install kazoo)"
 
 
