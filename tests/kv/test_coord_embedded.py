@@ -131,3 +131,47 @@ def test_protocol_round_trip_and_forged_cas(coord):
         assert reply["ok"] is expected
     assert reply["kind"] == "conflict" and reply["epoch"] == 2
     assert handle(coord, b'{"op": "status"}')["epoch"] == 2
+
+
+class ScriptedLive(EmbeddedCoordinator):
+    """The embedded store, with the live list set by the test (as ZooKeeper's ephemeral znodes would be)."""
+
+    now_live: list[str] = []
+
+    def live(self) -> list[str]:
+        return sorted(self.now_live)
+
+
+def test_live_list_failover_waits_out_flaps_and_fails_over_once(tmp_path):
+    from mlsyskit.tools.kv.coord.detector import DetectorConfig
+    from mlsyskit.tools.kv.coord.watcher import LiveListFailover
+
+    clock = VirtualClock()
+    coord = ScriptedLive(tmp_path, clock=clock)
+    try:
+        coord.initialize(first_map())
+        loop = LiveListFailover(coord, clock, DetectorConfig(interval_s=0.25, misses=2))
+        coord.now_live = []                                  # nobody registered yet: grace period
+        loop.takeover()
+        clock.advance(0.4)
+        assert loop.step() is None
+        coord.now_live = sorted(first_map().nodes)
+        for _ in range(4):
+            clock.advance(0.25)
+            assert loop.step() is None
+        coord.now_live = [n for n in first_map().nodes if n != "s1r0"]   # s1r0 flaps for 0.25 s
+        clock.advance(0.25)
+        assert loop.step() is None
+        coord.now_live = sorted(first_map().nodes)
+        clock.advance(0.25)
+        assert loop.step() is None
+        coord.now_live = [n for n in first_map().nodes if n != "s1r0"]   # now it is gone for good
+        steps = []
+        for _ in range(4):
+            clock.advance(0.25)
+            steps.append(loop.step())
+        committed = [m for m in steps if m is not None]
+        assert len(committed) == 1 and committed[0].shards[1] == ("s1r1", "s1r2")
+        assert coord.read_map().epoch == 2
+    finally:
+        coord.close()
