@@ -203,3 +203,19 @@ def test_zk_coordinator_process_fails_over_and_a_standby_takes_over_after_kill_9
         print(f"head failover committed {detect_s:.2f} s after kill -9 (session timeout {SESSION_S} s)")
     finally:
         procs.stop_all()
+
+
+def test_zk_coordinator_exit_codes_usage_2_unreachable_1():
+    from tests.conftest import free_port
+    procs = ProcManager()
+    try:
+        base = [sys.executable, "-m", "mlsyskit.tools.kv.coord.zk_main"]
+        for args, code, text in (
+                (["--zk", "127.0.0.1:1", "--misses", "0"], 2, b"misses"),
+                (["--zk", "127.0.0.1:1", "--interval", "x"], 2, b"interval"),
+                (["--zk", f"127.0.0.1:{free_port()}", "--connect-timeout", "1"], 1, b"error: ZooKeeper at")):
+            proc = procs.start(base + args)
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == code and text in err, (args, proc.returncode, err)
+    finally:
+        procs.stop_all()

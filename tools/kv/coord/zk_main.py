@@ -32,13 +32,14 @@ def main(zk: str = typer.Option(..., help="ZooKeeper connect string, host:port,h
          root: str = typer.Option("/bespokv", help="Root znode of this cluster's metadata."),
          name: str = typer.Option("", help="This coordinator's name in the leader lock (default pid)."),
          session_timeout: float = typer.Option(4.0, help="ZooKeeper session timeout, seconds."),
+         connect_timeout: float = typer.Option(10.0, help="Give up when ZooKeeper does not answer, seconds."),
          interval: float = typer.Option(0.25, help="How often the live list is checked, seconds."),
          misses: int = typer.Option(2, help="Checks a node may be absent before it is failed over."),
          verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     set_verbosity(verbose, quiet)
     config = DetectorConfig(interval_s=interval, misses=misses)   # validates before connecting
     clock = RealClock()
-    coord = ZkCoordinator(zk, root, session_timeout_s=session_timeout)
+    coord = ZkCoordinator(zk, root, session_timeout_s=session_timeout, connect_timeout_s=connect_timeout)
     name = name or f"zk-coord/{os.getpid()}"
     try:
         if not coord.campaign(name, timeout_s=0):
