@@ -107,3 +107,19 @@ def test_time_to_accuracy_and_spread_and_work():
     assert spread["std"] == pytest.approx(0.5766, abs=1e-3)
     totals = metrics.work_totals({1: 10.0, 2: 30.0}, {2: 10.0})
     assert totals == {"cpu_s": 40.0, "wasted_cpu_s": 10.0, "wasted_fraction": 0.25}
+
+
+def test_signals_read_the_coordinators_deadline_failures():
+    from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
+    from mlsyskit.tools.fl.scheduling.signals import signals
+
+    reports = {1: ClientReport(1, {}, "failed", "no update before the deadline"),
+               2: ClientReport(2, {}, "failed", "disconnected"),
+               3: ClientReport(3, {"train_time_s": 2.0, "comm_time_s": 1.0, "cpu_time_s": 1.5, "num_samples": 7,
+                                   "loss": 0.5, "quality": 0.8}),
+               4: ClientReport(4, {"train_time_s": float("nan"), "accuracy": 3.0, "loss": -1.0})}
+    by_id = {s.client_id: s for s in signals(RoundOutcome(1, [1, 2, 3, 4], reports, duration_s=30.0))}
+    assert by_id[1].late and by_id[1].latency_s == 30.0  # never arrived: at least the round's length
+    assert by_id[2].latency_s is None and not by_id[2].late
+    assert by_id[3].latency_s == 3.0 and by_id[3].accuracy == 0.8 and by_id[3].loss_sq_mean == 0.25
+    assert by_id[4].latency_s is None and by_id[4].accuracy is None and by_id[4].loss_sq_mean is None  # forged

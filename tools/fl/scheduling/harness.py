@@ -2,10 +2,11 @@
 
 Each round: the clients online at the round's start (availability) are offered to the scheduler;
 each selected client's compute and communication time come from its resource profile at that
-moment (slowdowns included); a client that goes offline before it finishes is `failed/offline`,
-one that finishes after the round's deadline is `failed/deadline`, and both have their compute
-counted as wasted work. The round lasts until the last on-time update, or the deadline when
-someone missed it. On-time updates advance the synthetic learning curve (learning_model.py: a
+moment (slowdowns included); a client that goes offline before it finishes is `failed/offline`
+(the server sees the drop at once, as the real server marks a dropped stream), one that finishes
+after the round's deadline is `failed/deadline`, and both have their compute counted as wasted
+work. The round lasts until the last on-time update or drop, or the deadline when someone missed
+it. On-time updates advance the synthetic learning curve (learning_model.py: a
 model for checking the direction of knobs, not real training). Everything is seeded: the same
 seed gives the same selection trace and results.
 """
@@ -89,7 +90,7 @@ def run(scheduler: Selector, config: HarnessConfig, seed: int, resources: Resour
             deadline = config.max_round_s
         deadline = min(deadline, config.max_round_s)
         cost_rng = random.Random(sub_seed(seed, f"fl-sched/cost/{round_num}"))
-        reports, updates, last_on_time, missed = {}, [], 0.0, False
+        reports, updates, last_event, missed = {}, [], 0.0, False
         for cid in selected:
             samples = curve.samples(cid)
             compute, comm = resources.round_cost(cid, now, samples, config.epochs, config.model_bytes, cost_rng)
@@ -102,7 +103,7 @@ def run(scheduler: Selector, config: HarnessConfig, seed: int, resources: Resour
             if compute + comm > offline_at:
                 reports[cid] = ClientReport(cid, m, status="failed", reason="offline before it finished")
                 result.wasted_cpu_s[cid] = result.wasted_cpu_s.get(cid, 0.0) + min(compute, offline_at)
-                missed = True
+                last_event = max(last_event, min(offline_at, deadline))  # the server sees the drop at once
             elif compute + comm > deadline:
                 reports[cid] = ClientReport(cid, m, status="failed", reason=f"deadline {deadline:.1f}s missed")
                 result.wasted_cpu_s[cid] = result.wasted_cpu_s.get(cid, 0.0) + compute
@@ -110,10 +111,10 @@ def run(scheduler: Selector, config: HarnessConfig, seed: int, resources: Resour
             else:
                 reports[cid] = ClientReport(cid, m, aggregated=True)
                 updates.append((cid, samples))
-                last_on_time = max(last_on_time, compute + comm)
+                last_event = max(last_event, compute + comm)
             result.participation[cid] = result.participation.get(cid, 0) + 1
         curve.apply(updates, config.per_round)
-        duration = deadline if missed or not updates else last_on_time
+        duration = deadline if missed or not selected else last_event
         now += duration
         accuracy = curve.global_accuracy(shares)
         scheduler.observe(RoundOutcome(round_num, selected, reports, {"accuracy": accuracy, "deadline_s": deadline},

@@ -4,7 +4,9 @@ A report (real `fl-client` or simulated) carries `train_time_s`, `cpu_time_s`, `
 `loss`, and optionally `comm_time_s` (upload + download), `accuracy` (the global model's accuracy
 on the client's data before it trained; falls back to the update's quality) and `loss_sq_mean`
 (mean squared per-sample loss for Oort; falls back to loss ** 2). A report with status `failed`
-and a reason starting with `deadline` arrived too late: its latency is at least the deadline.
+and `deadline` in its reason (the coordinator writes "no update before the deadline") arrived too
+late or never: its latency is at least the round's deadline (`global_metrics["deadline_s"]`, else
+the round's duration).
 """
 from __future__ import annotations
 
@@ -36,21 +38,23 @@ def _finite(value: object) -> float | None:
 def signal(report: ClientReport, deadline_s: float | None = None) -> ClientSignal:
     m = report.metrics
     train, comm = _finite(m.get("train_time_s")), _finite(m.get("comm_time_s", 0.0)) or 0.0
-    late = report.status == "failed" and report.reason.startswith("deadline")
+    late = report.status == "failed" and "deadline" in report.reason
     latency = train + comm if train is not None else None
     if late and deadline_s is not None:
         latency = max(latency or 0.0, deadline_s)
     accuracy = _finite(m.get("accuracy"))
-    if accuracy is None and report.status == "valid":
+    if accuracy is not None and accuracy > 1:
+        accuracy = None  # out of range: ignored, never clipped into a plausible value
+    elif "accuracy" not in m and report.status == "valid":
         accuracy = report.pay_quality
     loss = _finite(m.get("loss"))
     loss_sq = _finite(m.get("loss_sq_mean"))
     if loss_sq is None and loss is not None:
         loss_sq = loss * loss
     return ClientSignal(report.client_id, latency, _finite(m.get("cpu_time_s")) or 0.0,
-                        report.num_samples, None if accuracy is None else min(accuracy, 1.0), loss_sq, late)
+                        report.num_samples, accuracy, loss_sq, late)
 
 
 def signals(outcome: RoundOutcome) -> list[ClientSignal]:
-    deadline = _finite(outcome.global_metrics.get("deadline_s"))
+    deadline = _finite(outcome.global_metrics.get("deadline_s")) or _finite(outcome.duration_s) or None
     return [signal(r, deadline) for _, r in sorted(outcome.reports.items())]
