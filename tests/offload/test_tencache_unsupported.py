@@ -24,13 +24,14 @@ def data(step: int = 0) -> torch.Tensor:
     return torch.randn(6, 16, generator=torch.Generator().manual_seed(step)).to(torch.bfloat16)
 
 
+CPU = torch.device("cpu")  # the emulated device, also on a GPU machine
 BUDGETS = Budgets(device=1 << 20, cpu=1 << 20, optimizer=1 << 20)
 
 
 def test_optimizer_other_than_adamw_is_refused():
     model = Net()
     with pytest.raises(UsageError, match="optimizer SGD is not supported"), \
-            offload(model, torch.optim.SGD(model.parameters(), lr=0.1), BUDGETS, policy="lru"):
+            offload(model, torch.optim.SGD(model.parameters(), lr=0.1), BUDGETS, policy="lru", device=CPU):
         pass
 
 
@@ -39,20 +40,20 @@ def test_optimizer_other_than_adamw_is_refused():
 def test_adamw_options_not_implemented_are_refused(kwargs, match):
     model = Net()
     with pytest.raises(UsageError, match=match), \
-            offload(model, torch.optim.AdamW(model.parameters(), **kwargs), BUDGETS, policy="lru"):
+            offload(model, torch.optim.AdamW(model.parameters(), **kwargs), BUDGETS, policy="lru", device=CPU):
         pass
 
 
 def test_adam_with_l2_weight_decay_is_refused():
     model = Net()
     with pytest.raises(UsageError, match="use torch.optim.AdamW"), \
-            offload(model, torch.optim.Adam(model.parameters(), weight_decay=0.1), BUDGETS, policy="lru"):
+            offload(model, torch.optim.Adam(model.parameters(), weight_decay=0.1), BUDGETS, policy="lru", device=CPU):
         pass
 
 
 def test_backward_beyond_accumulate_raises():
     model = Net()
-    with offload(model, torch.optim.AdamW(model.parameters()), BUDGETS, policy="lru", accumulate=2) as engine:
+    with offload(model, torch.optim.AdamW(model.parameters()), BUDGETS, policy="lru", device=CPU, accumulate=2) as engine:
         engine.begin_step()
         engine.backward(model(data(0)))
         engine.backward(model(data(1)))
@@ -62,7 +63,7 @@ def test_backward_beyond_accumulate_raises():
 
 def test_step_with_too_few_backward_passes_raises():
     model = Net()
-    with offload(model, torch.optim.AdamW(model.parameters()), BUDGETS, policy="lru", accumulate=4) as engine:
+    with offload(model, torch.optim.AdamW(model.parameters()), BUDGETS, policy="lru", device=CPU, accumulate=4) as engine:
         engine.begin_step()
         engine.backward(model(data(0)))
         with pytest.raises(UsageError, match="after 1 of 4 backward passes"):
@@ -72,7 +73,7 @@ def test_step_with_too_few_backward_passes_raises():
 def test_non_finite_lr_from_a_scheduler_stops_training():
     model = Net()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with offload(model, opt, BUDGETS, policy="lru") as engine:
+    with offload(model, opt, BUDGETS, policy="lru", device=CPU) as engine:
         engine.begin_step()
         engine.backward(model(data()))
         opt.param_groups[0]["lr"] = float("inf")
@@ -83,7 +84,7 @@ def test_non_finite_lr_from_a_scheduler_stops_training():
 
 def test_non_finite_loss_stops_before_backward():
     model = Net()
-    with offload(model, torch.optim.AdamW(model.parameters()), BUDGETS, policy="lru") as engine:
+    with offload(model, torch.optim.AdamW(model.parameters()), BUDGETS, policy="lru", device=CPU) as engine:
         engine.begin_step()
         with pytest.raises(NonFiniteError, match="the loss is nan at step 1"):
             engine.backward(model(data()) * float("nan"))
@@ -96,7 +97,7 @@ def test_non_finite_gradient_names_the_parameter():
             return super().forward(x) + torch.sqrt((self.b.bias.float() * 0).abs()).sum()
 
     model = Poisoned()
-    with offload(model, torch.optim.AdamW(model.parameters()), BUDGETS, policy="lru") as engine:
+    with offload(model, torch.optim.AdamW(model.parameters()), BUDGETS, policy="lru", device=CPU) as engine:
         engine.begin_step()
         loss = model(data())
         assert torch.isfinite(loss)

@@ -208,7 +208,7 @@ def offloaded(name: str, nvme, dtype: torch.dtype) -> tuple[list[float], nn.Modu
     prof = profile(model, lambda m: m.loss(0), name=name, dtype=dtype)
     _, accumulate, clip, _ = ZOO[name]
     with offload(model, opt, budgets_for(model, nvme, dtype), prof, dtype=dtype, accumulate=accumulate,
-                 clip_norm=clip) as engine:
+                 clip_norm=clip, device=torch.device("cpu")) as engine:  # emulated device, also on a GPU machine
         occ = engine.occupancy()
         assert all(occ["bytes"][t] > 0 for t in ("device", "cpu", "nvme")), occ["bytes"]
         assert occ["optimizer_nvme_tensors"] > 0

@@ -175,6 +175,7 @@ def summary_table(s: dict) -> object:
             ("optimizer budget used", f"{s['optimizer_utilisation']:.1%}"),
             ("tensors on device / CPU / NVMe", " / ".join(format_size(occ[k]) for k in ("device", "cpu", "nvme"))),
             ("peak RSS", format_size(s["peak_rss"])), ("budgets (device + CPU + optimizer)", format_size(s["budgets"])),
+            ("runtime overhead (RSS before the model)", format_size(s.get("runtime_overhead_rss", 0))),
             ("final loss", s["final_loss"])]
     rows += [(f"moved {k} per step", format_size(v)) for k, v in s["bytes_moved_per_step"].items()]
     return make_table(f"tencache, policy {s['policy']}, on {s['model']} ({s['device']}, {s['measured_steps']} measured steps)",

@@ -163,6 +163,7 @@ def build_engine(cfg: TrainConfig, profile: Profile | None = None, nvme_run: Nvm
 def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Telemetry | None = None,
           on_step: Callable[[dict[str, Any]], None] | None = None,
           on_phase: Callable[[str], None] = lambda _: None) -> TrainResult:
+    overhead = peak_rss()  # the runtime before any model or pool: interpreter, torch, allocator
     nvme_run = preflight(cfg, profile)  # fail before the model is built, not when the first I/O is due
     try:
         engine = build_engine(cfg, profile, nvme_run, on_phase)
@@ -181,6 +182,7 @@ def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Teleme
                         ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
                     save_checkpoint(engine, cfg, step + 1)
             result.summary = summarize(result.steps, cfg, engine)
+            result.summary["runtime_overhead_rss"] = overhead
             tel.event("summary", **result.summary)
         finally:
             engine.close()
