@@ -184,3 +184,16 @@ def test_fencing_rule():
 def test_fencing_accepts_only_the_same_epoch(node_epoch, request_epoch):
     verdict = admit(request_epoch, "s0r0", chain(epoch=node_epoch))
     assert (verdict is Admit.ACCEPT) == (request_epoch == node_epoch)
+
+
+def test_a_paused_detector_does_not_fail_everyone_on_resume():
+    det = FailureDetector()                      # timeout 1.5 s
+    for n in ("a", "b"):
+        det.watch(n, 0.0)
+    assert det.expire(0.25) == []
+    assert det.expire(10.0) == []                # the caller was paused for ~10 s: no verdict
+    assert det.stalls == 1
+    det.beat("a", 10.5)
+    assert det.expire(10.75) == []
+    det.beat("a", 11.0)
+    assert det.expire(11.6) == ["b"]             # b stays silent a full timeout after the resume

@@ -137,3 +137,45 @@ def test_exit_codes_usage_2_runtime_1(procs, tmp_path):
         proc = procs.start(base + args)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == code and text in err, (args, proc.returncode, err)
+
+
+def test_sigstop_of_the_leader_neither_splits_the_brain_nor_fails_everyone_on_resume(procs, tmp_path):
+    import os
+    import signal
+    import threading
+    state = tmp_path / "state"
+    leader_port, standby_port = free_port(), free_port()
+    leader = start_coord(procs, state, leader_port, tmp_path / "leader.log", "leader")
+    serving(leader)
+    standby = start_coord(procs, state, standby_port, tmp_path / "standby.log", "standby")
+    admin = CoordClient([("127.0.0.1", leader_port)], timeout_s=10)
+    m = admin.init(layout("ms-sc", "memory", 1, 3, "127.0.0.1", [7001, 7002, 7003]))
+    stop = threading.Event()
+
+    def beat():   # the three nodes keep beating every 0.05 s throughout
+        nodes = CoordClient([("127.0.0.1", leader_port)], timeout_s=10)
+        while not stop.is_set():
+            for n in m.nodes:
+                nodes.heartbeat(n)
+            stop.wait(0.05)
+        nodes.close()
+    beater = threading.Thread(target=beat)
+    beater.start()
+    try:
+        assert wait_until(lambda: admin.map().epoch == 1)
+        os.kill(leader.pid, signal.SIGSTOP)
+        stopped_until = time.monotonic() + 2.0                 # > 3x the 0.6 s detection timeout
+        while time.monotonic() < stopped_until:
+            assert not reachable(standby_port)                 # the paused leader still holds the lock
+            time.sleep(0.1)
+        os.kill(leader.pid, signal.SIGCONT)
+        calm_until = time.monotonic() + 2.0
+        while time.monotonic() < calm_until:
+            assert admin.map().epoch == 1                      # no failover storm after the resume
+            time.sleep(0.1)
+        assert b"no heartbeat" not in (tmp_path / "leader.log").read_bytes()
+        assert standby.poll() is None
+    finally:
+        stop.set()
+        beater.join()
+        admin.close()

@@ -3,6 +3,10 @@
 No I/O and no wall time: the caller passes `now` (from an injected Clock) to every call, so the
 same object runs in the coordinator process and in virtual-time tests. A node is failed once
 `misses` whole heartbeat intervals have passed since its last beat (default 0.5 s x 3 = 1.5 s).
+
+The detector also watches itself: if `expire` was not called for longer than the timeout (the
+coordinator was paused, e.g. SIGSTOP or a long GC), silence says nothing about the nodes, so
+every watched node gets a fresh grace period instead of being failed all at once.
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ class FailureDetector:
         self.config = config or DetectorConfig()
         self._last: dict[str, float] = {}
         self._failed: set[str] = set()
+        self._last_check: float | None = None
+        self._stalls = 0   # times the caller itself was too slow to judge the nodes
 
     def watch(self, node_id: str, now: float) -> None:
         """Start watching a node as if it had just beaten (a grace period after join or takeover)."""
@@ -53,10 +59,21 @@ class FailureDetector:
 
     def expire(self, now: float) -> list[str]:
         """Nodes whose silence just exceeded the timeout, sorted; each is reported once."""
+        stalled = self._last_check is not None and now - self._last_check > self.config.timeout_s
+        self._last_check = now
+        if stalled:
+            self._stalls += 1
+            for node_id in self._last:
+                self._last[node_id] = max(self._last[node_id], now)
+            return []
         deadline = now - self.config.timeout_s
         newly = sorted(n for n, t in self._last.items() if n not in self._failed and t < deadline)
         self._failed.update(newly)
         return newly
+
+    @property
+    def stalls(self) -> int:
+        return self._stalls
 
     def alive(self, now: float) -> list[str]:
         deadline = now - self.config.timeout_s
