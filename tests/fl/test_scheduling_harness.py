@@ -89,3 +89,16 @@ def test_a_client_slowed_mid_run_is_retiered_and_dropped_by_fast():
     # does not pick it again to measure more
     assert slowed.tiers.tier_of(quickest) >= 2 and slowed.tiers.retiers > baseline.tiers.retiers
     assert all(quickest not in chosen for chosen in result.selections[25:])
+
+
+def test_compare_reports_every_scheduler_with_values_in_range(capsys):
+    from mlsyskit.tools.fl.scheduling.compare import COLUMNS, ORDER, main
+
+    main(["20", "4", "8", "1"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 + len(ORDER)
+    for line, name in zip(lines[2:], ORDER, strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[0] == name and len(cells) == 1 + len(COLUMNS)
+        jain = float(cells[4])
+        assert 0 < jain <= 1 and 0 <= float(cells[6]) <= 1
