@@ -124,7 +124,7 @@ class Reporter:
                 self._bar.update(self._task, visible=False)
             self._task = self._bar.add_task(label, total=total, note="")
         else:
-            what = f" ({_count(total)} {unit})".rstrip() if total is not None else ""
+            what = f" ({_count(total)}{' ' + unit if unit else ''})" if total is not None else ""
             self._line(f"{label}{what} ...")
 
     def advance(self, n: float = 1, note: str = "") -> None:

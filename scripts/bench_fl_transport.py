@@ -165,7 +165,7 @@ def ours(args, epochs: int, work: Path) -> dict:
     (work / "job.toml").write_text(f"[train]\nepochs = {epochs}\n")
     server = ["fl-server", "run", "--config", str(work / "job.toml"), "--strategy", "fedavg", "--dataset", "digits",
               "--clients", str(args.clients),
-              "--per-round", str(args.clients), "--rounds", str(args.rounds), "--address", "127.0.0.1:{port}",
+              "--per-round", str(args.clients), "--min-clients", str(args.clients), "--rounds", str(args.rounds), "--address", "127.0.0.1:{port}",
               "--run-dir", str(run_dir), "--round-timeout", "60", "--registration-timeout", "120"]
     client = ["fl-client", "run", "--server", "127.0.0.1:{port}", "--client-id", "{cid}", "--dataset", "digits"]
 
