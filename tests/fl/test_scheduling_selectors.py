@@ -206,3 +206,19 @@ def test_adaptive_starts_fast_and_shifts_on_plateau():
     assert adaptive.shifts[0][1] == "rfair"  # fast concentrated participation below the Jain target
     rounds = [r for r, _ in adaptive.shifts]
     assert all(b - a >= adaptive.tracking.plateau_window for a, b in zip(rounds, rounds[1:], strict=False))
+
+
+@pytest.mark.parametrize("name", ["tifl", "oort", "adaptive"])
+def test_memory_grows_with_clients_touched_not_with_the_population(name):
+    scheduler = make_scheduler(name)
+    population = list(range(100_000))
+    touched = set()
+    for r in range(1, 4):
+        chosen = scheduler.select(r, population, 10, random.Random(r))
+        touched.update(chosen)
+        scheduler.observe(outcome(r, chosen))
+    state = scheduler.state_dict()
+    for key in ("participation", "cpu_s", "accuracy"):
+        assert set(map(int, state[key])) <= touched
+    assert set(map(int, state["tiers"]["ema"])) <= touched
+    assert len(touched) <= 30

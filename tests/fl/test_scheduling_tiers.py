@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 
@@ -123,3 +124,18 @@ def test_signals_read_the_coordinators_deadline_failures():
     assert by_id[2].latency_s is None and not by_id[2].late
     assert by_id[3].latency_s == 3.0 and by_id[3].accuracy == 0.8 and by_id[3].loss_sq_mean == 0.25
     assert by_id[4].latency_s is None and by_id[4].accuracy is None and by_id[4].loss_sq_mean is None  # forged
+
+
+def test_a_client_claiming_to_be_fast_is_tiered_by_the_servers_clock():
+    from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
+    from mlsyskit.tools.fl.scheduling import make_scheduler
+
+    scheduler = make_scheduler("fast")
+    for r in range(1, 4):
+        reports = {c: ClientReport(c, {"train_time_s": 1.0 + c, "received_s": 1.0 + c, "num_samples": 5})
+                   for c in range(10)}
+        reports[9] = ClientReport(9, {"train_time_s": 0.01, "received_s": 40.0, "num_samples": 5})  # the liar
+        scheduler.observe(RoundOutcome(r, list(range(10)), reports, {"accuracy": 0.5}))
+    assert scheduler.tiers.expected_latency(9) == 40.0
+    assert scheduler.tiers.tier_of(9) == scheduler.tracking.num_tiers - 1
+    assert 9 not in scheduler.select(4, list(range(10)), 3, random.Random(0))

@@ -13,7 +13,8 @@ fairness, accuracy fairness and model performance. Its scoring is not public; th
          weighted by its share of the round                            (unknown: 0.5)
 score_i = sum of weight x term; the top k by score are chosen, except `explore` x k slots drawn
 at random (unprofiled clients first), so new and changed clients get measured. Ties are broken
-by a per-round random key. `adaptive` starts as `fast`; each time the plateau detector fires (at
+by a per-round random key; clients never selected share one score (FRESH_TERMS) and rank after
+known clients of equal score, in random order. `adaptive` starts as `fast`; each time the plateau detector fires (at
 most once per plateau window) it moves `shift` of the weight from fast (or, once fast is spent,
 half of that from the largest other knob) to: rfair if participation Jain's index is below
 `rfair_target` (and rfair has < 0.5), else afair if the tier accuracy gap exceeds `afair_gap`,
@@ -31,6 +32,7 @@ from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.scheduling.base import TrackingConfig, TrackingScheduler
 
 KNOBS = ("fast", "rfair", "afair", "perf")
+FRESH_TERMS = {"fast": 0.5, "rfair": 1.0, "afair": 0.5, "perf": 0.5}  # never selected, never measured
 PRESETS: dict[str, dict[str, float]] = {
     "fast": {"fast": 1.0},
     "rfair": {"rfair": 1.0},
@@ -109,17 +111,27 @@ class HeteroScheduler(TrackingScheduler):
         ids = self.offer(available)
         k = min(k, len(ids))
         n_explore = min(k, round(self.config.explore * k))
-        unprofiled = [c for c in ids if self.tiers.expected_latency(c) is None]
+        unprofiled = [c for c in ids if c not in self.tiers.ema]
         explore = rng.sample(unprofiled, min(n_explore, len(unprofiled)))
-        rest = [c for c in ids if c not in set(explore)]
-        explore += rng.sample(rest, n_explore - len(explore))
         taken = set(explore)
-        candidates = [c for c in ids if c not in taken]
-        terms = self.terms(candidates)
-        tie = {c: rng.random() for c in candidates}
-        score = {c: sum(self.weights[knob] * terms[knob][c] for knob in KNOBS) for c in candidates}
-        ranked = sorted(candidates, key=lambda c: (-score[c], tie[c]))
-        return sorted(explore + ranked[:k - len(explore)])
+        if len(explore) < n_explore:
+            more = rng.sample([c for c in ids if c not in taken], n_explore - len(explore))
+            explore += more
+            taken.update(more)
+        # A client never selected nor measured scores the same constant; score only the others, so a
+        # round costs O(clients touched) on top of one pass over the available ids.
+        known = [c for c in ids if c not in taken and (c in self.participation or c in self.tiers.ema)]
+        known_set = set(known)
+        fresh = [c for c in ids if c not in taken and c not in known_set]
+        fresh_score = sum(self.weights[knob] * FRESH_TERMS[knob] for knob in KNOBS)
+        terms = self.terms(known)
+        tie = {c: rng.random() for c in known}
+        score = {c: sum(self.weights[knob] * terms[knob][c] for knob in KNOBS) for c in known}
+        ranked = sorted(known, key=lambda c: (-score[c], tie[c]))
+        need = k - len(explore)
+        split = sum(1 for c in ranked if score[c] >= fresh_score)  # ranked is sorted: a prefix
+        fresh_pick = rng.sample(fresh, min(max(need - split, 0), len(fresh)))
+        return sorted(explore + (ranked[:split] + fresh_pick + ranked[split:])[:need])
 
     def observe(self, outcome: RoundOutcome) -> None:
         super().observe(outcome)

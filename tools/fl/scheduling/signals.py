@@ -6,7 +6,9 @@ on the client's data before it trained; falls back to the update's quality) and 
 (mean squared per-sample loss for Oort; falls back to loss ** 2). A report with status `failed`
 and `deadline` in its reason (the coordinator writes "no update before the deadline") arrived too
 late or never: its latency is at least the round's deadline (`global_metrics["deadline_s"]`, else
-the round's duration).
+the round's duration). A client could claim to be fast to be picked more; when the server records
+`received_s` (seconds from sending the round's task to receiving the update, its own clock), the
+latency is at least that.
 """
 from __future__ import annotations
 
@@ -40,6 +42,9 @@ def signal(report: ClientReport, deadline_s: float | None = None) -> ClientSigna
     train, comm = _finite(m.get("train_time_s")), _finite(m.get("comm_time_s", 0.0)) or 0.0
     late = report.status == "failed" and "deadline" in report.reason
     latency = train + comm if train is not None else None
+    received = _finite(m.get("received_s"))
+    if received is not None:  # the server's own clock bounds what the client claims from below
+        latency = max(latency or 0.0, received)
     if late and deadline_s is not None:
         latency = max(latency or 0.0, deadline_s)
     accuracy = _finite(m.get("accuracy"))
