@@ -127,3 +127,15 @@ def test_synthetic_availability_is_seeded_per_client_with_the_expected_duty_cycl
     assert 0.68 < sum(online) / len(online) < 0.82  # 300 / (300 + 100) = 0.75
     always = SyntheticAvailability(5, always_on_fraction=1.0)
     assert all(always.is_active(c, t) for c in range(20) for t in (0, 5000, 80_000))
+
+
+def test_simulated_clients_report_the_fields_real_clients_measure():
+    from mlsyskit.tools.fl.aggregation import METRIC_KEYS
+
+    model = ResourceModel(seed=0, slowdowns=[Slowdown(2, 100.0, 3.0)])
+    before = model.measured(2, 0.0, 50, 2, 100_000, random.Random(1))
+    after = model.measured(2, 100.0, 50, 2, 100_000, random.Random(1))
+    assert {"train_time_s", "cpu_time_s"} <= set(METRIC_KEYS) and {"train_time_s", "cpu_time_s"} <= set(before)
+    assert after["train_time_s"] == pytest.approx(3 * before["train_time_s"])
+    assert after["comm_time_s"] == pytest.approx(before["comm_time_s"])  # a slowdown is compute only
+    assert before["cpu_time_s"] == before["train_time_s"] and before["comm_time_s"] > 0

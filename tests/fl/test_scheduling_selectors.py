@@ -222,3 +222,17 @@ def test_memory_grows_with_clients_touched_not_with_the_population(name):
         assert set(map(int, state[key])) <= touched
     assert set(map(int, state["tiers"]["ema"])) <= touched
     assert len(touched) <= 30
+
+
+def test_temperature_softens_the_top_k():
+    strict = HeteroScheduler(HeteroConfig(preset="fast"))
+    soft = HeteroScheduler(HeteroConfig(preset="fast", temperature=0.3))
+    strict_trace, soft_trace = drive(strict, 30, k=5), drive(soft, 30, k=5)
+    assert soft.participation_jain() > strict.participation_jain()
+    for chosen in soft_trace:
+        assert len(chosen) == 5 == len(set(chosen)) and set(chosen) <= set(range(40))
+    slow_share = sum(c >= 20 for chosen in soft_trace[-10:] for c in chosen) / 50
+    assert slow_share < 0.5  # still favours the fast half
+    assert drive(HeteroScheduler(HeteroConfig(preset="fast", temperature=0.3)), 30, k=5) == soft_trace
+    with pytest.raises(ConfigError):
+        HeteroConfig(temperature=-1.0)

@@ -93,11 +93,11 @@ def run(scheduler: Selector, config: HarnessConfig, seed: int, resources: Resour
         reports, updates, last_event, missed = {}, [], 0.0, False
         for cid in selected:
             samples = curve.samples(cid)
-            compute, comm = resources.round_cost(cid, now, samples, config.epochs, config.model_bytes, cost_rng)
+            measured = resources.measured(cid, now, samples, config.epochs, config.model_bytes, cost_rng)
+            compute, comm = measured["train_time_s"], measured["comm_time_s"]
             loss, loss_sq = curve.loss(cid)
             m = {"num_samples": samples, "loss": loss, "loss_sq_mean": loss_sq, "quality": curve.client_accuracy(cid),
-                 "accuracy": curve.client_accuracy(cid), "train_time_s": compute, "comm_time_s": comm,
-                 "cpu_time_s": compute}
+                 "accuracy": curve.client_accuracy(cid), **measured}
             offline_at = availability.online_until(cid, now) - now
             result.cpu_s[cid] = result.cpu_s.get(cid, 0.0) + min(compute, offline_at)
             if compute + comm > offline_at:

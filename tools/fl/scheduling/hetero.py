@@ -22,6 +22,7 @@ else perf.
 """
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Any
 from mlsyskit.core.config import require
 from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.scheduling.base import TrackingConfig, TrackingScheduler
+from mlsyskit.tools.fl.scheduling.oort import weighted_sample
 
 KNOBS = ("fast", "rfair", "afair", "perf")
 FRESH_TERMS = {"fast": 0.5, "rfair": 1.0, "afair": 0.5, "perf": 0.5}  # never selected, never measured
@@ -47,6 +49,7 @@ class HeteroConfig:
     preset: str = "adaptive"
     weights: dict[str, float] = field(default_factory=dict)  # free weights; override the preset's
     explore: float = 0.1
+    temperature: float = 0.0  # > 0: sample by weight exp(score / T) instead of taking the top scores
     gain_beta: float = 0.3  # EMA weight of a round's accuracy change in a tier's gain
     shift: float = 0.25  # adaptive: weight moved per adjustment
     afair_gap: float = 0.05  # adaptive: tier accuracy gap that makes fairness the target
@@ -60,6 +63,7 @@ class HeteroConfig:
         require(0 <= self.explore <= 1 and 0 < self.gain_beta <= 1 and 0 < self.shift <= 1,
                 "explore in [0, 1], gain_beta and shift in (0, 1]")
         require(0 <= self.rfair_cpu_share <= 1, "rfair_cpu_share must be in [0, 1]")
+        require(self.temperature >= 0, "temperature must be >= 0")
 
     def initial_weights(self) -> dict[str, float]:
         chosen = dict(self.weights) if self.weights else dict(PRESETS[self.preset])
@@ -125,13 +129,19 @@ class HeteroScheduler(TrackingScheduler):
         fresh = [c for c in ids if c not in taken and c not in known_set]
         fresh_score = sum(self.weights[knob] * FRESH_TERMS[knob] for knob in KNOBS)
         terms = self.terms(known)
-        tie = {c: rng.random() for c in known}
         score = {c: sum(self.weights[knob] * terms[knob][c] for knob in KNOBS) for c in known}
-        ranked = sorted(known, key=lambda c: (-score[c], tie[c]))
         need = k - len(explore)
-        split = sum(1 for c in ranked if score[c] >= fresh_score)  # ranked is sorted: a prefix
-        fresh_pick = rng.sample(fresh, min(max(need - split, 0), len(fresh)))
-        return sorted(explore + (ranked[:split] + fresh_pick + ranked[split:])[:need])
+        if self.config.temperature == 0:
+            tie = {c: rng.random() for c in known}
+            ranked = sorted(known, key=lambda c: (-score[c], tie[c]))
+            split = sum(1 for c in ranked if score[c] >= fresh_score)  # ranked is sorted: a prefix
+            fresh_pick = rng.sample(fresh, min(max(need - split, 0), len(fresh)))
+            return sorted(explore + (ranked[:split] + fresh_pick + ranked[split:])[:need])
+        # fresh clients are interchangeable: `need` of them stand for all
+        pool = known + rng.sample(fresh, min(need, len(fresh)))
+        top = max([score[c] for c in known] + [fresh_score])
+        weights = [math.exp((score.get(c, fresh_score) - top) / self.config.temperature) for c in pool]
+        return sorted(explore + weighted_sample(pool, weights, need, rng))
 
     def observe(self, outcome: RoundOutcome) -> None:
         super().observe(outcome)

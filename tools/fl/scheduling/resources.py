@@ -142,3 +142,13 @@ class ResourceModel:
         up = max(rng.gauss(p.up_kbps, p.up_sigma), 0.1 * p.up_kbps)
         kbits = model_bytes * 8 / 1000.0
         return compute, kbits / down + kbits / up
+
+    def measured(self, client_id: int, now_s: float, samples: int, epochs: int, model_bytes: int,
+                 rng: random.Random) -> dict[str, float]:
+        """The resource fields a real fl-client reports, from the profile on the virtual clock.
+
+        A simulated client is CPU-bound while computing (cpu_percent 100) and idle while it
+        communicates, so its CPU-seconds equal its compute seconds.
+        """
+        compute, comm = self.round_cost(client_id, now_s, samples, epochs, model_bytes, rng)
+        return {"train_time_s": compute, "comm_time_s": comm, "cpu_time_s": compute, "cpu_percent": 100.0}
