@@ -102,3 +102,27 @@ def test_compare_reports_every_scheduler_with_values_in_range(capsys):
         assert cells[0] == name and len(cells) == 1 + len(COLUMNS)
         jain = float(cells[4])
         assert 0 < jain <= 1 and 0 <= float(cells[6]) <= 1
+
+
+def test_same_trace_in_processes_with_different_hash_seeds():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = ("import json\n"
+              "from mlsyskit.tools.fl.scheduling import make_scheduler\n"
+              "from mlsyskit.tools.fl.scheduling.availability import SyntheticAvailability\n"
+              "from mlsyskit.tools.fl.scheduling.harness import HarnessConfig, run\n"
+              "out = {n: run(make_scheduler(n), HarnessConfig(clients=40, per_round=5, rounds=12), 7,\n"
+              "              availability=SyntheticAvailability(7, mean_on_s=120, mean_off_s=60)).selections\n"
+              "       for n in ('tifl', 'oort', 'adaptive')}\n"
+              "print(json.dumps(out))\n")
+    traces = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
+                              check=True)
+        traces.append(json.loads(done.stdout))
+    assert traces[0] == traces[1]
+    assert all(len(trace) == 12 for trace in traces[0].values())
