@@ -277,8 +277,13 @@ def test_tied_weight_is_one_tensor(tmp_path):
     assert "tok.weight" in names and "head.weight" not in names
 
 
-def test_copy_of_model_unchanged_by_profiling():
-    model = build("mlp-odd-sizes")
+@pytest.mark.parametrize("name", ["mlp-odd-sizes", "conv-batchnorm"])
+def test_model_unchanged_by_profiling(name):
+    """Profiling runs the model itself in bf16 (no full-precision copy) and hands its tensors back:
+    parameters, dtypes and BatchNorm statistics (num_batches_tracked included) as they were."""
+    model = build(name)
     before = copy.deepcopy(model.state_dict())
     profile(model, lambda m: m.loss(0))
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    after = model.state_dict()
+    assert all(torch.equal(before[k], v) and before[k].dtype == v.dtype for k, v in after.items())
+    assert all(p.grad is None for p in model.parameters())

@@ -24,7 +24,6 @@ the optimizer's own step() must not be called (the engine updates the parameters
 """
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -36,14 +35,14 @@ from mlsyskit.tools.offload.optimizer import HyperParams
 from mlsyskit.tools.offload.profiler import Profile, named_tensors, profile_model
 
 
-def to_compute_dtype(model: nn.Module, dtype: torch.dtype, device: torch.device | None = None
-                     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.dtype]]:
+def to_compute_dtype(model: nn.Module, dtype: torch.dtype, device: torch.device | None = None, *,
+                     keep_masters: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, torch.dtype]]:
     """Convert parameters (and floating buffers, which their modules read with the parameters) to `dtype`;
     returns the fp32 master weights of trainable parameters and every parameter's original dtype."""
     masters, dtypes = {}, {}
     for name, p in named_tensors(model):
         dtypes[name] = p.dtype
-        if p.requires_grad:  # an fp32 parameter's own storage becomes its master (no second copy)
+        if p.requires_grad and keep_masters:  # an fp32 parameter's own storage becomes its master (no second copy)
             masters[name] = p.detach() if p.dtype == torch.float32 else p.detach().to(torch.float32)
         if p.is_floating_point():
             p.data = p.data.to(dtype)
@@ -57,11 +56,21 @@ def to_compute_dtype(model: nn.Module, dtype: torch.dtype, device: torch.device 
 
 def profile(model: nn.Module, step: Callable[[nn.Module], torch.Tensor], *, name: str = "model",
             dtype: torch.dtype = torch.bfloat16, batch: int = 0, seq: int = 0) -> Profile:
-    """Record the tensor execution order of one forward+backward of `step(m)` (which returns the loss),
-    run on a `dtype` copy of `model` so the model itself keeps its full-precision weights."""
-    replica = copy.deepcopy(model)
-    to_compute_dtype(replica, dtype)
-    return profile_model(replica, lambda: step(replica), model_name=name, batch=batch, seq=seq)
+    """Record the tensor execution order of one forward+backward of `step(m)` (which returns the loss).
+    The model runs in `dtype` for it and gets its own tensors back afterwards (buffers included, so
+    BatchNorm statistics are untouched); no full-precision copy of the model is made."""
+    originals = [(p, p.data) for _, p in named_tensors(model)]
+    buffers = [(m, n, b) for m in model.modules() for n, b in m._buffers.items() if b is not None]
+    try:
+        for m, n, b in buffers:  # updated in place by the forward (BatchNorm): profile on copies (small)
+            m._buffers[n] = b.clone()
+        to_compute_dtype(model, dtype, keep_masters=False)
+        return profile_model(model, lambda: step(model), model_name=name, batch=batch, seq=seq)
+    finally:
+        for p, data in originals:
+            p.data, p.grad = data, None
+        for m, n, b in buffers:
+            m._buffers[n] = b
 
 
 @contextmanager
