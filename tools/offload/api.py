@@ -6,7 +6,7 @@
     model = MyModel()                                   # any nn.Module, unchanged
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)   # its param groups are read at every step
     sched = torch.optim.lr_scheduler.StepLR(opt, 10)    # optional: group lr changes are honoured
-    prof = profile(model, lambda m: m(x, y), name="my-model")   # warm-up step on a bf16 copy, recording uses
+    prof = profile(model, lambda m: m(x, y), name="my-model")   # warm-up step in bf16, recording uses
     budgets = Budgets(device=2 << 30, cpu=4 << 30, optimizer=16 << 30, nvme_dir=Path("/nvme/tencache"))
     with offload(model, opt, budgets, prof, accumulate=1, clip_norm=1.0) as engine:
         for x, y in loader:
