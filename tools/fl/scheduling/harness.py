@@ -82,12 +82,8 @@ def run(scheduler: Selector, config: HarnessConfig, seed: int, resources: Resour
         available = [c for c in range(config.clients) if availability.is_active(c, now)]
         rng = random.Random(sub_seed(seed, f"fl-sched/select/{round_num}"))
         selected = scheduler.select(round_num, available, config.per_round, rng) if available else []
-        if config.deadline_s is not None:
-            deadline = config.deadline_s
-        elif hasattr(scheduler, "round_deadline") and selected:
-            deadline = scheduler.round_deadline(selected)
-        else:
-            deadline = config.max_round_s
+        proposed = getattr(scheduler, "round_deadline", None)
+        deadline = config.deadline_s or (proposed(selected) if proposed and selected else None) or config.max_round_s
         deadline = min(deadline, config.max_round_s)
         cost_rng = random.Random(sub_seed(seed, f"fl-sched/cost/{round_num}"))
         reports, updates, last_event, missed = {}, [], 0.0, False
