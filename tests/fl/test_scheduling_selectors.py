@@ -118,7 +118,7 @@ def test_oort_exploration_schedule_and_utility():
     preferred = scheduler.preferred_duration()
     assert preferred == pytest.approx(1.0)  # the 30th percentile of {1, 5}
     bonus = math.sqrt(0.1 * math.log(3) / 1)
-    assert utility[0] == pytest.approx(10 / 19.6 + bonus)
+    assert utility[0] == pytest.approx(10 / 19.6 + bonus)  # the 95th percentile of two is the larger
     assert utility[4] == pytest.approx((1 + bonus) * (1.0 / 5.0) ** 2)  # slower than preferred: penalised
     with pytest.raises(ConfigError):
         OortConfig(explore_start=0.2, explore_min=0.3)
@@ -227,7 +227,8 @@ def test_memory_grows_with_clients_touched_not_with_the_population(name):
 def test_temperature_softens_the_top_k():
     strict = HeteroScheduler(HeteroConfig(preset="fast"))
     soft = HeteroScheduler(HeteroConfig(preset="fast", temperature=0.3))
-    strict_trace, soft_trace = drive(strict, 30, k=5), drive(soft, 30, k=5)
+    drive(strict, 30, k=5)
+    soft_trace = drive(soft, 30, k=5)
     assert soft.participation_jain() > strict.participation_jain()
     for chosen in soft_trace:
         assert len(chosen) == 5 == len(set(chosen)) and set(chosen) <= set(range(40))
@@ -236,3 +237,20 @@ def test_temperature_softens_the_top_k():
     assert drive(HeteroScheduler(HeteroConfig(preset="fast", temperature=0.3)), 30, k=5) == soft_trace
     with pytest.raises(ConfigError):
         HeteroConfig(temperature=-1.0)
+
+
+def test_oort_clips_a_forged_loss():
+    scheduler = OortScheduler()
+    chosen_liar = 0
+    for r in range(1, 41):
+        chosen = scheduler.select(r, list(range(40)), 5, random.Random(r))
+        out = outcome(r, chosen)
+        if 7 in out.reports:
+            out.reports[7].metrics["loss_sq_mean"] = 1e12  # claims a huge loss to look useful
+            chosen_liar += 1
+        scheduler.observe(out)
+    assert chosen_liar >= 1
+    explored = sorted(scheduler.stat_utility)
+    lying = scheduler.utilities(41, explored)[7]
+    scheduler.stat_utility[7] = max(u for c, u in scheduler.stat_utility.items() if c != 7)
+    assert lying == pytest.approx(scheduler.utilities(41, explored)[7])  # no more than the best honest claim

@@ -10,8 +10,9 @@ From the paper:
   pacer                 when the summed utility of the last W rounds fell below the W before, relax
                         T: it is the `threshold` percentile of the explored clients' durations,
                         and the percentile grows by `pacer_step`
-As in Oort's code, statistical utility is divided by the largest among the candidates before the
-staleness bonus is added, so the two are on one scale. Unexplored clients are explored at random
+As in Oort's code, statistical utility is capped at the `clip_bound` (95th) percentile of the
+candidates' (a client reporting an absurd loss gains nothing over the top 5%) and divided by that
+cap before the staleness bonus is added, so the two are on one scale. Unexplored clients are explored at random
 (we know nothing about their speed before their first round).
 """
 from __future__ import annotations
@@ -39,11 +40,13 @@ class OortConfig:
     pacer_window: int = 10
     pacer_step: float = 10.0
     cutoff: float = 0.95
+    clip_bound: float = 0.95  # statistical utility is capped at this percentile of the candidates'
 
     def __post_init__(self) -> None:
         require(0 <= self.explore_min <= self.explore_start <= 1, "need 0 <= explore_min <= explore_start <= 1")
         require(0 < self.explore_decay <= 1 and self.alpha >= 0, "explore_decay in (0, 1], alpha >= 0")
         require(0 < self.threshold <= 100 and self.pacer_window >= 1, "threshold in (0, 100], pacer_window >= 1")
+        require(0 < self.clip_bound <= 1 and 0 < self.cutoff <= 1, "clip_bound and cutoff in (0, 1]")
 
 
 def weighted_sample(items: Sequence[int], weights: Sequence[float], k: int, rng: random.Random) -> list[int]:
@@ -72,11 +75,13 @@ class OortScheduler(TrackingScheduler):
         return percentile(durations, self.threshold, presorted=True) if durations else None
 
     def utilities(self, round_num: int, explored: Sequence[int]) -> dict[int, float]:
-        top = max((self.stat_utility[c] for c in explored), default=0.0) or 1.0
+        values = sorted(self.stat_utility[c] for c in explored)
+        clip = percentile(values, 100 * self.config.clip_bound, presorted=True) if values else 0.0
+        top = clip or 1.0
         preferred = self.preferred_duration()
         out = {}
         for cid in explored:
-            utility = self.stat_utility[cid] / top
+            utility = min(self.stat_utility[cid], clip) / top
             utility += math.sqrt(0.1 * math.log(max(round_num, 2)) / max(self.last_round[cid], 1))
             duration = self.tiers.expected_latency(cid)
             if preferred and duration and duration > preferred:
