@@ -126,3 +126,13 @@ def test_same_trace_in_processes_with_different_hash_seeds():
         traces.append(json.loads(done.stdout))
     assert traces[0] == traces[1]
     assert all(len(trace) == 12 for trace in traces[0].values())
+
+
+def test_adaptive_leaves_fast_after_a_plateau_and_spreads_participation():
+    for seed in SEEDS:
+        adaptive = make_scheduler("adaptive")
+        result = run(adaptive, SMALL, seed)
+        fast = run(make_scheduler("fast"), SMALL, seed)
+        assert adaptive.shifts and adaptive.weights["fast"] < 1.0
+        assert result.selections[:adaptive.shifts[0][0]] == fast.selections[:adaptive.shifts[0][0]]  # fast until then
+        assert result.summary()["participation_jain"] > fast.summary()["participation_jain"]
