@@ -75,7 +75,8 @@ def test_heartbeats_keep_nodes_live_and_silence_fails_them(coord):
             assert coord.expire() == []
     assert coord.expire() == ["s1r2"]
     assert "s1r2" not in coord.live()
-    assert coord.heartbeat("s1r2") is False                 # a failed node must re-register
+    fail_over(coord, ["s1r2"])
+    assert coord.heartbeat("s1r2") is False                 # a deposed node must rejoin
     assert coord.heartbeat("stranger") is False
 
 
@@ -175,3 +176,39 @@ def test_live_list_failover_waits_out_flaps_and_fails_over_once(tmp_path):
         assert coord.read_map().epoch == 2
     finally:
         coord.close()
+
+
+def test_ms_ec_failover_promotes_the_replica_that_reported_the_most_applied_writes(coord):
+    coord.initialize(first_map("ms-ec"))
+    for node, applied in (("s0r0", 10), ("s0r1", 4), ("s0r2", 8)):
+        assert coord.heartbeat(node, applied)
+    new = fail_over(coord, ["s0r0"], coord.applied())
+    assert new.shards[0] == ("s0r2", "s0r1")
+
+
+def test_a_failed_node_of_a_lost_shard_is_watched_again_but_a_deposed_one_is_not(coord):
+    clock = coord.clock
+    coord.initialize(layout("ms-sc", "memory", 1, 2, "127.0.0.1", [7001, 7002]))
+    clock.advance(1.0)
+    coord.expire()
+    clock.advance(1.0)
+    assert coord.expire() == ["s0r0", "s0r1"]
+    with pytest.raises(ShardLost):
+        fail_over(coord, ["s0r0", "s0r1"])
+    assert coord.heartbeat("s0r1") is True                  # still in the map: not deposed
+    assert coord.live() == ["s0r1"]
+    for _ in range(3):
+        clock.advance(0.5)
+        assert coord.heartbeat("s0r1") and coord.expire() == []   # s0r0 stays failed, reported once
+    assert fail_over(coord, ["s0r0"]).shards == (("s0r1",),)
+    assert coord.heartbeat("s0r0") is False                 # deposed: must rejoin with a new id
+
+
+def test_heartbeat_reply_carries_the_epoch_and_refuses_bad_counts(coord):
+    coord.initialize(first_map())
+    reply = handle(coord, b'{"op": "heartbeat", "node": "s0r0", "applied": 3}')
+    assert reply == {"ok": True, "known": True, "epoch": 1}
+    for bad in (b'-1', b'"3"', b'true', b'1.5'):
+        reply = handle(coord, b'{"op": "heartbeat", "node": "s0r0", "applied": ' + bad + b'}')
+        assert reply["kind"] == "bad_request", bad
+    assert coord.applied() == {"s0r0": 3}

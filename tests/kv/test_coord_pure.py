@@ -59,6 +59,7 @@ def test_detector_does_not_fail_at_exactly_the_timeout_and_does_at_the_next_inst
 def test_a_failed_node_stays_failed_until_rewatched():
     det = FailureDetector()
     det.watch("n", 0.0)
+    assert det.expire(1.0) == []
     assert det.expire(2.0) == ["n"]
     assert det.beat("n", 2.1) is False          # a late beat from a deposed node does not revive it
     assert det.alive(2.1) == []
@@ -184,6 +185,14 @@ def test_fencing_rule():
 def test_fencing_accepts_only_the_same_epoch(node_epoch, request_epoch):
     verdict = admit(request_epoch, "s0r0", chain(epoch=node_epoch))
     assert (verdict is Admit.ACCEPT) == (request_epoch == node_epoch)
+
+
+def test_a_pause_before_the_first_check_counts_as_a_stall():
+    det = FailureDetector()
+    det.watch("a", 0.0)
+    assert det.expire(5.0) == [] and det.stalls == 1      # watched, then paused before any check
+    assert det.expire(6.0) == []
+    assert det.expire(6.6) == ["a"]                        # silent a full timeout after the resume
 
 
 def test_a_paused_detector_does_not_fail_everyone_on_resume():

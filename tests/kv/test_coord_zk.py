@@ -98,6 +98,8 @@ def test_liveness_is_the_session(coords):
     node.register(NodeAddr("s0r1", "127.0.0.1", 7002))
     node.register(NodeAddr("s0r1", "127.0.0.1", 7002))      # re-registering on the same session is fine
     assert watcher.live() == ["s0r1"] and watcher.heartbeat("s0r1")
+    assert node.heartbeat("s0r1", applied=42) and watcher.applied() == {"s0r1": 42}
+    assert watcher.heartbeat("s0r9", applied=1) is False     # not live: nothing is created
     with pytest.raises(RuntimeFailure, match="already live"):
         watcher.register(NodeAddr("s0r1", "127.0.0.1", 7002))  # an impostor on another session
     seen = []

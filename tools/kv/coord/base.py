@@ -57,8 +57,13 @@ class Coordinator(ABC):
         """Every registered node, live or not."""
 
     @abstractmethod
-    def heartbeat(self, node_id: str) -> None:
-        """The node is alive (a no-op where liveness is a session, as in ZooKeeper)."""
+    def heartbeat(self, node_id: str, applied: int | None = None) -> bool:
+        """The node is alive (only a check where liveness is a session, as in ZooKeeper); `applied`
+        is its count of applied writes. False: the node is unknown or deposed and must rejoin."""
+
+    @abstractmethod
+    def applied(self) -> dict[str, int]:
+        """The last `applied` count each node reported (picks the ms-ec master on failover)."""
 
     @abstractmethod
     def live(self) -> list[str]:

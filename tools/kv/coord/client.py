@@ -25,6 +25,7 @@ class CoordClient:
         self.timeout_s = timeout_s
         self._sock: socket.socket | None = None
         self._file: Any = None
+        self.last_epoch: int | None = None
 
     def _connect(self) -> None:
         errors = []
@@ -83,8 +84,12 @@ class CoordClient:
     def register(self, node: str, host: str, port: int) -> None:
         self.request("register", node=node, host=host, port=port)
 
-    def heartbeat(self, node: str) -> bool:
-        return bool(self.request("heartbeat", node=node)["known"])
+    def heartbeat(self, node: str, applied: int | None = None) -> bool:
+        """True while the node is a live member; `last_epoch` is the map's epoch from the reply."""
+        fields = {"node": node} if applied is None else {"node": node, "applied": applied}
+        reply = self.request("heartbeat", **fields)
+        self.last_epoch = reply.get("epoch")
+        return bool(reply["known"])
 
     def join(self, shard: int, node: str, host: str, port: int) -> ShardMap:
         return ShardMap.from_dict(self.request("join", shard=shard, node=node, host=host, port=port)["map"])

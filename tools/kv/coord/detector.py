@@ -43,6 +43,8 @@ class FailureDetector:
         """Start watching a node as if it had just beaten (a grace period after join or takeover)."""
         self._last[node_id] = now
         self._failed.discard(node_id)
+        if self._last_check is None:
+            self._last_check = now   # judging starts now: a pause before the first check is a stall too
 
     def forget(self, node_id: str) -> None:
         self._last.pop(node_id, None)

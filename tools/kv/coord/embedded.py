@@ -35,6 +35,7 @@ class EmbeddedCoordinator(Coordinator):
         self.clock = clock or RealClock()
         self.store = MetaStore(self.state_dir / "coord.db", synchronous="FULL")
         self.detector = FailureDetector(detector)
+        self.progress: dict[str, int] = {}   # node -> applied writes, from heartbeats (memory only)
         self._lock = threading.RLock()
         self._leader_db: sqlite3.Connection | None = None
         self._candidate: str | None = None
@@ -84,12 +85,26 @@ class EmbeddedCoordinator(Coordinator):
     def members(self) -> dict[str, NodeAddr]:
         return {n: NodeAddr(n, a["host"], int(a["port"])) for n, a in self.store.items("members")}
 
-    def heartbeat(self, node_id: str) -> bool:
-        """False when the node is unknown or was already declared failed (it must re-register)."""
+    def heartbeat(self, node_id: str, applied: int | None = None) -> bool:
+        """False when the node is unknown or was deposed (failed and removed from the map: it must
+        rejoin). A failed node that is still in the map (its shard could not fail over) is watched
+        again. `applied` is the node's count of applied writes, used to pick an ms-ec master."""
         with self._lock:
             if self.store.get("members", node_id, None) is None:
                 return False
-            return self.detector.beat(node_id, self.clock.now())
+            now = self.clock.now()
+            if not self.detector.beat(node_id, now):
+                current = self.read_map()
+                if current is None or node_id not in current.nodes:
+                    return False
+                self.detector.watch(node_id, now)
+            if applied is not None:
+                self.progress[node_id] = applied
+            return True
+
+    def applied(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.progress)
 
     def live(self) -> list[str]:
         with self._lock:

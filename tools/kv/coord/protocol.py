@@ -1,7 +1,7 @@
 """The embedded coordinator's wire protocol: one JSON object per line each way, I/O-free dispatch.
 
     request  {"op": "map"} | {"op": "init", "map": {...}} | {"op": "cas", "expected_epoch": E, "map": {...}}
-             {"op": "register", "node": ID, "host": H, "port": P} | {"op": "heartbeat", "node": ID}
+             {"op": "register", "node": ID, "host": H, "port": P} | {"op": "heartbeat", "node": ID, "applied": N?}  -> {"known", "epoch"}
              {"op": "join", "shard": S, "node": ID, "host": H, "port": P}
              {"op": "live"} | {"op": "members"} | {"op": "status"}
     reply    {"ok": true, ...} | {"ok": false, "kind": "conflict"|"bad_request"|"refused", "error": TEXT}
@@ -71,8 +71,13 @@ def _dispatch(coord: EmbeddedCoordinator, req: dict, op: str) -> dict:
     if op == "register":
         coord.register(_node(req))
         return {}
-    if op == "heartbeat":
-        return {"known": coord.heartbeat(_field(req, "node", str))}
+    if op == "heartbeat":   # the reply carries the epoch so a node notices a new map at its next beat
+        applied = req.get("applied")
+        if applied is not None and (not isinstance(applied, int) or isinstance(applied, bool) or applied < 0):
+            raise BadRequest("field 'applied' must be a non-negative int")
+        known = coord.heartbeat(_field(req, "node", str), applied)
+        m = coord.read_map()
+        return {"known": known, "epoch": None if m is None else m.epoch}
     if op == "join":
         return {"map": join(coord, _field(req, "shard", int), _node(req)).to_dict()}
     if op == "live":

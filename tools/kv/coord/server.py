@@ -55,14 +55,18 @@ async def _serve_client(coord: EmbeddedCoordinator, reader: asyncio.StreamReader
 
 async def _watch(coord: EmbeddedCoordinator) -> None:
     """Fail over silent nodes; a lost shard is reported, never emptied."""
+    stalls = coord.detector.stalls
     while True:
         await asyncio.sleep(coord.detector.config.interval_s / 2)
         failed = coord.expire()
+        if coord.detector.stalls != stalls:
+            stalls = coord.detector.stalls
+            warn("this coordinator was paused longer than the failure timeout: every node gets a fresh grace period")
         if not failed:
             continue
         warn(f"no heartbeat from {', '.join(failed)} for {coord.detector.config.timeout_s:g} s")
         try:
-            new = fail_over(coord, failed)
+            new = fail_over(coord, failed, coord.applied())
         except ShardLost as e:
             warn(f"cannot fail over: {e}")
             continue

@@ -22,6 +22,7 @@ class LiveListFailover:
         self.clock = clock
         self.detector = FailureDetector(config)
         self._watched: set[str] = set()
+        self._applied: dict[str, int] = {}
 
     def takeover(self) -> None:
         """Forget what a previous term saw; give every mapped node a fresh grace period."""
@@ -44,12 +45,13 @@ class LiveListFailover:
         now = self.clock.now()
         for node_id in self.coord.live():
             self.detector.beat(node_id, now)
+        self._applied.update(self.coord.applied())   # last counts, kept after a node's znode went
         failed = self.detector.expire(now)
         if not failed:
             return None
         warn(f"not live for {self.detector.config.timeout_s:g} s: {', '.join(failed)}")
         try:
-            new = fail_over(self.coord, failed)
+            new = fail_over(self.coord, failed, self._applied)
         except ShardLost as e:
             warn(f"cannot fail over: {e}")
             return None

@@ -120,8 +120,26 @@ class ZkCoordinator(Coordinator):
             out[n] = NodeAddr(n, a["host"], int(a["port"]))
         return out
 
-    def heartbeat(self, node_id: str) -> bool:
-        return self.client.exists(f"{self.root}/live/{node_id}") is not None
+    def heartbeat(self, node_id: str, applied: int | None = None) -> bool:
+        path = f"{self.root}/live/{node_id}"
+        if applied is None:
+            return self.client.exists(path) is not None
+        try:
+            self.client.set(path, str(applied).encode())
+        except NoNodeError:
+            return False
+        return True
+
+    def applied(self) -> dict[str, int]:
+        out = {}
+        for n in self.client.get_children(f"{self.root}/live"):
+            try:
+                data = self.client.get(f"{self.root}/live/{n}")[0]
+            except NoNodeError:
+                continue
+            if data.isdigit():
+                out[n] = int(data)
+        return out
 
     def live(self) -> list[str]:
         return sorted(self.client.get_children(f"{self.root}/live"))
