@@ -254,3 +254,20 @@ def test_oort_clips_a_forged_loss():
     lying = scheduler.utilities(41, explored)[7]
     scheduler.stat_utility[7] = max(u for c, u in scheduler.stat_utility.items() if c != 7)
     assert lying == pytest.approx(scheduler.utilities(41, explored)[7])  # no more than the best honest claim
+
+
+def test_scheduler_configs_load_from_toml_with_unknown_keys_refused(tmp_path):
+    from mlsyskit.core.config import load_config
+
+    path = tmp_path / "sched.toml"
+    path.write_text('[hetero]\npreset = "perf"\nweights = { fast = 1, afair = 3 }\n\n'
+                    '[oort]\nexplore_min = 0.2\n\n[tracking]\nnum_tiers = 3\n')
+    hetero = load_config(HeteroConfig, path, section="hetero")
+    assert HeteroScheduler(hetero).weights == {"fast": 0.25, "rfair": 0.0, "afair": 0.75, "perf": 0.0}
+    assert load_config(OortConfig, path, section="oort").explore_min == 0.2
+    assert load_config(TrackingConfig, path, section="tracking", overrides={"retier_every": 4}).retier_every == 4
+    path.write_text('[hetero]\nweigths = { fast = 1 }\n')
+    with pytest.raises(ConfigError, match="weigths"):
+        load_config(HeteroConfig, path, section="hetero")
+    with pytest.raises(ConfigError):
+        load_config(TiflConfig, None, overrides={"interval": 0})
