@@ -221,3 +221,24 @@ def test_zk_coordinator_exit_codes_usage_2_unreachable_1():
             assert proc.returncode == code and text in err, (args, proc.returncode, err)
     finally:
         procs.stop_all()
+
+
+def test_a_sigstopped_zk_leader_is_replaced_and_exits_when_resumed(zk, root, coords, tmp_path):
+    import os
+    import signal
+    procs = ProcManager()
+    try:
+        admin = coords()
+        admin.initialize(first_map())
+        a = _start_zk_coord(procs, zk, root, "A", tmp_path / "a.log")
+        assert a.stdout.readline().decode().strip() == "leading A epoch 1"
+        b = _start_zk_coord(procs, zk, root, "B", tmp_path / "b.log")
+        wait_until(lambda: len(admin.client.get_children(f"{root}/leader")) == 2, what="B in the lock")
+        os.kill(a.pid, signal.SIGSTOP)                          # A's session expires while it sleeps
+        assert b.stdout.readline().decode().strip() == "leading B epoch 1"
+        os.kill(a.pid, signal.SIGCONT)
+        assert a.wait(timeout=30) == 1                          # A notices and steps down
+        assert b"lost its ZooKeeper session" in (tmp_path / "a.log").read_bytes()
+        assert b.poll() is None and admin.leader() == "B"
+    finally:
+        procs.stop_all()
