@@ -16,7 +16,6 @@ from pathlib import Path
 
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.tools.sched.executors.base import (
-    EXECUTORS,
     EXITED,
     GONE,
     RUNNING,
@@ -64,7 +63,6 @@ def _group_members(pgid: int, run_dir: Path) -> list[int]:
     return members
 
 
-@EXECUTORS.register("local")
 class LocalExecutor(Executor):
     name = "local"
     one_machine = True

@@ -17,7 +17,6 @@ from collections import defaultdict
 
 from mlsyskit.core.errors import UsageError
 from mlsyskit.tools.sched.executors.base import (
-    EXECUTORS,
     EXITED,
     GONE,
     RUNNING,
@@ -68,7 +67,6 @@ def sbatch_argv(launch: Launch, script: str) -> list[str]:
     return [*argv, script]
 
 
-@EXECUTORS.register("slurm")
 class SlurmExecutor(Executor):
     name = "slurm"
     one_machine = False

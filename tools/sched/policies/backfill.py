@@ -6,12 +6,11 @@ uses only nodes the head will not need then.
 """
 from __future__ import annotations
 
-from mlsyskit.tools.sched.policies.base import Policy, register
+from mlsyskit.tools.sched.policies.base import Policy
 from mlsyskit.tools.sched.policies.common import exclusive_shape, node_shadow, nodes_for, runtime
 from mlsyskit.tools.sched.state import ClusterState, Decision, Start
 
 
-@register
 class Backfill(Policy):
     name = "backfill"
     description = "FCFS, whole nodes, EASY backfilling"

@@ -5,12 +5,11 @@ A job asking for R GPUs gets ceil(R / G) whole nodes, exclusively, and computes 
 """
 from __future__ import annotations
 
-from mlsyskit.tools.sched.policies.base import Policy, register
+from mlsyskit.tools.sched.policies.base import Policy
 from mlsyskit.tools.sched.policies.common import exclusive_shape, nodes_for
 from mlsyskit.tools.sched.state import ClusterState, Decision, Start
 
 
-@register
 class Fifo(Policy):
     name = "fifo"
     description = "LSF-like FCFS, whole nodes per job"

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from mlsyskit.tools.sched.cluster import FreeMap, Placement
-from mlsyskit.tools.sched.policies.base import Policy, register
+from mlsyskit.tools.sched.policies.base import Policy
 from mlsyskit.tools.sched.policies.common import gpu_shadow, remaining_work, runtime
 from mlsyskit.tools.sched.profiles import Shape
 from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Start
@@ -61,7 +61,6 @@ def sized_shapes(model: ThroughputModel, app: str, batch: int, request: int, gpu
     return shapes[: max(accepted, 1)]
 
 
-@register
 class Marble(Policy):
     name = "marble"
     description = "FIFO, efficient GPUs per job from its scaling curve, best-fit node sharing, EASY"

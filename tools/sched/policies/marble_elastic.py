@@ -9,13 +9,11 @@ without progress.
 """
 from __future__ import annotations
 
-from mlsyskit.tools.sched.policies.base import register
 from mlsyskit.tools.sched.policies.common import remaining_work
 from mlsyskit.tools.sched.policies.marble import Marble
 from mlsyskit.tools.sched.state import Action, ClusterState, Decision, Resize
 
 
-@register
 class MarbleElastic(Marble):
     name = "marble-elastic"
     description = "marble + grow shrunken jobs to their efficient size by checkpoint-restart"

@@ -17,7 +17,6 @@ jobs.
 from __future__ import annotations
 
 from mlsyskit.tools.sched.cluster import FreeMap
-from mlsyskit.tools.sched.policies.base import register
 from mlsyskit.tools.sched.policies.common import remaining_work
 from mlsyskit.tools.sched.policies.marble import sized_shapes
 from mlsyskit.tools.sched.policies.tiresias import Tiresias
@@ -25,7 +24,6 @@ from mlsyskit.tools.sched.profiles import Shape
 from mlsyskit.tools.sched.state import ClusterState, Decision, JobView, Preempt, Resize, Start
 
 
-@register
 class MarbleLas(Tiresias):
     name = "marble-las"
     description = "ours: marble's efficient sizes and node sharing in tiresias' least-attained-service order"

@@ -23,13 +23,12 @@ import math
 
 from mlsyskit.tools.sched.cluster import FreeMap, Placement
 from mlsyskit.tools.sched.policies import loss_fit
-from mlsyskit.tools.sched.policies.base import Policy, register
+from mlsyskit.tools.sched.policies.base import Policy
 from mlsyskit.tools.sched.policies.common import remaining_work
 from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Preempt, Resize, Start
 from mlsyskit.tools.sched.throughput import compact_shape
 
 
-@register
 class Optimus(Policy):
     name = "optimus"
     description = "greedy marginal gain in remaining time (loss-curve fit), count-based model, event-driven re-allocation"

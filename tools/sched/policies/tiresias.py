@@ -23,7 +23,7 @@ import math
 
 from sortedcontainers import SortedList
 
-from mlsyskit.tools.sched.policies.base import Policy, register
+from mlsyskit.tools.sched.policies.base import Policy
 from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Preempt, Start
 from mlsyskit.tools.sched.throughput import compact_shape
 
@@ -31,7 +31,6 @@ Key = tuple[int, float, int]   # (queue level, arrival, job id)
 CROSSING_SLACK = 1e-6          # GPU-seconds
 
 
-@register
 class Tiresias(Policy):
     name = "tiresias"
     description = "discretised 2D-LAS with preemption, requested GPUs, consolidated placement"
