@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mlsyskit.core.telemetry import percentile
 from mlsyskit.tools.sched.profiles import AppProfile, Row
 
 
@@ -81,4 +82,4 @@ def held_out_error(profile: AppProfile, holdout: float = 0.2, seed: int = 0) -> 
     errors = np.array([abs(model.step_time(r.num_replicas, r.num_nodes, r.local_bsz) - r.step_time) / r.step_time
                        for r in test])
     return {"app": profile.name, "train_rows": len(train), "test_rows": len(test),
-            "mape": float(errors.mean()), "p90_ape": float(np.percentile(errors, 90))}
+            "mape": float(errors.mean()), "p90_ape": percentile(errors.tolist(), 90)}
