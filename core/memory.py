@@ -17,7 +17,6 @@ import bisect
 import weakref
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -101,11 +100,6 @@ class PoolStats:
     peak_bytes_in_use: int = 0
     per_class_hits: dict[int, int] = field(default_factory=dict)
     per_class_misses: dict[int, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"hits": self.hits, "misses": self.misses, "allocations": self.allocations,
-                "bytes_in_use": self.bytes_in_use, "slots_in_use": self.slots_in_use,
-                "peak_bytes_in_use": self.peak_bytes_in_use}
 
 
 class BufferPool:
