@@ -1,13 +1,11 @@
 """The default economy: every provider with a valid update gets an equal share (no quality weighting)."""
 from __future__ import annotations
 
-from mlsyskit.tools.fl.incentive import INCENTIVES
 from mlsyskit.tools.fl.incentive.base import Incentive
 from mlsyskit.tools.fl.incentive.ledger import ESCROW, POOL, Transfer, client_account
 from mlsyskit.tools.fl.outcome import RoundOutcome
 
 
-@INCENTIVES.register("equal-pay")
 class EqualPay(Incentive):
     name = "equal-pay"
 

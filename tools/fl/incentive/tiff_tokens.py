@@ -20,7 +20,6 @@ import math
 from collections.abc import Mapping
 from statistics import median
 
-from mlsyskit.tools.fl.incentive import INCENTIVES
 from mlsyskit.tools.fl.incentive.base import Incentive
 from mlsyskit.tools.fl.incentive.ledger import ESCROW, POOL, Transfer, client_account
 from mlsyskit.tools.fl.outcome import RoundOutcome
@@ -32,7 +31,6 @@ def quality_threshold(outcome: RoundOutcome, floor: float) -> float:
     return floor * float(median(qualities)) if qualities else 0.0
 
 
-@INCENTIVES.register("tiff")
 class TiffTokens(Incentive):
     name = "tiff"
 

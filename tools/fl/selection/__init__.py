@@ -1,6 +1,5 @@
-"""Client selectors by name."""
-from mlsyskit.core.registry import Registry
+"""Client selectors behind one interface (base.Selector: select, observe, state_dict).
 
-SELECTORS: Registry = Registry("selector")
-
-from mlsyskit.tools.fl.selection import quality_greedy, random_pick, trusted_random  # noqa: E402,F401 (register)
+Strategies compose the selector they need; the heterogeneity-aware schedulers that plug in here
+by name are in mlsyskit.tools.fl.scheduling (SCHEDULERS).
+"""

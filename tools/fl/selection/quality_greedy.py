@@ -14,11 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlsyskit.tools.fl.outcome import RoundOutcome
-from mlsyskit.tools.fl.selection import SELECTORS
 from mlsyskit.tools.fl.selection.base import Selector
 
 
-@SELECTORS.register("quality-greedy")
 class QualityGreedySelector(Selector):
     name = "quality-greedy"
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from mlsyskit.tools.fl.selection import SELECTORS
 from mlsyskit.tools.fl.selection.base import Selector
 
 
-@SELECTORS.register("random")
 class RandomSelector(Selector):
     name = "random"
 

@@ -17,13 +17,11 @@ import random
 from collections.abc import Sequence
 from statistics import median
 
-from mlsyskit.tools.fl.selection import SELECTORS
 from mlsyskit.tools.fl.selection.quality_greedy import QualityGreedySelector
 
 TRUST_FRACTION = 0.5  # of the median history of seen clients; the same 0.5 as the pay floor
 
 
-@SELECTORS.register("trusted-random")
 class TrustedRandomSelector(QualityGreedySelector):
     name = "trusted-random"
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from mlsyskit.tools.fl.incentive.equal_pay import EqualPay
 from mlsyskit.tools.fl.selection.random_pick import RandomSelector
-from mlsyskit.tools.fl.strategy import STRATEGIES
 from mlsyskit.tools.fl.strategy.base import Strategy, Validation
 
 
-@STRATEGIES.register("fedavg")
 class FedAvg(Strategy):
     name = "fedavg"
 

@@ -15,13 +15,11 @@ from mlsyskit.tools.fl.incentive.tiff_tokens import TiffTokens
 from mlsyskit.tools.fl.incentive.verify import UpdateVerifier
 from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
 from mlsyskit.tools.fl.selection.trusted_random import TrustedRandomSelector
-from mlsyskit.tools.fl.strategy import STRATEGIES
 from mlsyskit.tools.fl.strategy.base import Strategy, Validation
 
 CHANCE_MARGIN = 0.1  # accuracy points over the majority-class rate before quality decides pay
 
 
-@STRATEGIES.register("tiff")
 class Tiff(Strategy):
     name = "tiff"
 
