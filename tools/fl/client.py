@@ -28,7 +28,7 @@ from mlsyskit.core.sim import Seeds
 from mlsyskit.tools.fl.backoff import Backoff
 from mlsyskit.tools.fl.config import DataSpec, TrainSpec
 from mlsyskit.tools.fl.data import load_client
-from mlsyskit.tools.fl.model import evaluate
+from mlsyskit.tools.fl.model import evaluate, init_weights, shapes
 from mlsyskit.tools.fl.threads import freeze_startup_heap, single_threaded
 from mlsyskit.tools.fl.training import local_only_accuracy, train_local
 
@@ -167,7 +167,10 @@ class FlClient:
 
     async def _follow(self) -> None:
         hello = {"client_id": self.client_id, "num_samples": self._data.num_samples,
-                 "local_only_accuracy": self._local_only, "declared_attack": self.attack}
+                 "local_only_accuracy": self._local_only, "declared_attack": self.attack,
+                 # the model this client will train: the server refuses it at registration if names or shapes differ
+                 "shapes": {name: list(shape) for name, shape in shapes(init_weights(
+                     self.num_features, self.num_classes, self.train_spec.hidden, 0, self.train_spec.model)).items()}}
         session = self.rpc.bidi("session", timeout=None)  # tasks in, updates out, one call for the job
         try:
             await session.send(hello)
@@ -232,7 +235,7 @@ class FlClient:
 
     async def _evaluate(self, task: dict) -> None:
         acc = evaluate({k: np.asarray(v) for k, v in task["weights"].items()}, self._data.x_test,
-                       self._data.y_test)["accuracy"]
+                       self._data.y_test, self.train_spec.model, self.num_classes)["accuracy"]
         await self.rpc.call("evaluate", {"client_id": self.client_id, "accuracy": acc})
         self.summary.evaluated = True
         log.info("final model: accuracy %.4f on this client's test split (reported)", acc)

@@ -152,6 +152,8 @@ class FlServer:
         info = {"num_samples": _field(payload, "num_samples", int),
                 "local_only_accuracy": float(_field(payload, "local_only_accuracy", (int, float))),
                 "declared_attack": str(payload.get("declared_attack", "none"))}
+        if "shapes" in payload:  # the client's model; the coordinator refuses one that differs from the job's
+            info["shapes"] = payload["shapes"]
         try:
             self.coordinator.register(cid, info)
         except ValueError as e:

@@ -37,7 +37,11 @@ app = make_app(
 )
 
 STRATEGY = typer.Option(None, "--strategy", help=f"{' | '.join(STRATEGIES.names())} (default tiff).")
-DATASET = typer.Option(None, "--dataset", help=f"{' | '.join(DATASETS)} (default digits).")
+DATASET = typer.Option(None, "--dataset", help=f"{' | '.join(DATASETS)} or package.module:loader, a function "
+                       "(num_clients, seed) -> (x, y, partition or None) (default digits).")
+MODEL = typer.Option(None, "--model", help="package.module:factory, a function (num_features, num_classes) -> "
+                     "torch nn.Module, trained by every client (default: the built-in MLP). Weights travel as raw "
+                     "buffers; a client whose model shapes differ is refused at registration.")
 CLIENTS = typer.Option(None, "--clients", help="Number of clients (data partitions).")
 PER_ROUND = typer.Option(None, "--per-round", help="Clients selected per round.")
 ROUNDS = typer.Option(None, "--rounds", help="Rounds to run.")
@@ -52,9 +56,9 @@ JOB_CONFIG = typer.Option(None, "--config", dir_okay=False,
                                "quality_exponent = 1.5; flags given here override it.")
 
 
-def _job(config: Path | None, strategy, dataset, clients, per_round, rounds, partition, alpha, seed,
+def _job(config: Path | None, strategy, dataset, clients, per_round, rounds, partition, alpha, seed, model=None,
          **extra) -> JobConfig:
-    overrides = {"strategy": strategy, "rounds": rounds, "per_round": per_round, "seed": seed,
+    overrides = {"strategy": strategy, "rounds": rounds, "per_round": per_round, "seed": seed, "train.model": model,
                  "data.dataset": dataset, "data.num_clients": clients, "data.partition": partition,
                  "data.alpha": alpha, "data.seed": seed, **extra}
     job = load_command_config(JobConfig, config, overrides)
@@ -95,6 +99,7 @@ def _run_dir_option(default: str) -> Any:
 
 @app.command()
 def run(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, dataset: str | None = DATASET,
+        model: str | None = MODEL,
         clients: int | None = CLIENTS, per_round: int | None = PER_ROUND, rounds: int | None = ROUNDS,
         partition: str | None = PARTITION, alpha: float | None = ALPHA, seed: int | None = SEED,
         address: str = typer.Option("127.0.0.1:7070", "--address", help="HOST:PORT to listen on."),
@@ -134,7 +139,7 @@ def run(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, datas
     from mlsyskit.tools.fl.coordinator import JobMismatch
     from mlsyskit.tools.fl.server import FlServer
 
-    job = _job(config, strategy, dataset, clients, per_round, rounds, partition, alpha, seed,
+    job = _job(config, strategy, dataset, clients, per_round, rounds, partition, alpha, seed, model,
                round_timeout_s=round_timeout, min_clients=min_clients, fill_timeout_s=fill_timeout)
     if (problem := check_address(address, "--address")) is not None:
         raise UsageError(problem)
@@ -180,6 +185,7 @@ def run(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, datas
 
 @app.command()
 def simulate(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, dataset: str | None = DATASET,
+             model: str | None = MODEL,
              clients: int | None = CLIENTS, per_round: int | None = PER_ROUND, rounds: int | None = ROUNDS,
              partition: str | None = PARTITION, alpha: float | None = ALPHA, seed: int | None = SEED,
              malicious_fraction: float = typer.Option(0.0, "--malicious-fraction",
@@ -196,7 +202,7 @@ def simulate(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, 
     from mlsyskit.tools.fl.simulator import Simulation
     from mlsyskit.tools.fl.threads import single_threaded
 
-    job = _job(config, strategy, dataset, clients, per_round, rounds, partition, alpha, seed)
+    job = _job(config, strategy, dataset, clients, per_round, rounds, partition, alpha, seed, model)
     if attack not in ATTACKS or attack == "none":
         raise UsageError(f"--attack must be one of {', '.join(a for a in ATTACKS if a != 'none')}, got {attack!r}")
     if not 0 <= malicious_fraction < 1 or not 0 <= dropout < 1:
