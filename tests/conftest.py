@@ -8,7 +8,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,3 +115,24 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    output: str
+    stdout: str
+
+
+def invoke_cli(app: Any, args: Sequence[str]) -> CliResult:
+    """Run a typer app in-process as its console script does (core.cli.run_app): a UserError becomes one
+    `error: <message>` line and its exit code; any other exception fails the calling test."""
+    from typer.testing import CliRunner
+
+    from mlsyskit.core.errors import UserError
+
+    res = CliRunner().invoke(app, list(args))
+    if isinstance(res.exception, UserError):
+        return CliResult(res.exception.exit_code, f"{res.output}error: {res.exception}", res.stdout)
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    return CliResult(res.exit_code, res.output, res.stdout)

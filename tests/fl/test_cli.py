@@ -4,31 +4,15 @@ from __future__ import annotations
 
 import json
 import warnings
-from types import SimpleNamespace
 
-from typer.testing import CliRunner
+from conftest import invoke_cli
 
-from mlsyskit.core.errors import UserError
 from mlsyskit.tools.fl.client_cli import app as client_app
 from mlsyskit.tools.fl.server_cli import app as server_app
 
 
-class _Runner:
-    """CliRunner plus what run_app does: a UserError becomes `error: <message>` and its exit code."""
-
-    def invoke(self, app, args):
-        result = CliRunner().invoke(app, args)
-        if isinstance(result.exception, UserError):
-            return SimpleNamespace(exit_code=result.exception.exit_code, stdout=result.stdout,
-                                   output=f"{result.output}error: {result.exception}")
-        return result
-
-
-runner = _Runner()
-
-
 def simulate(run_dir, strategy):
-    return runner.invoke(server_app, ["simulate", "--strategy", strategy, "--clients", "20", "--per-round", "5",
+    return invoke_cli(server_app, ["simulate", "--strategy", strategy, "--clients", "20", "--per-round", "5",
                                       "--rounds", "8", "--malicious-fraction", "0.3", "--seed", "2", "--run-dir", str(run_dir),
                                       "--json"])
 
@@ -38,7 +22,7 @@ def test_simulate_then_report_against_the_default(tmp_path):
     assert tiff.exit_code == 0 and default.exit_code == 0, tiff.output + default.output
     summary = json.loads(tiff.stdout)
     assert summary["rounds"] == 8 and summary["malicious_providers"] == 6 and abs(summary["ledger_total"]) < 1e-9
-    result = runner.invoke(server_app, ["report", "--run-dir", str(tmp_path / "tiff"), "--baseline",
+    result = invoke_cli(server_app, ["report", "--run-dir", str(tmp_path / "tiff"), "--baseline",
                                         str(tmp_path / "default"), "--out", str(tmp_path / "plots"), "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -48,10 +32,10 @@ def test_simulate_then_report_against_the_default(tmp_path):
     assert (tmp_path / "plots" / "accuracy.png").stat().st_size > 1000
     assert (tmp_path / "plots" / "tokens.png").stat().st_size > 1000
     # a second simulate into the same directory with another seed is refused, not mixed in
-    other = runner.invoke(server_app, ["simulate", "--strategy", "tiff", "--clients", "20", "--per-round", "5",
+    other = invoke_cli(server_app, ["simulate", "--strategy", "tiff", "--clients", "20", "--per-round", "5",
                                        "--rounds", "8", "--seed", "3", "--run-dir", str(tmp_path / "tiff")])
     assert other.exit_code == 2 and "different" in other.output
-    fresh = runner.invoke(server_app, ["simulate", "--strategy", "tiff", "--clients", "20", "--per-round", "5",
+    fresh = invoke_cli(server_app, ["simulate", "--strategy", "tiff", "--clients", "20", "--per-round", "5",
                                        "--rounds", "3", "--seed", "3", "--run-dir", str(tmp_path / "tiff"), "--fresh",
                                        "--json"])
     assert fresh.exit_code == 0 and json.loads(fresh.stdout)["rounds"] == 3
@@ -93,7 +77,7 @@ def test_bad_input_gives_one_line_errors(tmp_path):
         (client_app, ["run", "--client-id", "0", "--tls-ca", str(tmp_path / "no-ca.pem")], "cannot read TLS CA"),
     ]
     for app, args, message in cases:
-        result = runner.invoke(app, args)
+        result = invoke_cli(app, args)
         assert result.exit_code == 2, (args, result.output)  # usage errors
         assert message in " ".join(result.output.split()), (args, result.output)  # rich wraps long lines
         assert "Traceback" not in result.output
@@ -118,7 +102,7 @@ def test_runtime_failures_exit_1(tmp_path):
              "no server at"),
         ]
         for app, args, message in cases:
-            result = runner.invoke(app, args)
+            result = invoke_cli(app, args)
             assert result.exit_code == 1, (args, result.output)
             assert message in " ".join(result.output.split()), (args, result.output)
             assert "Traceback" not in result.output
@@ -131,12 +115,12 @@ def _free_port() -> int:
 
 
 def test_certs_writes_a_ca_server_and_client_pairs_and_extends_them(tmp_path):
-    result = runner.invoke(server_app, ["certs", str(tmp_path / "c"), "--clients", "2", "--host", "fl.local",
+    result = invoke_cli(server_app, ["certs", str(tmp_path / "c"), "--clients", "2", "--host", "fl.local",
                                         "--ip", "10.0.0.5", "--days", "3", "--json"])
     assert result.exit_code == 0, result.output
     written = json.loads(result.stdout)
     assert set(written["clients"]) == {"0", "1"}
-    again = runner.invoke(server_app, ["certs", str(tmp_path / "c"), "--client", "7", "--json"])
+    again = invoke_cli(server_app, ["certs", str(tmp_path / "c"), "--client", "7", "--json"])
     assert again.exit_code == 0 and set(json.loads(again.stdout)["clients"]) == {"7"}
     assert {p.name for p in (tmp_path / "c").iterdir()} == {
         "ca.pem", "ca.key", "server.pem", "server.key", "client-0.pem", "client-0.key", "client-1.pem",
@@ -165,7 +149,7 @@ def test_report_of_a_run_without_rounds_or_attackers_is_strict_json(tmp_path):
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # e.g. matplotlib's "no artists with labels" on empty plots
-        result = runner.invoke(server_app, ["report", "--run-dir", str(tmp_path / "run"), "--out",
+        result = invoke_cli(server_app, ["report", "--run-dir", str(tmp_path / "run"), "--out",
                                             str(tmp_path / "plots"), "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout, parse_constant=no_nan)

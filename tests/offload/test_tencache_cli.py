@@ -2,31 +2,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
-from typer.testing import CliRunner
+from conftest import CliResult, invoke_cli
 
-from mlsyskit.core.errors import UserError
 from mlsyskit.tools.offload.cli import app
 
 SMALL_ARGS = ["--model", "gpt-small", "--batch", "2", "--seq", "32", "--device-mem", "96KiB", "--cpu-mem", "128KiB",
               "--opt-mem", "2MiB"]
 
 
-@dataclass
-class Result:
-    exit_code: int
-    output: str
-    stdout: str
-
-
-def invoke(*args: str) -> Result:
-    """As `tencache` (run_app) behaves: a UserError is one `error:` line and its exit code (1 or 2)."""
-    res = CliRunner().invoke(app, list(args))
-    if isinstance(res.exception, UserError):
-        return Result(res.exception.exit_code, f"{res.output}error: {res.exception}", res.stdout)
-    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
-    return Result(res.exit_code, res.output, res.stdout)
+def invoke(*args: str) -> CliResult:
+    """As `tencache` behaves: a UserError is one `error:` line and its exit code (1 or 2)."""
+    return invoke_cli(app, args)
 
 
 def test_profile_then_train_with_all_tiers(tmp_path):

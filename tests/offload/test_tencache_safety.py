@@ -7,12 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from typer.testing import CliRunner
+from conftest import CliResult, invoke_cli
 
-from mlsyskit.core.errors import UserError
 from mlsyskit.tools.offload.cli import app
 
 SMALL = ["--model", "gpt-small", "--batch", "2", "--seq", "32", "--device-mem", "96KiB", "--cpu-mem", "128KiB",
@@ -28,23 +26,12 @@ run.close()
 """
 
 
-@dataclass
-class Result:
-    exit_code: int
-    output: str
-    stdout: str
+def invoke(*args: str) -> CliResult:
+    """As `tencache` behaves: a UserError is one `error:` line and its exit code (1 or 2)."""
+    return invoke_cli(app, args)
 
 
-def invoke(*args: str) -> Result:
-    """As `tencache` (run_app) behaves: a UserError is one `error:` line and its exit code (1 or 2)."""
-    res = CliRunner().invoke(app, list(args))
-    if isinstance(res.exception, UserError):
-        return Result(res.exception.exit_code, f"{res.output}error: {res.exception}", res.stdout)
-    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
-    return Result(res.exit_code, res.output, res.stdout)
-
-
-def losses(r: Result) -> list[float]:
+def losses(r: CliResult) -> list[float]:
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout[r.stdout.index("{"):])["losses"]
 

@@ -2,20 +2,17 @@ import json
 import subprocess
 import sys
 
+from conftest import invoke_cli
 from typer.testing import CliRunner
 
-from mlsyskit.core.errors import UserError
 from mlsyskit.tools.sched.cli import app
 
 runner = CliRunner()
 
 
 def run(args: list[str]) -> tuple[int, str]:
-    """Exit code and output as `marble` (run_app) gives them: a UserError is one line and its code."""
-    res = runner.invoke(app, args)
-    if isinstance(res.exception, UserError):
-        return res.exception.exit_code, f"{res.output}error: {res.exception}"
-    assert not isinstance(res.exception, Exception) or isinstance(res.exception, SystemExit), res.exception
+    """Exit code and output as `marble` gives them: a UserError is one line and its code."""
+    res = invoke_cli(app, args)
     return res.exit_code, res.output
 
 

@@ -42,9 +42,9 @@ class Datalet(ABC):
     @abstractmethod
     def exists(self, key: bytes) -> Any: ...
 
+    @abstractmethod
     def clear(self) -> Any:
         """Remove every key (a replica about to receive a snapshot). Remote datalets return a future."""
-        raise NotImplementedError(f"the {self.name} datalet cannot be cleared")
 
     @abstractmethod
     def export_pairs(self) -> AsyncIterator[tuple[bytes, bytes]]:
