@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from mlsyskit.core.sim import EventHandle, EventLoop, Seeds
 from mlsyskit.core.storage import MetaStore
+from mlsyskit.tools.fl.backends import InProcessBackend, RoundJob, TrainingBackend, TrainTask
 from mlsyskit.tools.fl.config import DataSpec, JobConfig, TrainSpec
 from mlsyskit.tools.fl.coordinator import Coordinator
 from mlsyskit.tools.fl.data import load_federated
@@ -22,7 +23,7 @@ from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.profiles import flash_profiles
 from mlsyskit.tools.fl.report import SIMULATION_KEY
 from mlsyskit.tools.fl.threads import single_threaded
-from mlsyskit.tools.fl.training import local_only_accuracy, train_local
+from mlsyskit.tools.fl.training import local_only_accuracy
 
 
 def choose_attackers(num_clients: int, fraction: float, attack: str, seed: int) -> dict[int, str]:
@@ -49,11 +50,12 @@ class SimulationResult:
 
 class Simulation:
     def __init__(self, config: JobConfig, store: MetaStore, attacks: dict[int, str] | None = None,
-                 dropout: float = 0.0) -> None:
+                 dropout: float = 0.0, backend: TrainingBackend | None = None) -> None:
         single_threaded()  # many tiny models: threads cost more than they give
         self.config = config
         self.attacks = attacks or {}
         self.dropout = dropout
+        self.backend = backend or InProcessBackend()
         self.loop = EventLoop()
         self.coordinator = Coordinator(config, store)
         self.data = load_federated(config.data)
@@ -90,13 +92,12 @@ class Simulation:
         c = self.coordinator
         self._round_start = self.loop.now()
         plan = c.begin_round(sorted(c.clients), self._round_start)
-        for cid in plan.selected:
-            if self._rng.random() < self.dropout:
-                continue  # the client vanishes; the deadline will count it as failed
-            client = self.data.clients[cid]
-            result = train_local(plan.weights, client, self.config.train, c.num_features, c.num_classes,
-                                 plan.seeds[cid], self.attacks.get(cid, "none"))
-            delay = self.profiles[cid].round_time(self.model_bytes, client.num_samples, self.config.train.epochs,
+        tasks = [TrainTask(cid, self.data.clients[cid], plan.seeds[cid], self.attacks.get(cid, "none"))
+                 for cid in plan.selected if self._rng.random() >= self.dropout]  # the rest vanish: failed at the deadline
+        job = RoundJob(plan.weights, self.config.train, c.num_features, c.num_classes)
+        for task, result in zip(tasks, self.backend.train(job, tasks), strict=True):
+            cid = task.client_id
+            delay = self.profiles[cid].round_time(self.model_bytes, task.data.num_samples, self.config.train.epochs,
                                                   self._rng)
             if self._round_start + delay <= plan.deadline:
                 # virtual, deterministic: the measured wall/CPU times of this process would differ run to run

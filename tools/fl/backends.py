@@ -1,0 +1,109 @@
+"""Where simulated clients train: the seam between the simulator and a training backend.
+
+The simulator decides who trains, with which model and seed, and when each update would arrive
+on the virtual clock; a backend only runs the training. `InProcessBackend` trains the tasks one
+after another in this process; a distributed backend (`--backend ray`) runs the same tasks as
+remote tasks and must return the same results.
+
+The contract, so that any backend gives the same job for the same seed:
+- Tasks and results are plain data that pickle: numpy arrays, ints, floats, strings and frozen
+  dataclasses of them (`ClientData`, `TrainSpec`, `LocalResult`). No torch objects, no handles.
+- A task carries everything its training depends on (model weights, data, spec, seed, attack),
+  so the result is a pure function of the task; a worker keeps no state between tasks.
+- `train` returns one result per task, in the order of the tasks, whatever order they finish in.
+- The measured wall/CPU times in a result are this machine's and differ between backends; the
+  simulator replaces them with the client's profile on the virtual clock.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from mlsyskit.tools.fl.config import TrainSpec
+from mlsyskit.tools.fl.data import ClientData
+from mlsyskit.tools.fl.model import Weights
+from mlsyskit.tools.fl.training import LocalResult, local_only_accuracy, train_local
+
+
+@dataclass(frozen=True)
+class RoundJob:
+    """What every task of one round shares: the global model and the training recipe."""
+
+    weights: Weights
+    spec: TrainSpec
+    num_features: int
+    num_classes: int
+
+
+@dataclass(frozen=True)
+class TrainTask:
+    """One selected client's local training in one round."""
+
+    client_id: int
+    data: ClientData
+    seed: int
+    attack: str = "none"
+
+
+@dataclass(frozen=True)
+class BaselineTask:
+    """One consumer's local-only baseline (TIFF's utility ratio): a model trained on its data alone."""
+
+    client_id: int
+    data: ClientData
+    seed: int
+
+
+class TrainingBackend(Protocol):
+    name: str
+
+    def train(self, job: RoundJob, tasks: Sequence[TrainTask]) -> list[LocalResult]:
+        """One result per task, in task order."""
+        ...
+
+    def local_only(self, spec: TrainSpec, num_features: int, num_classes: int,
+                   tasks: Sequence[BaselineTask]) -> list[float]:
+        """Each task's local-only accuracy on its own test split, in task order."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def run_train_task(job: RoundJob, task: TrainTask) -> LocalResult:
+    """The one function every backend runs per task (a Ray backend ships exactly this)."""
+    return train_local(job.weights, task.data, job.spec, job.num_features, job.num_classes, task.seed, task.attack)
+
+
+def run_baseline_task(spec: TrainSpec, num_features: int, num_classes: int, task: BaselineTask) -> float:
+    return local_only_accuracy(task.data, spec, num_features, num_classes, task.seed)
+
+
+class InProcessBackend:
+    """Trains the tasks sequentially in this process (torch single-threaded: many tiny models)."""
+
+    name = "inprocess"
+
+    def train(self, job: RoundJob, tasks: Sequence[TrainTask]) -> list[LocalResult]:
+        return [run_train_task(job, task) for task in tasks]
+
+    def local_only(self, spec: TrainSpec, num_features: int, num_classes: int,
+                   tasks: Sequence[BaselineTask]) -> list[float]:
+        return [run_baseline_task(spec, num_features, num_classes, task) for task in tasks]
+
+    def close(self) -> None:
+        pass
+
+
+BACKEND_NAMES = ("inprocess", "ray")
+
+
+def make_backend(name: str, address: str | None = None) -> TrainingBackend:
+    """A backend by its CLI name. `ray` lives in its own module (optional extra) and joins `address`."""
+    if name == "inprocess":
+        return InProcessBackend()
+    if name == "ray":
+        from mlsyskit.tools.fl.ray_backend import RayBackend  # optional: imports ray
+
+        return RayBackend(address)
+    raise ValueError(f"backend must be one of {', '.join(BACKEND_NAMES)}, got {name!r}")
