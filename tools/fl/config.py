@@ -96,6 +96,8 @@ class EconomyConfig:
 @dataclass(frozen=True)
 class JobConfig:
     strategy: str = "tiff"
+    scheduler: str = ""  # "" = the strategy's own selector; else a name in scheduling.SCHEDULERS (random, tifl,
+    # oort, fast, rfair, afair, perf, adaptive): it picks who trains and sets each round's deadline
     rounds: int = 10
     per_round: int = 5
     min_clients: int = 2  # connected clients a round needs (as Flower's min_available_clients); the job goes on
@@ -119,6 +121,8 @@ class JobConfig:
         require(self.round_timeout_s > 0, "round_timeout_s must be positive")
         require(self.max_update_bytes > 0, "max_update_bytes must be positive")
         require(self.max_norm_ratio > 1, "max_norm_ratio must exceed 1")
+        require(self.scheduler == "" or self.scheduler.replace("-", "").isalnum(),
+                f"scheduler must be a scheduler name, got {self.scheduler!r}")
 
     @property
     def wait_for(self) -> int:
