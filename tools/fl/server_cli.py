@@ -23,7 +23,7 @@ from mlsyskit.core.errors import RuntimeFailure, UsageError
 from mlsyskit.core.rpc import RpcError
 from mlsyskit.core.sim import Seeds
 from mlsyskit.core.storage import MetaStore, StorageError
-from mlsyskit.tools.fl.config import ATTACKS, DATASETS, PARTITIONS, JobConfig, check_address
+from mlsyskit.tools.fl.config import DATASETS, PARTITIONS, JobConfig, check_address
 from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.report import DB_NAME, BaselineMismatch, load_run, plot, summarize
 from mlsyskit.tools.fl.strategy import STRATEGIES
@@ -183,45 +183,6 @@ def run(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, datas
     _print_summary(summarize(load_run(run_dir)), json_out)
 
 
-@app.command()
-def simulate(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, dataset: str | None = DATASET,
-             model: str | None = MODEL,
-             clients: int | None = CLIENTS, per_round: int | None = PER_ROUND, rounds: int | None = ROUNDS,
-             partition: str | None = PARTITION, alpha: float | None = ALPHA, seed: int | None = SEED,
-             malicious_fraction: float = typer.Option(0.0, "--malicious-fraction",
-                                                      help="Fraction of clients that attack (0 to <1)."),
-             attack: str = typer.Option("label-flip", "--attack",
-                                        help=f"What the attackers do: {' | '.join(a for a in ATTACKS if a != 'none')}."),
-             dropout: float = typer.Option(0.0, "--dropout", help="Chance a selected client vanishes mid-round."),
-             run_dir: Path = _run_dir_option("runs/fl-sim"),
-             fresh: bool = FRESH, json_out: bool = json_option(),
-             verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
-    """The same server logic with in-process clients on a virtual clock (deterministic for a seed)."""
-    set_verbosity(verbose, quiet)
-    from mlsyskit.tools.fl.coordinator import JobMismatch
-    from mlsyskit.tools.fl.simulator import Simulation
-    from mlsyskit.tools.fl.threads import single_threaded
-
-    job = _job(config, strategy, dataset, clients, per_round, rounds, partition, alpha, seed, model)
-    if attack not in ATTACKS or attack == "none":
-        raise UsageError(f"--attack must be one of {', '.join(a for a in ATTACKS if a != 'none')}, got {attack!r}")
-    if not 0 <= malicious_fraction < 1 or not 0 <= dropout < 1:
-        raise UsageError("--malicious-fraction and --dropout must be in [0, 1)")
-    attacks = malicious_clients(job.data.num_clients, malicious_fraction, attack, job.seed)
-    single_threaded()
-    store = _open_store(run_dir, fresh)
-    try:
-        with reporter() as rep:
-            rep.phase(f"preparing {job.data.num_clients} clients")
-            simulation = Simulation(job, store, attacks, dropout)
-            simulation.run(on_round=_round_progress(rep, job.rounds))
-    except (JobMismatch, ValueError) as e:
-        raise UsageError(str(e)) from None
-    finally:
-        store.close()
-    _print_summary(summarize(load_run(run_dir)), json_out)
-
-
 def malicious_clients(num_clients: int, fraction: float, attack: str, seed: int) -> dict[int, str]:
     """A seeded choice of round(fraction * N) attackers."""
     count = int(round(fraction * num_clients))
@@ -313,6 +274,12 @@ def _print_summary(summary: dict, json_out: bool, consumers: bool = False) -> No
         emit_table(make_table("consumers", ["client", "paid", "refund", "TRR", "UIR"], rows))
     if "plots" in summary:
         log(f"plots: {', '.join(summary['plots'])}")
+
+
+# `simulate` lives in simulate_cli.py (the simulator's owner); registered here so `fl-server --help` lists it
+from mlsyskit.tools.fl import simulate_cli  # noqa: E402
+
+simulate_cli.register(app)
 
 
 def main() -> None:
