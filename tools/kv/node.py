@@ -42,7 +42,7 @@ from mlsyskit.tools.kv.controlets.base import (
 )
 from mlsyskit.tools.kv.datalets import Datalet
 from mlsyskit.tools.kv.links import Link
-from mlsyskit.tools.kv.requests import PEER_MESSAGE, Request, relay_answer, write_reply
+from mlsyskit.tools.kv.requests import PEER_MESSAGE, Request, read_answer, relay_answer, write_reply
 from mlsyskit.tools.kv.shardmap import ShardMap
 from mlsyskit.tools.kv.snapshot import stream_snapshot
 
@@ -262,9 +262,7 @@ class Node:
                 return self.datalet.clear()
             if kind is SendStored:
                 return self.datalet.get(a.key)
-            if a.req.op is GET or self.visible is not None:  # versioned values: a tombstone exists as bytes
-                return self.datalet.get(a.req.key)
-            return self.datalet.exists(a.req.key)
+            return self.datalet.get(a.req.key)  # every read needs the bytes: deadlines, types, versions
         except Exception as e:  # noqa: BLE001 - a datalet error fails the request, never the node
             return _Failed(e)
 
@@ -377,12 +375,7 @@ class Node:
     def _answer_read(self, req: Request, value: Any) -> None:
         if self.visible is not None:
             value = self.visible(value)
-            if req.op is not GET:
-                value = value is not None
-        if req.op is GET:
-            req.complete(resp.bulk(value))
-        else:
-            req.complete(resp.ONE if value else resp.ZERO)
+        req.complete(read_answer(req, value))  # GET, EXISTS, TTL, LRANGE ... (expiry and types decoded)
 
     # -- introspection -------------------------------------------------------
     def info(self) -> dict[str, Any]:
