@@ -11,7 +11,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from mlsyskit.core import __version__
-from mlsyskit.tools.kv import admin, keyspace, peerauth, resp, rmw
+from mlsyskit.tools.kv import admin, keyspace, peerauth, queries, resp, resp3, rmw, values
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT, RMW
 from mlsyskit.tools.kv.requests import PEER_AUTH, PEER_MESSAGE, PEER_NONCE, Ready
 from mlsyskit.tools.kv.shardmap import hash64
@@ -32,7 +32,7 @@ def cmd_get(conn: ClientConnection, cmd: list) -> None:
         return None
     node = conn.node
     if node.fast_get is not None and not conn.slots and node.owns(key):
-        conn.out.append(resp.bulk(node.fast_get(key)))
+        conn.out.append(values.get_answer(node.fast_get(key), conn.unix_ms()))
     else:
         conn.single(GET, key, None)
 
@@ -45,6 +45,7 @@ def cmd_set(conn: ClientConnection, cmd: list) -> None:
     key, value = cmd[1], cmd[2]
     if conn.bad_key(key) or conn.bad_value(value):
         return None
+    value = values.stored_string(value)  # escaped if it would read as a record
     node = conn.node
     if node.fast_put is not None and not conn.slots and node.owns(key):
         node.fast_put(key, value)
@@ -54,21 +55,45 @@ def cmd_set(conn: ClientConnection, cmd: list) -> None:
 
 
 def cmd_rmw(conn: ClientConnection, cmd: list) -> None:
-    """INCR, INCRBY, DECR, DECRBY, SETNX, SET ... NX|XX|GET: resolved at the shard's write point (rmw.py)."""
+    """Every write but plain SET/DEL (INCR, SET EX/NX, EXPIRE, LPUSH, HSET, ZADD ...): resolved
+    at the shard's write point and replicated as the key's whole new value (rmw.py)."""
     try:
         command = rmw.parse(cmd)
     except rmw.RmwSyntaxError as e:
         return conn.reply(resp.error(f"ERR {e}"))
     key = command[1]
-    if conn.bad_key(key) or (len(command) > 2 and command[0] != b"INCRBY" and command[0] != b"DECRBY"
-                             and conn.bad_value(command[2])):
+    if conn.bad_key(key) or any(conn.bad_value(a) for a in command[2:]):
         return None
     conn.single(RMW, key, None, command)
 
 
-def cmd_no_expiry(conn: ClientConnection, cmd: list) -> None:
-    name = cmd[0].decode(errors="replace").upper()
-    conn.reply(resp.error(f"ERR {name} is not supported: bespokv keys do not expire"))
+def cmd_query(conn: ClientConnection, cmd: list) -> None:
+    """TTL, TYPE, LRANGE, HGET, ZSCORE ...: served where GET is, from the key's stored value (queries.py)."""
+    name = cmd[0].upper()
+    arity = queries.READS[name][0]
+    if len(cmd) != arity if arity > 0 else len(cmd) < -arity:
+        return _arity(conn, cmd, name.decode().lower())
+    command = rmw.Command([name, *cmd[1:]])
+    refused = queries.check(command)
+    if refused is not None:
+        return conn.reply(refused)
+    key = command[1]
+    if conn.bad_key(key):
+        return None
+    node = conn.node
+    if node.fast_get is not None and not conn.slots and node.owns(key):
+        answer = queries.answer(command, node.fast_get(key), conn.unix_ms())
+        conn.out.append(resp3.shape(command, answer) if conn.protocol == 3 else answer)
+    else:
+        conn.single(GET, key, None, command)
+
+
+def cmd_reap(conn: ClientConnection, cmd: list) -> None:
+    """BKV.REAP key: the expiry sweep's delete-if-expired, forwarded by a node that is no
+    longer its shard's write point (peers only: a client has DEL)."""
+    if conn.peer is None:
+        return conn.reply(b"-NOPERM BKV.REAP is for authenticated replica connections\r\n")
+    cmd_rmw(conn, cmd)
 
 
 def _keys_command(op: str, name: str, kind: bytes):
@@ -93,6 +118,7 @@ def cmd_mset(conn: ClientConnection, cmd: list) -> None:
     pairs = list(zip(cmd[1::2], cmd[2::2], strict=True))
     if any(conn.bad_key(k) or conn.bad_value(v) for k, v in pairs):
         return None
+    pairs = [(k, values.stored_string(v)) for k, v in pairs]
     conn.multi(b"MSET", PUT, pairs)
 
 
@@ -226,6 +252,10 @@ HANDLERS: dict[bytes, Any] = {
     b"BKV.SHARDMAP": cmd_shardmap, b"BKV.DIGEST": cmd_digest,
     PEER_MESSAGE: cmd_peer, PEER_NONCE: cmd_nonce, PEER_AUTH: cmd_peer_auth,
     **dict.fromkeys(rmw.COMMANDS, cmd_rmw), **keyspace.HANDLERS,
-    **dict.fromkeys((b"EXPIRE", b"PEXPIRE", b"TTL", b"PTTL", b"PERSIST", b"SETEX", b"PSETEX"), cmd_no_expiry),
+    **dict.fromkeys(queries.READS, cmd_query), rmw.REAP: cmd_reap,
 }
+# COMMAND/COMMAND COUNT list what is in admin.ARITY: add the typed commands' Redis arities.
+admin.ARITY.update({name: (arity, (b"write",), 1, 1, 1) for name, (arity, _) in rmw.WRITES.items()
+                    if name not in admin.ARITY and name != rmw.REAP})
+admin.ARITY.update({name: (arity, (b"readonly",), 1, 1, 1) for name, (arity, _) in queries.READS.items()})
 admin.register_arities(HANDLERS)

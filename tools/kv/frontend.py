@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 import hiredis
 
-from mlsyskit.tools.kv import admin, resp
+from mlsyskit.tools.kv import admin, resp, values
 from mlsyskit.tools.kv.commands import HANDLERS
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, FLUSH, GET, PUT, WRITES
 from mlsyskit.tools.kv.requests import PEER_MESSAGE, Ready, Request
 
 if TYPE_CHECKING:
+    from mlsyskit.tools.kv.expiry import ActiveExpiry
     from mlsyskit.tools.kv.node import Node
 
 WRITE_OPS = {b"MSET": PUT, b"DEL": DEL, b"FLUSHALL": FLUSH}
@@ -74,8 +75,10 @@ _ids = itertools.count(1)
 
 
 class ClientConnection(asyncio.Protocol):
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, expiry: ActiveExpiry) -> None:
         self.id = next(_ids)
+        self.expiry = expiry
+        self.unix_ms = expiry.unix_ms  # the wall clock deadlines are read against
         self.name = b""
         self.lib: dict[bytes, bytes] = {}
         self.peer: str | None = None  # the node name, once BKV.AUTH proved the cluster secret
@@ -138,7 +141,7 @@ class ClientConnection(asyncio.Protocol):
         gated = self.in_refused_multi or not self.authed
         owns, max_key, max_value = node.owns, self.limits.max_key_bytes, self.limits.max_value_bytes
         all_mine = node.only_shard
-        out, slots, ok, gets = self.out, self.slots, resp.OK, reader.gets
+        out, slots, ok, gets, first = self.out, self.slots, resp.OK, reader.gets, values.FIRST
         budget = self.limits.max_output_bytes - self.transport.get_write_buffer_size()
         try:
             while (cmd := gets()) is not False:
@@ -152,6 +155,9 @@ class ClientConnection(asyncio.Protocol):
                             if v is None:
                                 out.append(b"$-1\r\n")
                                 continue
+                            if v[:1] == first:  # a record (values.py): a deadline, a type, an escape
+                                out.append(values.get_answer(v, self.unix_ms()))
+                                continue
                             out.append(b"$%d\r\n%b\r\n" % (len(v), v))
                             budget -= len(v)
                             if budget < 0:
@@ -161,7 +167,7 @@ class ClientConnection(asyncio.Protocol):
                     elif n == 3 and fast_put is not None and cmd[0] == b"SET":
                         key, value = cmd[1], cmd[2]
                         if type(key) is bytes and type(value) is bytes and len(key) <= max_key \
-                                and len(value) <= max_value and (all_mine or owns(key)):
+                                and len(value) <= max_value and value[:1] != first and (all_mine or owns(key)):
                             fast_put(key, value)
                             out.append(ok)
                             continue
@@ -351,7 +357,14 @@ class ClientConnection(asyncio.Protocol):
 
     def _start(self, item: Any) -> None:
         if type(item) is Request:
+            command = item.rmw
+            if command is None:
+                self.node.submit(item)
+                return
+            command.now_ms = self.unix_ms()  # the instant it takes effect: deadlines, lazy expiry
             self.node.submit(item)
+            if item.op is PUT and item.value[:1] == values.FIRST:  # resolved here, with a deadline?
+                self.expiry.note(item.key, values.deadline_of(item.value))
             return
         op = WRITE_OPS.get(item.kind, GET if item.kind == b"MGET" else EXISTS)
         for i, (key, value) in enumerate(item.items):

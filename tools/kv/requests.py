@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import hiredis
 
-from mlsyskit.tools.kv import resp, rmw
+from mlsyskit.tools.kv import queries, resp, resp3, rmw, values
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, FLUSH, GET, PUT
 
 PEER_MESSAGE = b"BKV.MSG"  # BKV.MSG epoch src kind fields...: one-way, authenticated peers only
@@ -53,8 +53,10 @@ class Request:
         """The command that performs this operation on another node."""
         if self.rmw is not None and self.reply is None:
             return hiredis.pack_command(tuple(self.rmw))
-        if self.op is PUT:
-            return hiredis.pack_command((b"SET", self.key, self.value))
+        if self.op is PUT:  # the client's own bytes (a value that reads as a record was escaped)
+            value = self.value
+            return hiredis.pack_command((b"SET", self.key, values.client_string(value) if value[:1] == values.FIRST
+                                         else value))
         if self.op is FLUSH:
             return hiredis.pack_command((FLUSH_SHARD, self.key))
         return hiredis.pack_command(({GET: b"GET", EXISTS: b"EXISTS", DEL: b"DEL"}[self.op], self.key))
@@ -69,9 +71,39 @@ class Ready:
         self.payload = payload
 
 
+def now_ms(req: Request) -> int:
+    """The wall clock of the connection a request came on (for lazy expiry)."""
+    conn = req.conn if req.conn is not None else req.parent.conn
+    return conn.unix_ms()
+
+
+def for_client(req: Request, payload: bytes) -> bytes:
+    """A typed command's RESP2 answer, reshaped for a client that chose RESP3 (resp3.py)."""
+    conn = req.conn if req.conn is not None else req.parent.conn
+    if getattr(conn, "protocol", 2) == 3 and req.rmw[0] in resp3.SHAPED:
+        return resp3.shape(req.rmw, payload)
+    return payload
+
+
+def read_answer(req: Request, stored: bytes | None) -> bytes:
+    """A read's answer from a replica's stored bytes: plain strings as they are, records
+    (values.py) decoded; a key past its deadline is absent (lazy expiry)."""
+    if req.rmw is not None:
+        return for_client(req, queries.answer(req.rmw, stored, now_ms(req)))
+    if stored is not None and stored[:1] == values.FIRST and values.is_tagged(stored):
+        now = now_ms(req)
+        if req.op is not GET:
+            return resp.ZERO if values.expired(stored, now) else resp.ONE
+        answer = values.get_answer(stored, now)
+        return resp.NULL if answer is values.WRONGTYPE and req.parent is not None else answer  # MGET: nil
+    if req.op is GET:
+        return resp.bulk(stored)
+    return resp.ZERO if stored is None else resp.ONE
+
+
 def write_reply(req: Request) -> bytes:
     if req.reply is not None:
-        return req.reply
+        return req.reply if req.rmw is None else for_client(req, req.reply)
     return resp.OK if req.op is PUT or req.op is FLUSH else (resp.ONE if req.existed else resp.ZERO)
 
 
@@ -80,11 +112,13 @@ def relay_answer(req: Request, fut: asyncio.Future) -> bytes:
     exc = fut.exception()
     if exc is not None:
         if isinstance(exc, hiredis.ReplyError):
+            if req.parent is not None and req.op is GET and str(exc).startswith("WRONGTYPE"):
+                return resp.NULL  # MGET answers nil for a key of another kind
             return resp.error(str(exc))
         return resp.error(f"TRYAGAIN forward failed: {exc}")
     value = fut.result()
     if req.rmw is not None:
-        return rmw.relayed(req.rmw, value)
+        return for_client(req, rmw.relayed(req.rmw, value))
     if req.op is FLUSH:
         return resp.OK
     if req.op is GET:

@@ -1,0 +1,132 @@
+"""How a key's Redis value is stored in a datalet: plain bytes, or a tagged record.
+
+Datalets store bytes only. A plain string without an expiry deadline is stored as itself,
+so the GET/SET fast paths and every existing datalet stay byte-for-byte what they were.
+Everything else -- a string with a deadline, a list, a set, a hash, a sorted set, or a
+string that happens to begin with the tag -- is stored as one record:
+
+    MAGIC (4 bytes) | kind (1 byte) | deadline (8 bytes, big-endian Unix ms, 0 = none) | body
+
+The body is the string itself, or msgpack of the collection. The record is computed once,
+at the shard's write point, and replicated as it is (whole-value writes through the
+controlets), so every replica holds the same bytes. Deadlines are absolute wall-clock
+instants, never relative: replicas that apply the record later still agree on when it
+expires (the clock assumption is in docs/bespokv.md).
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any, NamedTuple
+
+import msgpack
+
+MAGIC = b"\x00BKV"
+FIRST = MAGIC[:1]  # the fast paths look at one byte: anything else is a plain string
+STRING, LIST, HASH, SET, ZSET = b"s", b"l", b"h", b"t", b"z"
+TYPE_NAMES = {STRING: b"string", LIST: b"list", HASH: b"hash", SET: b"set", ZSET: b"zset"}
+_HEADER = struct.Struct(">4scQ")
+WRONGTYPE = b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n"
+
+
+class Entry(NamedTuple):
+    """A decoded value. data: bytes (string), list[bytes] (list), dict[bytes, bytes] (hash),
+    dict[bytes, None] (set, in insertion order), dict[bytes, float] (sorted set)."""
+
+    kind: bytes
+    deadline: int  # Unix ms; 0: never expires
+    data: Any
+
+
+class WrongType(Exception):
+    """The key holds another kind of value (answered -WRONGTYPE, nothing changes)."""
+
+
+def is_tagged(stored: bytes) -> bool:
+    return stored[:1] == FIRST and stored[:4] == MAGIC
+
+
+def decode(stored: bytes | None) -> Entry | None:
+    if stored is None:
+        return None
+    if not is_tagged(stored):
+        return Entry(STRING, 0, stored)
+    _, kind, deadline = _HEADER.unpack_from(stored)
+    body = stored[_HEADER.size:]
+    if kind == STRING:
+        return Entry(STRING, deadline, body)
+    items = msgpack.unpackb(body, raw=True, use_list=True, strict_map_key=False)
+    if kind == LIST:
+        data: Any = items
+    elif kind == HASH:
+        data = dict(zip(items[0::2], items[1::2], strict=True))
+    elif kind == SET:
+        data = dict.fromkeys(items)
+    elif kind == ZSET:
+        data = dict(zip(items[0::2], items[1::2], strict=True))
+    else:
+        raise ValueError(f"unknown stored kind {kind!r}")
+    return Entry(kind, deadline, data)
+
+
+def encode(entry: Entry | None) -> bytes | None:
+    """The stored bytes of an entry; None for an absent key (or an emptied collection)."""
+    if entry is None:
+        return None
+    kind, deadline, data = entry
+    if kind == STRING:
+        if not deadline and not is_tagged(data):
+            return data
+        return _HEADER.pack(MAGIC, kind, deadline) + data
+    if not data:
+        return None  # Redis removes a key whose collection became empty
+    if kind == LIST or kind == SET:
+        flat = list(data)
+    else:
+        flat = [x for pair in data.items() for x in pair]
+    return _HEADER.pack(MAGIC, kind, deadline) + msgpack.packb(flat, use_bin_type=True)
+
+
+def live(stored: bytes | None, now_ms: int) -> Entry | None:
+    """The entry a client sees at `now_ms`: None when absent or past its deadline."""
+    entry = decode(stored)
+    if entry is None or (entry.deadline and entry.deadline <= now_ms):
+        return None
+    return entry
+
+
+def expired(stored: bytes | None, now_ms: int) -> bool:
+    return stored is not None and is_tagged(stored) and 0 < _HEADER.unpack_from(stored)[2] <= now_ms
+
+
+def deadline_of(stored: bytes | None) -> int:
+    return _HEADER.unpack_from(stored)[2] if stored is not None and is_tagged(stored) else 0
+
+
+def stored_string(value: bytes) -> bytes:
+    """A client's SET value as stored: itself, unless it would read as a record (then escaped)."""
+    return encode(Entry(STRING, 0, value)) if is_tagged(value) else value
+
+
+def client_string(stored: bytes) -> bytes:
+    """Inverse of stored_string (a forwarded SET carries the client's own bytes)."""
+    return stored[_HEADER.size:] if is_tagged(stored) else stored
+
+
+def string_of(entry: Entry | None) -> bytes | None:
+    """A string value, or WrongType for a collection."""
+    if entry is None:
+        return None
+    if entry.kind != STRING:
+        raise WrongType
+    return entry.data
+
+
+def get_answer(stored: bytes | None, now_ms: int) -> bytes:
+    """GET's RESP answer for stored bytes (tagged ones decoded; expired ones are nil)."""
+    try:
+        value = string_of(live(stored, now_ms))
+    except WrongType:
+        return WRONGTYPE
+    if value is None:
+        return b"$-1\r\n"
+    return b"$%d\r\n%b\r\n" % (len(value), value)
