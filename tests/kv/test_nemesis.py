@@ -16,11 +16,12 @@ def run(coro, timeout: float = 30):
 
 def test_schedule_is_a_function_of_the_seed_and_covers_every_kind_each_round() -> None:
     nodes = ["a", "b", "c"]
-    first = list(itertools.islice(schedule(FAULTS, nodes, seed=7), 12))
-    assert first == list(itertools.islice(schedule(FAULTS, nodes, seed=7), 12))
-    assert first != list(itertools.islice(schedule(FAULTS, nodes, seed=8), 12))
+    k = len(FAULTS)
+    first = list(itertools.islice(schedule(FAULTS, nodes, seed=7), 3 * k))
+    assert first == list(itertools.islice(schedule(FAULTS, nodes, seed=7), 3 * k))
+    assert first != list(itertools.islice(schedule(FAULTS, nodes, seed=8), 3 * k))
     for r in range(3):
-        assert sorted(f.kind for f in first[4 * r:4 * r + 4]) == sorted(FAULTS)
+        assert sorted(f.kind for f in first[k * r:k * r + k]) == sorted(FAULTS)
     assert all(f.node in nodes and f.gap >= 0 for f in first)
     assert all((f.hold == 0) == (f.kind == "restart") for f in first)
     assert list(schedule((), nodes, seed=1)) == []

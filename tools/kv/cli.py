@@ -274,8 +274,8 @@ def bench(workload: str = typer.Option(None, "--workload", help="ycsb-a (default
 @app.command()
 def check(mode: str = typer.Option(None, "--mode", help="Controlet under test: ms-sc (default), ms-ec, aa-sc, aa-ec."),
           nemesis: str = typer.Option(None, "--nemesis",
-                                      help="Faults, comma-separated: kill, pause, partition, restart, or none "
-                                           "(default all four)."),
+                                      help="Faults, comma-separated: kill, pause, partition, restart, "
+                                           "coordinator-kill, or none (default the first four)."),
           ops: int = typer.Option(None, "--ops", help="At least this many operations; the run also lasts "
                                                       "until every requested fault has happened (2000)."),
           clients: int = typer.Option(None, "--clients", help="Concurrent clients (10)."),
@@ -285,6 +285,11 @@ def check(mode: str = typer.Option(None, "--mode", help="Controlet under test: m
           datalet: str = typer.Option(None, "--datalet", help="memory (default; a killed node restarts empty) "
                                                               "or lmdb."),
           timeout: float = typer.Option(None, "--timeout", help="Seconds a client waits for an answer (2.5)."),
+          coordinator: str = typer.Option(None, "--coordinator",
+                                          help="none (default: no failover), embedded, or "
+                                               "zookeeper://HOST:PORT/ROOT: nodes heartbeat, fail over, rejoin."),
+          heartbeat: float = typer.Option(None, "--heartbeat", help="With a coordinator: heartbeat interval, "
+                                                                    "s (0.5; failed after 3 missed)."),
           history: Path = typer.Option(None, "--history", dir_okay=False,
                                        help="Re-check a saved history.jsonl instead of running a cluster."),
           seed: int = seed_option(None, "Master seed of the workload and the nemesis schedule (0)."),
@@ -316,7 +321,8 @@ def check(mode: str = typer.Option(None, "--mode", help="Controlet under test: m
         raise UsageError(str(e)) from None
     spec = load_command_config(CheckSpec, config, {
         "mode": mode, "nemesis": faults, "ops": ops, "clients": clients, "keys": keys, "seed": seed,
-        "shards": shards, "replicas": replicas, "datalet": datalet, "timeout": timeout})
+        "shards": shards, "replicas": replicas, "datalet": datalet, "timeout": timeout,
+        "coordinator": coordinator, "heartbeat": heartbeat})
     out_dir = ensure_out_dir(out if out is not None else Path("bespokv-check") / f"{spec.mode}-seed{spec.seed}")
     log(f"bespokv check --mode {spec.mode} --nemesis {','.join(spec.nemesis) or 'none'} --seed {spec.seed} "
         f"(rerun with this seed to replay the schedule)")

@@ -11,6 +11,11 @@ A datalet error fails its request and stops the rest of its batch; every Send co
 before the failure was known is dropped too (each batch carries the failure count it was
 made under), and the controlet hears of it (on_apply_failed) so it can catch up. A tick
 task feeds the controlet the clock (timeouts, catch-up retries, anti-entropy).
+
+With a control plane (controlplane.py) the node follows the coordinator's shard map: a new
+epoch rebuilds the controlet from the old one's state (reconfigure), peer messages from an
+older epoch are dropped and those from a newer one are held until the node has the new map,
+and the node serves clients only while it is in the map and its lease is valid (fenced()).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
     GET,
     PUT,
+    TRYAGAIN,
     Apply,
     ControletOptions,
     Fail,
@@ -46,6 +52,13 @@ from mlsyskit.tools.kv.requests import PEER_MESSAGE, Request, read_answer, relay
 from mlsyskit.tools.kv.shardmap import ShardMap
 from mlsyskit.tools.kv.snapshot import stream_snapshot
 
+FENCED = f"{TRYAGAIN} fenced:"  # refused before execution: the client refreshes its map and retries
+MAX_HELD_MESSAGES = 100_000  # peer messages from a newer epoch waiting for this node to fetch its map
+
+
+class LeaseExpired(Exception):
+    """A fast-path read found the lease lapsed: the connection is closed rather than served stale."""
+
 
 class Node:
     def __init__(self, shard_map: ShardMap, node_id: str | None, datalet: Datalet | None,
@@ -60,7 +73,13 @@ class Node:
         self.secret = secret if secret is not None else _secrets.token_bytes(32)
         self.requirepass = requirepass
         self.clock = clock or RealClock()
+        self.options = options
         self.tick_interval = tick_interval
+        self.agent: Any = None  # the ControlAgent when a coordinator is in charge of the map
+        self.deposed = False  # not in the current map: serves nothing until it rejoins
+        self.lease_until: float | None = None  # None: no control plane, no lease needed
+        self.held: list[tuple[int, str, bytes, list]] = []  # peer messages of a newer epoch
+        self.reconfigurations = 0
         self.shard = shard_map.shard_of_node(node_id) if node_id else None
         if node_id is not None and self.shard is None:
             raise ValueError(f"node {node_id!r} is not in the shard map")
@@ -108,13 +127,91 @@ class Node:
     def _refresh_fast_paths(self) -> None:
         """Hot path: ops this replica answers from its own synchronous datalet; off while catching up."""
         c = self.controlet
-        ready = c is not None and c.ready
+        ready = c is not None and c.ready and not self.deposed
         if ready == self._fast_ready:
             return
         self._fast_ready = ready
         local = self.sync_datalet and ready
-        self.fast_get = self.datalet.get if local and c.serves_locally(GET) else None
-        self.fast_put = self.datalet.put if local and c.serves_locally(PUT) else None
+        if not local:
+            self.fast_get = self.fast_put = None
+            return
+        get = self.datalet.get if self.lease_until is None else self._leased_get
+        self.fast_get = get if c.serves_locally(GET) else None
+        self.fast_put = self.datalet.put if c.serves_locally(PUT) and self.lease_until is None else None
+
+    def _leased_get(self, key: bytes) -> bytes | None:
+        # Checked per read: after a SIGSTOP the event loop hands over queued client data before any
+        # timer runs, so only a check at the read itself keeps a deposed tail from answering.
+        if self.clock.now() >= self.lease_until:
+            raise LeaseExpired(f"{self.node_id}: lease lapsed")
+        return self.datalet.get(key)
+
+    # -- the control plane ------------------------------------------------------
+    def fenced(self) -> str | None:
+        """Why this node may not serve clients now (None: it may)."""
+        if self.deposed:
+            return f"{FENCED} {self.node_id} is not in the shard map (epoch {self.map.epoch}); refresh the map"
+        if self.lease_until is not None and self.clock.now() >= self.lease_until:
+            return f"{FENCED} {self.node_id} has no current lease from the coordinator; retry"
+        return None
+
+    def renew_lease(self, until: float) -> None:
+        if self.lease_until is None:
+            self._fast_ready = None  # the fast read path now checks the lease
+        self.lease_until = until
+        self._refresh_fast_paths()
+
+    def applied(self) -> int | None:
+        """This replica's count of applied writes (heartbeats carry it; ms-ec promotes the highest)."""
+        return None if self.deposed else getattr(self.controlet, "applied", None)
+
+    def reconfigure(self, new_map: ShardMap) -> None:
+        """A newer shard map: rebuild the controlet from the old one's state (or stand down)."""
+        if new_map.epoch <= self.map.epoch:
+            return
+        self.reconfigurations += 1
+        old_map, self.map = self.map, new_map
+        self.epoch_bytes = str(new_map.epoch).encode()
+        self.peer_names = {n.encode(): n for n in new_map.nodes}
+        for nid in list(self.links):
+            addr, was = new_map.nodes.get(nid), old_map.nodes.get(nid)
+            if addr is None or (was is not None and (addr.host, addr.port) != (was.host, was.port)):
+                self._close_link(nid)
+        if self.node_id is None:  # the proxy only routes by the map
+            self.only_shard = False
+            return
+        shard = new_map.shard_of_node(self.node_id)
+        old = self.controlet
+        if shard is None:
+            if not self.deposed and old is not None:
+                self.execute(old.fail_pending(f"{TRYAGAIN} reconfigured: this replica left the shard; "
+                                              "the write may still be applied"))
+            self.deposed = True
+        else:
+            was_member = not self.deposed
+            self.deposed = False
+            self.shard = shard
+            self.only_shard = len(new_map.shards) == 1
+            new = self.controlet_cls(self.node_id, new_map.shards[shard], new_map.epoch, self.options,
+                                     incarnation=_secrets.randbits(30))
+            if self.sync_datalet_of(self.datalet):
+                new.read_local = self.datalet.get
+            new.now = self.clock.now()
+            self.controlet = new
+            self.execute(new.take_over(old) if was_member and old is not None else new.on_start())
+            self.quiet()
+        self._fast_ready = None
+        self._refresh_fast_paths()
+        held, self.held = self.held, []
+        for epoch, peer, peer_bytes, cmd in held:
+            if epoch >= new_map.epoch:
+                self.on_peer_message(peer, peer_bytes, cmd)
+
+    def _close_link(self, node_id: str) -> None:
+        link = self.links.pop(node_id)
+        task = asyncio.get_running_loop().create_task(link.close())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     # -- lifecycle -----------------------------------------------------------
     async def open(self) -> None:
@@ -145,10 +242,14 @@ class Node:
             self.tick()
 
     def tick(self) -> None:
+        if self.deposed:
+            return
         self.execute(self.controlet.on_tick(self.clock.now()))
         self._refresh_fast_paths()
 
     async def stop(self) -> None:
+        if self.agent is not None:
+            await self.agent.stop()
         if self.ticker is not None:
             self.ticker.cancel()
         for task in list(self.tasks):
@@ -183,6 +284,11 @@ class Node:
         return self.only_shard or (self.shard is not None and self.map.shard_for(key) == self.shard)
 
     def submit(self, req: Request) -> None:
+        if self.lease_until is not None or self.deposed:
+            refusal = self.fenced()
+            if refusal is not None:
+                req.complete(resp.error(refusal))
+                return
         if self.only_shard or self.map.shard_for(req.key) == self.shard:  # ours: no ring lookup for one shard
             if self.time_per_op:
                 self.controlet.now = self.clock.now()
@@ -212,7 +318,7 @@ class Node:
         if len(cmd) < 4 or self.controlet is None:
             return
         if cmd[1] != self.epoch_bytes:
-            self.stats["fenced"] += 1
+            self._other_epoch(peer, peer_bytes, cmd)
             return
         if cmd[2] != peer_bytes:  # the sender is who authenticated, whatever the message claims
             self.stats["refused_peer_messages"] += 1
@@ -220,6 +326,18 @@ class Node:
         self.quiet_due = True
         self.execute(self.controlet.on_peer(peer, cmd[3], cmd[4:]))
         self._refresh_fast_paths()
+
+    def _other_epoch(self, peer: str, peer_bytes: bytes, cmd: list) -> None:
+        """Older epoch: fenced off. Newer: hold it and fetch the map (admit's REFRESH_SELF)."""
+        try:
+            epoch = int(cmd[1])
+        except ValueError:
+            epoch = -1
+        if epoch <= self.map.epoch or self.agent is None or len(self.held) >= MAX_HELD_MESSAGES:
+            self.stats["fenced"] += 1
+            return
+        self.held.append((epoch, peer, peer_bytes, cmd))
+        self.agent.refresh_soon()
 
     def quiet(self) -> None:
         """The front end drained a read that carried peer messages: the controlet's deferred actions."""
@@ -384,12 +502,19 @@ class Node:
             "shard": -1 if self.shard is None else self.shard, "shards": len(self.map.shards),
             "replicas": len(self.map.shards[0]), "epoch": self.map.epoch, "controlet": self.map.controlet,
             "datalet": self.map.datalet, "connected_clients": len(self.client_connections),
+            "deposed": int(self.deposed), "reconfigurations": self.reconfigurations,
+            "lease_s": "-" if self.lease_until is None else round(self.lease_until - self.clock.now(), 3),
             **{f"total_{k}": v for k, v in self.stats.items()}}
         size = getattr(self.datalet, "size", None)
         if size is not None:
             out["keys"] = size()
         if self.controlet is not None:
             out.update({k: v for k, v in self.controlet.state().items() if k not in out})
+        if self.deposed:
+            out["catching_up"] = 1  # not serving until it has rejoined and caught up
+            out["role"] = "deposed"
+        if self.agent is not None:
+            out.update({f"coord_{k}": v for k, v in self.agent.stats.items()})
         return out
 
 

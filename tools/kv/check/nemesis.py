@@ -8,6 +8,11 @@ a seeded time, then heals and waits a seeded gap before the next.
   pause      SIGSTOP the node; SIGCONT when the fault ends
   partition  cut every replica link to and from the node (fault proxies); reconnect at the end
   restart    stop the node cleanly (SIGTERM) and start it again at once
+  coordinator-kill  kill -9 the coordinator; start it again when the fault ends (the embedded
+             one resumes from its SQLite state; nodes keep serving on their leases meanwhile)
+
+With a coordinator, a kill or pause that outlasts the failure timeout is a failover: the victim
+leaves the map, and rejoins as a replacement when it comes back.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from dataclasses import dataclass
 
 from mlsyskit.core.clock import Clock
 
-FAULTS = ("kill", "pause", "partition", "restart")
+FAULTS = ("kill", "pause", "partition", "restart", "coordinator-kill")
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,10 @@ class Nemesis:
         elif fault.kind == "restart":
             await c.terminate(node)
             await c.start_node(node)
+        elif fault.kind == "coordinator-kill":
+            await c.kill_coordinator()
+            await self.clock.asleep(fault.hold)
+            c.start_coordinator()
         self._note("end", fault)
 
     def _note(self, phase: str, fault: Fault) -> None:

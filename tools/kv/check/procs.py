@@ -21,7 +21,9 @@ from typing import Any
 import hiredis
 
 from mlsyskit.core.clock import Clock, RealClock
+from mlsyskit.tools.kv import coordproc
 from mlsyskit.tools.kv.check.faultproxy import FaultProxy
+from mlsyskit.tools.kv.controlplane import CoordinatorSpec, parse_coordinator
 from mlsyskit.tools.kv.pipeline import RespConnection
 from mlsyskit.tools.kv.processes import parse_info
 from mlsyskit.tools.kv.shardmap import ShardMap, layout
@@ -53,8 +55,12 @@ async def call(host: str, port: int, *parts: Any, timeout: float = 1.0) -> Any:
 
 
 class ProcCluster:
+    """`coordinator`: None (no control plane: a dead replica waits for its restart), "embedded" or
+    "zookeeper://HOST:PORT/ROOT" (nodes heartbeat, fail over and rejoin; `heartbeat` x `misses`)."""
+
     def __init__(self, controlet: str, datalet: str, shards: int, replicas: int, data_dir: Path,
-                 partitionable: bool, clock: Clock | None = None, start_timeout: float = 30.0) -> None:
+                 partitionable: bool, clock: Clock | None = None, start_timeout: float = 30.0,
+                 coordinator: str | None = None, heartbeat: float = 0.5, misses: int = 3) -> None:
         self.controlet, self.datalet = controlet, datalet
         self.shards, self.replicas = shards, replicas
         self.data_dir = Path(data_dir).resolve()
@@ -66,6 +72,10 @@ class ProcCluster:
         self.paused: set[str] = set()
         self.proxies: dict[tuple[str, str], FaultProxy] = {}  # (src, dst) -> proxy
         self.record: dict[str, Any] = {}
+        self.coordinator, self.heartbeat, self.misses = coordinator, heartbeat, misses
+        self.coord_spec: CoordinatorSpec | None = None
+        self.coord_procs: list[subprocess.Popen] = []
+        self.original: list[str] = []  # every node id of the first map: the nemesis' victims, healed back
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self) -> None:
@@ -85,10 +95,74 @@ class ProcCluster:
         self.record = {"map": self.map.to_dict(), "datalet": self.datalet, "data_dir": str(self.data_dir),
                        "proxy": {"host": HOST, "port": 0}, "redis_ports": {}, "processes": [],
                        "routes": routes}
+        self.original = list(self.nodes)
+        self.home = dict(self.map.nodes)  # where each node listens, whichever map it is in
+        if self.coordinator is not None:
+            self.start_coordinator()
         self._write_record()
         for nid in self.nodes:
             self._spawn(nid)
         await self.wait_ready(self.nodes)
+        if self.coord_spec is not None:
+            await asyncio.to_thread(coordproc.initialize, self.coord_spec, self.map, self.clock)
+            await self.settle()
+
+    # -- the coordinator ------------------------------------------------------------
+    def start_coordinator(self, index: int = 0) -> None:
+        """Start the coordinator process (embedded: on a fixed free port, so a restart reuses it)."""
+        if self.coord_spec is None:
+            url = self.coordinator if self.coordinator != "embedded" else f"embedded://{HOST}:{free_ports(1)[0]}"
+            self.coord_spec = parse_coordinator(url, self.heartbeat, self.misses)
+            self.record["coordinator"] = self.coord_spec.to_dict()
+        argv = coordproc.coordinator_argv(self.coord_spec, self.data_dir / "coord", index)
+        self.coord_procs.append(coordproc.spawn(argv, self.data_dir / "logs" / f"coordinator-{index}.log"))
+
+    async def kill_coordinator(self) -> None:
+        """kill -9 the coordinator (the leader: the first live one)."""
+        for proc in self.coord_procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                await asyncio.to_thread(proc.wait)
+                return
+
+    def coordinator_alive(self) -> bool:
+        return any(p.poll() is None for p in self.coord_procs)
+
+    async def current_map(self) -> ShardMap:
+        if self.coord_spec is None:
+            return self.map
+        found = await asyncio.to_thread(coordproc.current_map, self.coord_spec)
+        return found or self.map
+
+    async def settle(self, timeout: float | None = None) -> None:
+        """Wait until every original node is back in the coordinator's map, at its epoch, caught up
+        and holding a lease; then adopt that map (final reads and digests follow it)."""
+        deadline = self.clock.now() + (timeout or self.start_timeout)
+        while True:
+            try:
+                current = await self.current_map()
+                if set(self.original) <= set(current.nodes) and await self._all_at(current):
+                    self.map = current
+                    return
+            except (RuntimeError, OSError):
+                pass  # the coordinator is restarting
+            if self.clock.now() > deadline:
+                raise RuntimeError(f"the cluster did not settle on one map with every node within "
+                                   f"{timeout or self.start_timeout:.0f}s; see {self.data_dir}/logs")
+            await self.clock.asleep(0.1)
+
+    async def _all_at(self, current: ShardMap) -> bool:
+        for nid in current.nodes:
+            addr = current.nodes[nid]
+            try:
+                info = parse_info(await call(addr.host, addr.port, b"INFO", timeout=0.5))
+            except (OSError, TimeoutError, hiredis.ReplyError):
+                return False
+            lease = info.get("lease_s", "-")
+            if info.get("epoch") != str(current.epoch) or info.get("catching_up", "0") != "0" \
+                    or lease == "-" or float(lease) <= 0:
+                return False
+        return True
 
     @property
     def nodes(self) -> list[str]:
@@ -118,7 +192,7 @@ class ProcCluster:
     async def wait_ready(self, nodes: list[str]) -> None:
         deadline = self.clock.now() + self.start_timeout
         for nid in nodes:
-            addr = self.map.nodes[nid]
+            addr = self.home[nid]
             while True:
                 if not self.alive(nid):
                     raise RuntimeError(f"node {nid} exited with {self.procs[nid].returncode}; "
@@ -135,6 +209,14 @@ class ProcCluster:
                 await self.clock.asleep(0.05)
 
     async def stop(self) -> None:
+        for proc in self.coord_procs:  # first: stopping nodes must not look like failures
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    await asyncio.wait_for(asyncio.to_thread(proc.wait), 5)
+                except TimeoutError:
+                    proc.kill()
+                    await asyncio.to_thread(proc.wait)
         for nid in list(self.paused):
             self._signal(nid, signal.SIGCONT)
         self.paused.clear()
@@ -202,8 +284,12 @@ class ProcCluster:
             await proxy.heal()
         for nid in list(self.paused):
             self.resume(nid)
-        for nid in self.nodes:
+        if self.coord_spec is not None and not self.coordinator_alive():
+            self.start_coordinator()
+        for nid in self.original or self.nodes:
             await self.start_node(nid)
+        if self.coord_spec is not None:
+            await self.settle()
 
     # -- observation ---------------------------------------------------------------
     async def digests(self, timeout: float = 2.0) -> dict[str, tuple[int, str] | None]:

@@ -38,7 +38,7 @@ RESULT_FILE = "result.json"
 @dataclass(frozen=True)
 class CheckSpec:
     mode: str = "ms-sc"
-    nemesis: tuple[str, ...] = ("kill", "pause", "partition", "restart")
+    nemesis: tuple[str, ...] = ("kill", "pause", "partition", "restart")  # coordinator-kill: on request
     ops: int = 2000
     clients: int = 10
     keys: int = 10
@@ -50,6 +50,9 @@ class CheckSpec:
     converge_s: float = 5.0
     hold: tuple[float, float] = (0.6, 1.8)  # how long a fault lasts, s
     gap: tuple[float, float] = (0.3, 1.0)  # quiet time between faults, s
+    coordinator: str = "none"  # none | embedded | zookeeper://HOST:PORT/ROOT: failover and rejoin
+    heartbeat: float = 0.5  # with a coordinator: heartbeat interval, s (failed after `misses`)
+    misses: int = 3
 
     def __post_init__(self) -> None:
         require(self.mode in MODES, f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
@@ -61,6 +64,11 @@ class CheckSpec:
         require(self.timeout > 0 and self.converge_s > 0, "--timeout and converge_s must be positive")
         require(0 < self.hold[0] <= self.hold[1] and 0 <= self.gap[0] <= self.gap[1],
                 "hold and gap are (min, max) seconds with min <= max")
+        require(self.coordinator in ("none", "embedded") or self.coordinator.startswith("zookeeper://"),
+                f"--coordinator must be none, embedded or zookeeper://HOST:PORT/ROOT, got {self.coordinator!r}")
+        require(self.heartbeat > 0 and self.misses >= 1, "--heartbeat must be positive, misses at least 1")
+        require("coordinator-kill" not in self.nemesis or self.coordinator != "none",
+                "the coordinator-kill nemesis needs --coordinator")
 
     @property
     def strong(self) -> bool:
@@ -106,13 +114,16 @@ async def run_check(spec: CheckSpec, out_dir: Path, log: Callable[[str], None] =
     result = CheckResult(spec={**asdict(spec), "nemesis": list(spec.nemesis)})
     history = History(clock)
     cluster = ProcCluster(spec.mode, spec.datalet, spec.shards, spec.replicas, out_dir / "cluster",
-                          partitionable="partition" in spec.nemesis, clock=clock)
+                          partitionable="partition" in spec.nemesis, clock=clock,
+                          coordinator=None if spec.coordinator == "none" else spec.coordinator,
+                          heartbeat=spec.heartbeat, misses=spec.misses)
     started = clock.now()
     try:
         log(f"starting a {spec.shards}x{spec.replicas} {spec.mode} cluster ({spec.datalet} datalet)")
         await cluster.start()
         workload = Workload(cluster.map, history, clock, ops=spec.ops, clients=spec.clients, keys=spec.keys,
-                            seed=spec.seed, timeout=spec.timeout, on_progress=progress)
+                            seed=spec.seed, timeout=spec.timeout, on_progress=progress,
+                            fetch_map=cluster.current_map if spec.coordinator != "none" else None)
         nemesis = Nemesis(cluster, spec.nemesis, spec.seed, clock, log, hold=spec.hold, gap=spec.gap)
         load_done = asyncio.Event()
         nemesis_task = asyncio.get_running_loop().create_task(nemesis.run(load_done.is_set))

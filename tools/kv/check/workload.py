@@ -1,5 +1,6 @@
 """The checker's workload: C clients, each one operation at a time, every value unique.
 
+With failover, clients follow the shard map (mapfollow.FollowingClient).
 Operations mix reads, writes and deletes of K register keys with writes of fresh
 write-once keys (`u<n>`), whose loss is visible without any ordering argument. Each client
 is a SmartClient with its own connections, a per-operation timeout and the shared History.
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from mlsyskit.core.clock import Clock
 from mlsyskit.tools.kv.client import KVError, SmartClient
 from mlsyskit.tools.kv.history import History
+from mlsyskit.tools.kv.mapfollow import FollowingClient, MapSource
 from mlsyskit.tools.kv.shardmap import ShardMap
 
 
@@ -50,11 +52,12 @@ def is_write_once(key: str) -> bool:
 class Workload:
     def __init__(self, smap: ShardMap, history: History, clock: Clock, *, ops: int, clients: int, keys: int,
                  seed: int, timeout: float, mix: Mix | None = None,
-                 on_progress: Callable[[int], None] = lambda _: None) -> None:
+                 on_progress: Callable[[int], None] = lambda _: None, fetch_map: MapSource | None = None) -> None:
         self.smap, self.history, self.clock = smap, history, clock
         self.ops, self.clients, self.keys, self.seed, self.timeout = ops, clients, keys, seed, timeout
         self.mix = mix or Mix()
         self.on_progress = on_progress
+        self.fetch_map = fetch_map  # with failover: where clients fetch a newer shard map
         self.issued = 0
         self.next_value = 0
         self.once_keys: list[bytes] = []
@@ -69,8 +72,9 @@ class Workload:
 
     async def _client(self, c: int, keep_going: Callable[[], bool]) -> None:
         rng = random.Random(self.seed * 1_000_003 + c)
-        client = SmartClient(self.smap, seed=rng.randrange(2**32), history=self.history, process=c,
-                             timeout=self.timeout)
+        kwargs = {"seed": rng.randrange(2**32), "history": self.history, "process": c, "timeout": self.timeout}
+        client = (SmartClient(self.smap, **kwargs) if self.fetch_map is None
+                  else FollowingClient(self.smap, self.fetch_map, **kwargs))
         try:
             while self.issued < self.ops or keep_going():
                 self.issued += 1

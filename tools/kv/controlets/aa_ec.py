@@ -162,6 +162,16 @@ class LastWriterWins(Controlet):
             return [SendStored(src, b"AEPUT", k) for k in fields if k in self.versions]
         return []
 
+    def take_over(self, old: Controlet) -> list[Action]:
+        """A new replica set: the version table carries over; anti-entropy repairs what a failed
+        replica had not propagated (nothing waits on peers here)."""
+        if type(old) is not type(self):
+            return super().take_over(old)
+        self.counter, self.versions, self.digests, self.bucket_keys = (
+            old.counter, old.versions, old.digests, old.bucket_keys)
+        self.stale_dropped, self.repaired = old.stale_dropped, old.repaired
+        return []
+
     def on_tick(self, now: float) -> list[Action]:
         self.now = now
         if now < self.next_ae or not self.others:

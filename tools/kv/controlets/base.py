@@ -96,6 +96,7 @@ class SendStored(NamedTuple):
 Action = Apply | Read | Reply | Fail | Send | Forward | Snapshot | Reset | SendStored
 
 TRYAGAIN = "TRYAGAIN"  # Redis's "retry later" error class: the write's outcome is not known
+RECONFIGURED = f"{TRYAGAIN} the shard was reconfigured while this operation waited; a write may still be applied"
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,16 @@ class Controlet(ABC):
     def on_apply_failed(self, req: Any) -> list[Action]:
         """A datalet write failed (req None: a replicated write). The runtime already failed req."""
         return []
+
+    def fail_pending(self, message: str) -> list[Action]:
+        """Fail every client request waiting on peers (their messages may be lost). Default: none wait."""
+        return []
+
+    def take_over(self, old: Controlet) -> list[Action]:
+        """The shard map changed (epoch + 1) and this replica stays: continue from `old`, the same
+        replica's controlet under the previous map. Default: fail what `old` was waiting on (its
+        outcome is unknown) and catch up afresh, as after a restart."""
+        return old.fail_pending(RECONFIGURED) + self.on_start()
 
     def resolve(self, req: Any) -> list[Action] | None:
         """At the shard's write point: turn a read-modify-write into the PUT/DEL it amounts to.

@@ -12,6 +12,12 @@ a live replica instead of skipping, so "the tail applied n" implies it applied 1
 snapshot that contains them). Only the tail's acks count. A write that is not acknowledged
 within write_timeout fails with -TRYAGAIN (its outcome is unknown: it may still reach the
 tail); so does every waiting write when the link to the successor gives up.
+
+Failover (a new map from the coordinator, take_over): the chain without the failed node keeps
+every survivor's position. A surviving head keeps its waiting writes: they are answered when
+the new tail acknowledges them (it resynchronises from its new predecessor if it missed any),
+or at once when the head is now the whole chain; so an acknowledged write is on every
+survivor (each replica holds a prefix of its predecessor's stream) and none is answered twice.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from typing import Any
 from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
     GET,
+    RECONFIGURED,
     RMW,
     TRYAGAIN,
     Action,
@@ -159,6 +166,16 @@ class ChainReplication(OrderedStream):
             self.timeouts += 1
             out.append(Fail(self.in_flight.popleft()[1], TIMED_OUT))
         return out + self.tick_sync(now)
+
+    def carry_pending(self, old: Any) -> list[Action]:
+        if old.node_id != old.head or self.node_id != self.head:
+            return old.fail_pending(RECONFIGURED)
+        self.in_flight, self.timeouts = old.in_flight, old.timeouts
+        if self.successor is not None:
+            return []
+        out: list[Action] = [Reply(req) for _, req, _ in self.in_flight]  # the whole chain is this node now
+        self.in_flight = deque()
+        return out
 
     def on_link_lost(self, node: str) -> list[Action]:
         return self.fail_pending(LINK_LOST) if node == self.successor else []

@@ -24,6 +24,12 @@ order declare itself ready with what it holds; a silent replica (paused, partiti
 counts, so a restarted replica cannot overrule live ones that merely answer slowly.
 A replica that becomes ready tells its downstream replicas its position (SEQAT) so that a
 downstream replica holding a different position resynchronises at once.
+
+Reconfiguration (a new epoch, take_over) keeps the numbering: every survivor keeps its position
+and tells its new downstream replicas where it stands, so a replica whose new upstream is
+ahead (the failed one had not forwarded everything) or behind (a promoted ms-ec replica that
+had not received the old master's last writes) resynchronises from it; equal positions in one
+numbering mean equal states, so nothing is copied when nothing was missed.
 """
 from __future__ import annotations
 
@@ -31,7 +37,17 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from mlsyskit.tools.kv.controlets.base import TRYAGAIN, Action, Apply, Controlet, Fail, Reset, Send, Snapshot
+from mlsyskit.tools.kv.controlets.base import (
+    RECONFIGURED,
+    TRYAGAIN,
+    Action,
+    Apply,
+    Controlet,
+    Fail,
+    Reset,
+    Send,
+    Snapshot,
+)
 
 READY, WAITING, RECEIVING = "ready", "waiting", "receiving"
 SYNC_KINDS = (b"SYNCREQ", b"SYNCBUSY", b"SNAPBEGIN", b"SNAPDATA", b"SNAPEND", b"SEQAT")
@@ -98,6 +114,19 @@ class OrderedStream(Controlet):
         if len(self.replicas) == 1:
             return []
         return self.begin_sync()
+
+    def take_over(self, old: Controlet) -> list[Action]:
+        if type(old) is not type(self):  # another protocol's numbering (a live switch): start afresh
+            return super().take_over(old)
+        self.applied, self.gaps, self.syncs = old.applied, old.gaps, old.syncs
+        out = self.carry_pending(old)
+        if old.mode is not READY:
+            return out + self.begin_sync()
+        return out + self.on_synced()
+
+    def carry_pending(self, old: OrderedStream) -> list[Action]:
+        """What `old` was waiting on under the previous map. Default: fail it (outcome unknown)."""
+        return old.fail_pending(RECONFIGURED)
 
     def begin_sync(self) -> list[Action]:
         """Stop applying and catch up from a live replica."""

@@ -1,0 +1,207 @@
+"""A node's side of the control plane: register, heartbeat, follow the shard map, hold a lease, rejoin.
+
+    embedded://HOST:PORT[,HOST:PORT...]     the embedded coordinator (leader first, then standbys)
+    zookeeper://HOST:PORT[,HOST:PORT...]/ROOT   ZooKeeper (liveness = this node's own session)
+
+Every `interval_s` the agent heartbeats with the node's applied-write count (the coordinator
+promotes the most advanced ms-ec replica with it). The reply carries the map's epoch; a newer
+epoch (or a peer message stamped with one: `refresh_soon`) makes the node fetch the map and
+reconfigure (Node.reconfigure). A node that finds itself absent from the map was deposed: it
+rejoins its home shard as a replacement (join, then catch up from a survivor before serving).
+
+The lease is what keeps a deposed tail from serving stale reads. A heartbeat sent at t and
+answered "known, same epoch" proves the coordinator heard from this node no earlier than t, and
+the coordinator fails a node over only after `timeout_s` of silence, so until t + timeout_s no
+new map can exclude it. The node serves clients only until t + timeout_s - margin_s; a node
+that was paused, partitioned from the coordinator or deposed stops serving by itself, before
+any new configuration can act without it (one machine's clock; margin for scheduling delay).
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mlsyskit.core.clock import Clock, RealClock
+from mlsyskit.core.config import ConfigError, require
+from mlsyskit.core.console import log, warn
+from mlsyskit.tools.kv.coord.aclient import AsyncCoordClient, CoordRefused, CoordUnavailable
+from mlsyskit.tools.kv.shardmap import NodeAddr, ShardMap
+
+if TYPE_CHECKING:
+    from mlsyskit.tools.kv.node import Node
+
+
+@dataclass(frozen=True)
+class CoordinatorSpec:
+    kind: str  # "embedded" | "zookeeper"
+    addrs: tuple[tuple[str, int], ...]
+    root: str = "/bespokv"
+    interval_s: float = 0.5
+    misses: int = 3
+
+    def __post_init__(self) -> None:
+        require(self.kind in ("embedded", "zookeeper"), f"unknown coordinator kind {self.kind!r}")
+        require(len(self.addrs) >= 1, "a coordinator needs at least one address")
+        require(self.interval_s > 0 and self.misses >= 1, "heartbeat interval > 0 and misses >= 1")
+
+    @property
+    def timeout_s(self) -> float:
+        return self.interval_s * self.misses
+
+    def url(self) -> str:
+        hosts = ",".join(f"{h}:{p}" for h, p in self.addrs)
+        return f"zookeeper://{hosts}{self.root}" if self.kind == "zookeeper" else f"embedded://{hosts}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url(), "interval_s": self.interval_s, "misses": self.misses}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CoordinatorSpec:
+        return parse_coordinator(d["url"], float(d.get("interval_s", 0.5)), int(d.get("misses", 3)))
+
+
+def parse_coordinator(url: str, interval_s: float = 0.5, misses: int = 3) -> CoordinatorSpec:
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("embedded", "zookeeper"):
+        raise ConfigError(f"--coordinator wants embedded://HOST:PORT or zookeeper://HOST:PORT/ROOT, got {url!r}")
+    hosts, slash, root = rest.partition("/")
+    addrs = []
+    for part in hosts.split(","):
+        host, colon, port = part.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"--coordinator: bad address {part!r} in {url!r}")
+        addrs.append((host, int(port)))
+    return CoordinatorSpec(scheme, tuple(addrs), "/" + root if slash and root else "/bespokv", interval_s, misses)
+
+
+class ZkBackend:
+    """The same calls as AsyncCoordClient, on ZooKeeper (kazoo is blocking: run in a thread)."""
+
+    def __init__(self, spec: CoordinatorSpec) -> None:
+        from mlsyskit.tools.kv.coord.zk import ZkCoordinator
+
+        hosts = ",".join(f"{h}:{p}" for h, p in spec.addrs)
+        # The session is this node's liveness: it expires after timeout_s without contact.
+        self.coord = ZkCoordinator(hosts, spec.root, session_timeout_s=spec.timeout_s)
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        from mlsyskit.tools.kv.coord.zk import KazooException
+
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except KazooException as e:
+            raise CoordUnavailable(repr(e)) from None
+
+    async def map(self) -> ShardMap | None:
+        return await self._call(self.coord.read_map)
+
+    async def register(self, node: str, host: str, port: int) -> None:
+        await self._call(self.coord.register, NodeAddr(node, host, port))
+
+    async def heartbeat(self, node: str, applied: int | None) -> tuple[bool, int | None]:
+        known = await self._call(self.coord.heartbeat, node, applied)
+        current = await self.map()
+        return known, None if current is None else current.epoch
+
+    async def join(self, shard: int, node: str, host: str, port: int) -> ShardMap:
+        from mlsyskit.tools.kv.coord.failover import PlanError
+        from mlsyskit.tools.kv.coord.orchestrator import join
+
+        try:
+            return await self._call(join, self.coord, shard, NodeAddr(node, host, port))
+        except PlanError as e:
+            raise CoordRefused(str(e)) from None
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.coord.close)
+
+
+def make_backend(spec: CoordinatorSpec) -> Any:
+    if spec.kind == "zookeeper":
+        return ZkBackend(spec)
+    return AsyncCoordClient(list(spec.addrs), timeout_s=min(1.0, spec.interval_s * 2))
+
+
+class ControlAgent:
+    """Runs beside a Node in its event loop (one task); the node calls `refresh_soon` on newer epochs."""
+
+    def __init__(self, node: Node, spec: CoordinatorSpec, home: NodeAddr | None, home_shard: int | None,
+                 clock: Clock | None = None, backend: Any = None) -> None:
+        self.node, self.spec = node, spec
+        self.home, self.home_shard = home, home_shard  # this node's address and the shard it rejoins
+        self.clock = clock or RealClock()
+        self.backend = backend or make_backend(spec)
+        self.margin_s = min(spec.interval_s / 2, 0.25)
+        self.wake = asyncio.Event()
+        self.registered = False
+        self.task: asyncio.Task | None = None
+        self.stats = {"heartbeats": 0, "heartbeat_failures": 0, "maps": 0, "rejoins": 0}
+        node.agent = self
+        if node.node_id is not None:  # no lease until the first heartbeat is answered
+            node.lease_until = float("-inf")
+            node._fast_ready = None
+            node._refresh_fast_paths()
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            await close()
+
+    def refresh_soon(self) -> None:
+        self.wake.set()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.step()
+            except (CoordUnavailable, CoordRefused) as e:
+                self.stats["heartbeat_failures"] += 1
+                if self.stats["heartbeat_failures"] % 20 == 1:
+                    warn(f"control plane: {e}")
+            self.wake.clear()
+            try:
+                await asyncio.wait_for(self.wake.wait(), self.spec.interval_s)
+            except TimeoutError:
+                pass
+
+    async def step(self) -> None:
+        """One round: heartbeat (a proxy only polls the map), follow a new map, renew the lease."""
+        node = self.node
+        if node.node_id is None:
+            await self.follow(await self.backend.map())
+            return
+        if not self.registered:
+            await self.backend.register(node.node_id, self.home.host, self.home.port)
+            self.registered = True
+        sent = self.clock.now()
+        known, epoch = await self.backend.heartbeat(node.node_id, node.applied())
+        self.stats["heartbeats"] += 1
+        if epoch is not None and epoch != node.map.epoch or not known or node.deposed:
+            await self.follow(await self.backend.map())
+        if node.deposed:
+            await self.rejoin()
+            return
+        if known and epoch == node.map.epoch:
+            node.renew_lease(sent + self.spec.timeout_s - self.margin_s)
+
+    async def follow(self, current: ShardMap | None) -> None:
+        if current is not None and current.epoch > self.node.map.epoch:
+            self.stats["maps"] += 1
+            self.node.reconfigure(current)
+
+    async def rejoin(self) -> None:
+        """Deposed (failed over while paused, or restarted after its failover): join as a replacement."""
+        node = self.node
+        if self.home_shard is None or self.home_shard >= len(node.map.shards):
+            return
+        log(f"{node.node_id} is not in the shard map (epoch {node.map.epoch}): rejoining shard {self.home_shard}")
+        new = await self.backend.join(self.home_shard, node.node_id, self.home.host, self.home.port)
+        self.stats["rejoins"] += 1
+        self.registered = False  # join registered us; the next round re-registers our liveness (ZooKeeper)
+        node.reconfigure(new)

@@ -1,0 +1,79 @@
+"""A smart client that follows the shard map: on a sign that the map moved on, it fetches it again.
+
+The signs: a node refused as fenced (deposed, or without a lease), a write failed because the
+shard was reconfigured, or a node could not be reached or dropped the connection. The
+operation itself still fails (recorded as the base client records it: a refused or unreachable
+operation `fail`, an ambiguous one `info`); the caller retries, and the retry goes to the new
+map's nodes. Fetches are rate-limited so a dead node does not turn every operation into one.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from mlsyskit.tools.kv.client import KVError, SmartClient
+from mlsyskit.tools.kv.controlets import controlet_class
+from mlsyskit.tools.kv.shardmap import ShardMap
+
+MapSource = Callable[[], Awaitable[ShardMap | None]]
+HINTS = ("fenced:", "reconfigured", "catching up", "link", "forward")
+
+
+def means_new_map(error: BaseException) -> bool:
+    if isinstance(error, KVError):
+        return any(h in str(error) for h in HINTS)
+    return isinstance(error, (OSError, TimeoutError))
+
+
+class FollowingClient(SmartClient):
+    def __init__(self, shard_map: ShardMap, fetch_map: MapSource, min_interval_s: float = 0.1, **kwargs) -> None:
+        super().__init__(shard_map, **kwargs)
+        self.fetch_map = fetch_map
+        self.min_interval_s = min_interval_s
+        self.last_fetch = -1e9
+        self.refreshes = 0
+
+    async def _following(self, operation):
+        try:
+            return await operation
+        except (KVError, OSError, TimeoutError) as e:
+            if means_new_map(e):
+                await self.refresh()
+            raise
+
+    async def get(self, key: bytes) -> bytes | None:
+        return await self._following(super().get(key))
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        await self._following(super().put(key, value))
+
+    async def delete(self, key: bytes) -> bool:
+        return await self._following(super().delete(key))
+
+    async def exists(self, key: bytes) -> bool:
+        return await self._following(super().exists(key))
+
+    async def refresh(self) -> bool:
+        """Fetch the map (at most once per min_interval_s); True when a newer one was adopted."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self.last_fetch < self.min_interval_s:
+            return False
+        self.last_fetch = loop.time()
+        try:
+            current = await self.fetch_map()
+        except (OSError, TimeoutError, RuntimeError):
+            return False
+        if current is None or current.epoch <= self.map.epoch:
+            return False
+        self.adopt(current)
+        return True
+
+    def adopt(self, current: ShardMap) -> None:
+        self.refreshes += 1
+        self.map = current
+        self.cls = controlet_class(current.controlet)  # a live switch changes the controlet
+        self._writes = [tuple(self.cls.write_targets(r)) for r in current.shards]
+        self._reads = [tuple(self.cls.read_targets(r)) for r in current.shards]
+        for node in [n for n in self.conns if n not in current.nodes]:
+            conn = self.conns.pop(node)
+            asyncio.get_running_loop().create_task(conn.close())
