@@ -100,13 +100,41 @@ def _copy(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor], stream: to
     return "loop"
 
 
+def plan_batches(sizes: Sequence[int], *, max_segments: int, max_bytes: int) -> list[list[int]]:
+    """Group copies (byte sizes, in request order) into launches: consecutive copies share a batch while it
+    has fewer than `max_segments` segments and the bytes stay within `max_bytes`; a copy larger than
+    `max_bytes` is a batch of its own. Returns the indices per batch, every index exactly once, in order."""
+    if max_segments < 1 or max_bytes < 1:
+        raise ValueError(f"plan_batches: max_segments and max_bytes must be >= 1, got {max_segments}, {max_bytes}")
+    batches: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        if n < 0:
+            raise ValueError(f"plan_batches: copy {i} has a negative size {n}")
+        if current and (len(current) >= max_segments or total + n > max_bytes):
+            batches.append(current)
+            current, total = [], 0
+        current.append(i)
+        total += n
+    if current:
+        batches.append(current)
+    return batches
+
+
+def segment_table(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The kernel's argument table, int64 of shape (3, n): source addresses, destination addresses, bytes;
+    row i of each is segment i (one grid row of the launch)."""
+    sizes = [d.numel() * d.element_size() for d in dsts]
+    return torch.tensor([[s.data_ptr() for s in srcs], [d.data_ptr() for d in dsts], sizes], dtype=torch.int64)
+
+
 def _launch(kernel: Any, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor],
             torch_stream: torch.cuda.Stream) -> None:
     import cupy
 
     sizes = [d.numel() * d.element_size() for d in dsts]
-    table = torch.tensor([[s.data_ptr() for s in srcs], [d.data_ptr() for d in dsts], sizes],
-                         dtype=torch.int64).pin_memory()
+    table = segment_table(dsts, srcs).pin_memory()
     with torch.cuda.stream(torch_stream):
         device_table = table.to("cuda", non_blocking=True)
     chunks = max(1, min(1024, max(sizes) // (_THREADS * 16 * 4) + 1))

@@ -42,26 +42,32 @@ def round_up(n: int, align: int = ALIGN) -> int:
 def aligned_empty(nbytes: int, *, device: str | torch.device = "cpu", pin: bool = False,
                   alignment: int = ALIGN) -> torch.Tensor:
     """A uint8 tensor of `nbytes` whose first byte is `alignment`-aligned (over-allocates, then slices).
-    `pin`: page-locked with cudaHostRegister over exactly this allocation; torch's pin_memory goes through
-    the caching host allocator, which rounds to a power of two (an 8 GiB pool would pin 16 GiB). The
-    registration is undone when the memory is freed."""
+    `pin`: page-locked with cudaHostRegister over exactly these `nbytes` (see `pin_exactly`)."""
     raw = torch.empty(nbytes + alignment, dtype=torch.uint8, device=device)
     skip = (-raw.data_ptr()) % alignment
     out = raw[skip:skip + nbytes]
     if pin and torch.device(device).type == "cpu":
-        _register_pinned(raw, out)
+        pin_exactly(out)
     return out
 
 
-def _register_pinned(raw: torch.Tensor, owner: torch.Tensor) -> None:
-    """Page-lock `raw`'s bytes; unregister when `owner` (the tensor handed out, e.g. a pool's arena) is
-    collected: views that outlive it keep valid, merely pageable, memory."""
-    cudart = torch.cuda.cudart()
-    ptr = raw.data_ptr()
-    rc = cudart.cudaHostRegister(ptr, raw.numel(), 0)
+def _cuda_runtime():  # the CUDA runtime binding (tests substitute a recording fake)
+    return torch.cuda.cudart()
+
+
+def pin_exactly(t: torch.Tensor) -> None:
+    """Page-lock exactly `t`'s bytes, one cudaHostRegister call, and unregister them when `t` is collected.
+    torch's pin_memory goes through the caching host allocator, which rounds every request up to a power
+    of two (an 8 GiB pool would pin 16 GiB) and keeps freed blocks pinned; a pool pins what it uses.
+    Views of `t` that outlive it keep valid, merely pageable, memory."""
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raise PoolError("only contiguous CPU memory can be pinned")
+    cudart = _cuda_runtime()
+    ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
+    rc = cudart.cudaHostRegister(ptr, nbytes, 0)
     if int(getattr(rc, "value", rc)) != 0:
-        raise PoolError(f"cudaHostRegister of {raw.numel()} bytes failed ({rc}): is the memlock limit too low?")
-    weakref.finalize(owner, cudart.cudaHostUnregister, ptr)
+        raise PoolError(f"cudaHostRegister of {nbytes} bytes failed ({rc}): is the memlock limit too low?")
+    weakref.finalize(t, cudart.cudaHostUnregister, ptr)
 
 
 @dataclass(eq=False)

@@ -6,25 +6,35 @@ when it completes; `settle` waits for it and releases the source slot, `reap` se
 without waiting. While a move is in flight both slots stay held, so no slot is reused early.
 
 Device tier: a `BufferPool` on the CUDA GPU, or, on a CPU-only machine, a budgeted arena in host memory
-labelled "emulated device". Copies between CPU and device run on a separate CUDA stream (events mark
-completion), or on a copy thread for the emulated device. CPU tier: a `BufferPool` (pinned with CUDA).
-NVMe tier: `mlsyskit.core.filetier.FileTier` (O_DIRECT, checksums, thread pool), one block per tensor.
+labelled "emulated device". Copies between CPU and device run on a side stream with one event per copy
+(streams.py: a module waits on its own tensors' events, never on the whole side stream), or on a copy
+thread for the emulated device. Copies of small tensors (<= 64 KiB) to the device are queued and launched
+together by `flush_copies` (one batched kernel for many tensors, copy_kernels.plan_batches). CPU tier: a
+`BufferPool` (pinned with CUDA). NVMe tier: `mlsyskit.core.filetier.FileTier` (O_DIRECT, checksums,
+thread pool), one block per tensor; a device resident evicted to NVMe goes through a reused pinned
+staging buffer, asynchronously unless `sync`. Every read of a block first waits for a write of that block
+still in flight, so a read never sees a stale or half-written block.
 """
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from mlsyskit.core.copy_kernels import batched_copy, plan_batches
 from mlsyskit.core.filetier import FileTier
 from mlsyskit.core.memory import BufferPool, Slot, aligned_empty
+from mlsyskit.tools.offload.streams import CudaStreams, StreamOps, enqueue_copy
 
 DEVICE, CPU, NVME = "device", "cpu", "nvme"
+SMALL_COPY = 64 * 1024  # bytes: device copies up to this size are batched
+BATCH_SEGMENTS = 256  # most tensors in one batched launch
+BATCH_BYTES = 4 << 20  # most bytes in one batched launch
 
 
 class _DoneFuture:
@@ -37,40 +47,63 @@ class _DoneFuture:
         return None
 
 
-class _CudaCopy:
-    """Future-like view of a copy queued on a CUDA stream."""
+class _ThreadCopy:
+    """A copy on the emulated device's copy thread: compute waits for it on the host."""
 
-    def __init__(self, event: torch.cuda.Event) -> None:
-        self.event = event
+    def __init__(self, future: Future) -> None:
+        self.future = future
 
     def done(self) -> bool:
-        return self.event.query()
+        return self.future.done()
 
     def result(self) -> None:
-        self.event.synchronize()
+        self.future.result()
+
+    def consume(self) -> None:
+        self.future.result()
 
 
 class Mover:
-    """Asynchronous CPU<->device copies: a CUDA side stream, or one copy thread for the emulated device."""
+    """Asynchronous copies between host and device: on the side stream of `streams` (CUDA, or a test's
+    fake), else on one copy thread (the emulated device). Every copy returns a future-like object with
+    `done`, `result` (host wait) and `consume` (order compute after it)."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self._stream = torch.cuda.Stream(device) if self.cuda else None
-        self._thread = None if self.cuda else ThreadPoolExecutor(1, thread_name_prefix="tencache-copy")
+    def __init__(self, device: torch.device, streams: StreamOps | None = None) -> None:
+        if streams is None and device.type == "cuda":
+            streams = CudaStreams(device)
+        self.streams = streams
+        self._thread = None if streams is not None else ThreadPoolExecutor(1, thread_name_prefix="tencache-copy")
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> Any:
-        if self.cuda:
-            self._stream.wait_stream(torch.cuda.current_stream())  # src may still be written by compute
-            with torch.cuda.stream(self._stream):
-                dst.copy_(src, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(self._stream)
-            return _CudaCopy(event)
-        return self._thread.submit(dst.copy_, src)
+    def copy(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> Any:
+        if self.streams is not None:
+            return enqueue_copy(self.streams, dsts, srcs)
+        return _ThreadCopy(self._thread.submit(batched_copy, dsts, srcs))
 
     def close(self) -> None:
         if self._thread is not None:
             self._thread.shutdown(wait=True)
+
+
+class _Queued:
+    """A small copy waiting for the next batched launch; launched on first query if nobody flushed."""
+
+    def __init__(self, store: TierStore) -> None:
+        self.store = store
+        self.copy: Any = None
+
+    def _launched(self) -> Any:
+        if self.copy is None:
+            self.store.flush_copies()
+        return self.copy
+
+    def done(self) -> bool:
+        return self._launched().done()
+
+    def result(self) -> None:
+        self._launched().result()
+
+    def consume(self) -> None:
+        self._launched().consume()
 
 
 @dataclass(eq=False)
@@ -110,7 +143,7 @@ class TierStore:
     """Pools, movers and entries; the primitive moves every policy is built from."""
 
     def __init__(self, entries: list[Entry], *, device: torch.device, device_slots: dict[int, int] | None,
-                 cpu_slots: dict[int, int], nvme: FileTier | None) -> None:
+                 cpu_slots: dict[int, int], nvme: FileTier | None, streams: StreamOps | None = None) -> None:
         self.entries = entries
         self.device = device
         self.emulated = device.type != "cuda"
@@ -118,10 +151,15 @@ class TierStore:
                          if device_slots is not None else None)
         self.cpu_pool = BufferPool(cpu_slots, name="cpu")
         self.nvme = nvme
-        self.mover = Mover(device)
+        self.mover = Mover(device, streams)
         self.stats = MoveStats()
         self.inflight: set[Entry] = set()
-        self._staging: dict[int, torch.Tensor] = {}
+        self._queued: list[tuple[_Queued, torch.Tensor, torch.Tensor]] = []  # small copies for the next batch
+        self._writes: dict[str, Future] = {}  # block key -> its latest write still (maybe) in flight
+        self._staging: dict[int, list[torch.Tensor]] = {}  # free pinned staging buffers per size (device->NVMe)
+        # device->NVMe writes through streams (a GPU) wait for their device->host copy first: off this thread
+        self._spill_io = (ThreadPoolExecutor(2, thread_name_prefix="tencache-spill")
+                          if self.mover.streams is not None else None)
         # an unbound parameter points at an empty tensor of its own dtype: any use outside the tracked
         # forward fails loudly (shape mismatch) instead of reading another tensor's bytes
         self.placeholders = {dt: torch.empty(0, dtype=dt, device=device) for dt in {e.dtype for e in entries}}
@@ -164,6 +202,16 @@ class TierStore:
     def ready_on_device(self, e: Entry) -> bool:
         return e.where == DEVICE and (e.pending is None or e.pending.done())
 
+    def ready_for_compute(self, e: Entry) -> bool:
+        """True when e is on the device and compute may use it: a copy still arriving is consumed (the
+        compute stream waits on that copy's own event, no host wait; the source slot is released when
+        the copy is reaped). False when e is elsewhere."""
+        if e.where != DEVICE:
+            return False
+        if e.pending is not None:
+            e.pending.consume()
+        return True
+
     # -- completion -------------------------------------------------------------------------------------
     def _start(self, e: Entry, where: str, fut: Any, on_done: Callable[[], None] | None) -> None:
         if e.pending is not None:
@@ -187,8 +235,49 @@ class TierStore:
             self.settle(e)
 
     def drain(self) -> None:
+        self.flush_copies()
         for e in list(self.inflight):
             self.settle(e)
+
+    def flush_copies(self) -> None:
+        """Launch the queued small copies, grouped by copy_kernels.plan_batches (one launch per batch)."""
+        queued, self._queued = self._queued, []
+        if not queued:
+            return
+        for batch in plan_batches([d.numel() for _, d, _ in queued], max_segments=BATCH_SEGMENTS,
+                                  max_bytes=BATCH_BYTES):
+            copy = self.mover.copy([queued[i][1] for i in batch], [queued[i][2] for i in batch])
+            for i in batch:
+                queued[i][0].copy = copy
+
+    # -- block writes in flight: a read or a newer write of the block waits for them ---------------------
+    def _track_write(self, key: str, fut: Any) -> Any:
+        self._writes[key] = fut
+        return fut
+
+    def _await_write(self, key: str) -> None:
+        fut = self._writes.pop(key, None)
+        if fut is not None:
+            fut.result()
+
+    def _read_block(self, key: str, buf: torch.Tensor) -> Future:
+        """Read `key` into `buf` asynchronously, after any write of it still in flight."""
+        writing = self._writes.get(key)
+        if writing is None or writing.done():
+            self._writes.pop(key, None)
+            return self.nvme.submit_read(key, buf)
+        out: Future = Future()
+
+        def chain(_: Any) -> None:
+            try:
+                writing.result()
+                out.set_result(self.nvme.read_into(key, buf))
+            except BaseException as exc:  # the write's storage error is the read's too
+                out.set_exception(exc)
+
+        # not submitted to the file tier's pool now: another of its workers could still be writing the block
+        writing.add_done_callback(chain)
+        return out
 
     # -- moves ------------------------------------------------------------------------------------------
     def _expect(self, e: Entry, where: str, *, nvme: bool = False) -> None:
@@ -203,7 +292,7 @@ class TierStore:
         self._expect(e, NVME, nvme=True)
         e.cpu = slot
         self.stats.add(NVME, CPU, e.nbytes)
-        self._start(e, CPU, self.nvme.submit_read(e.key, slot.data), None)
+        self._start(e, CPU, self._read_block(e.key, slot.data), None)
 
     def cpu_to_nvme(self, e: Entry, *, sync: bool = False) -> None:
         self._expect(e, CPU, nvme=True)
@@ -214,12 +303,14 @@ class TierStore:
             e.cpu = None
 
         self.stats.add(CPU, NVME, e.nbytes)
+        self._await_write(e.key)  # two writes of one block on the file tier's pool could finish out of order
         if sync:
             self.nvme.write(e.key, slot.data, e.nbytes)
             self._start(e, NVME, _DoneFuture(), release)
             self.settle(e)
         else:
-            self._start(e, NVME, self.nvme.submit_write(e.key, slot.data, e.nbytes), release)
+            self._start(e, NVME, self._track_write(e.key, self.nvme.submit_write(e.key, slot.data, e.nbytes)),
+                        release)
 
     def cpu_to_device(self, e: Entry, slot: Slot) -> None:
         self._expect(e, CPU)
@@ -230,7 +321,13 @@ class TierStore:
             e.cpu = None
 
         self.stats.add(CPU, DEVICE, e.nbytes)
-        self._start(e, DEVICE, self.mover.copy(slot.data[:e.nbytes], src.data[:e.nbytes]), release)
+        dst, data = slot.data[:e.nbytes], src.data[:e.nbytes]
+        if e.nbytes <= SMALL_COPY:
+            queued = _Queued(self)
+            self._queued.append((queued, dst, data))
+            self._start(e, DEVICE, queued, release)
+        else:
+            self._start(e, DEVICE, self.mover.copy([dst], [data]), release)
 
     def device_to_cpu(self, e: Entry, slot: Slot) -> None:
         self._expect(e, DEVICE)
@@ -242,35 +339,57 @@ class TierStore:
             e.dev = None
 
         self.stats.add(DEVICE, CPU, e.nbytes)
-        self._start(e, CPU, self.mover.copy(slot.data[:e.nbytes], src.data[:e.nbytes]), release)
+        self._start(e, CPU, self.mover.copy([slot.data[:e.nbytes]], [src.data[:e.nbytes]]), release)
 
     def device_to_nvme(self, e: Entry, *, sync: bool = True) -> None:
-        """Write a device resident straight to NVMe. The emulated arena is aligned host memory, so the
-        file tier reads the slot itself (asynchronously unless `sync`); a CUDA slot goes synchronously
-        through a per-class pinned staging buffer made once."""
+        """Write a device resident straight to NVMe, asynchronously unless `sync`. With streams (a GPU) the
+        slot is copied on the side stream into a reused pinned staging buffer of its size, and a spill
+        thread writes the buffer once the copy's event completes; the emulated arena is aligned host
+        memory, so the file tier reads the slot itself. The device slot and the buffer are released when
+        the write settles."""
         self._expect(e, DEVICE, nvme=True)
         self.unbind(e)
         slot = e.dev
+        staging = self._take_staging(e.nbytes) if self._spill_io is not None else None
 
         def release() -> None:
             self.dev_pool.release(slot, e.idx)
             e.dev = None
+            if staging is not None:
+                self._staging[e.nbytes].append(staging)
 
         self.stats.add(DEVICE, NVME, e.nbytes)
-        if self.emulated and not sync:
-            self._start(e, NVME, self.nvme.submit_write(e.key, slot.data, e.nbytes), release)
-            return
-        src = slot.data
-        if not self.emulated:
-            staging = self._staging.get(e.nbytes)
-            if staging is None:
-                staging = self._staging[e.nbytes] = aligned_empty(e.nbytes, pin=True)
-                self.stats.allocations += 1
-            staging.copy_(src[:e.nbytes])
-            src = staging
-        self.nvme.write(e.key, src, e.nbytes)
-        self._start(e, NVME, _DoneFuture(), release)
-        self.settle(e)
+        self._await_write(e.key)
+        if staging is None:
+            if sync:
+                self.nvme.write(e.key, slot.data, e.nbytes)
+                fut: Any = _DoneFuture()
+            else:
+                fut = self._track_write(e.key, self.nvme.submit_write(e.key, slot.data, e.nbytes))
+        else:
+            copy = self.mover.copy([staging], [slot.data[:e.nbytes]])
+
+            def write() -> None:
+                copy.result()  # the device->host copy has landed in the staging buffer
+                self.nvme.write(e.key, staging, e.nbytes)
+
+            if sync:
+                write()
+                fut = _DoneFuture()
+            else:
+                fut = self._track_write(e.key, self._spill_io.submit(write))
+        self._start(e, NVME, fut, release)
+        if sync:
+            self.settle(e)
+
+    def _take_staging(self, nbytes: int) -> torch.Tensor:
+        """A free pinned buffer of `nbytes`; made on first need, then reused (in-flight evictions per class
+        are bounded by the policy, so the number made is too)."""
+        free = self._staging.setdefault(nbytes, [])
+        if free:
+            return free.pop()
+        self.stats.allocations += 1
+        return aligned_empty(nbytes, pin=torch.cuda.is_available())
 
     # -- fresh-allocation moves for the on-demand baseline (home stays where it is) ---------------------
     def fetch_fresh(self, e: Entry) -> None:
@@ -283,6 +402,7 @@ class TierStore:
         else:
             staging = aligned_empty(e.nbytes)
             self.stats.allocations += 1
+            self._await_write(e.key)
             self.nvme.read_into(e.key, staging)
             e.fresh.view(-1).view(torch.uint8).copy_(staging)
             self.stats.add(NVME, DEVICE, e.nbytes)
@@ -299,6 +419,7 @@ class TierStore:
                 staging = aligned_empty(e.nbytes)
                 self.stats.allocations += 1
                 staging.copy_(data)
+                self._await_write(e.key)
                 self.nvme.write(e.key, staging, e.nbytes)
                 self.stats.add(DEVICE, NVME, e.nbytes)
         self.unbind(e)
@@ -318,6 +439,7 @@ class TierStore:
         else:
             stage = scratch.reshape(-1).view(torch.uint8)[:e.nbytes]
             stage.view(e.dtype).copy_(values)
+            self._await_write(e.key)
             self.nvme.write(e.key, stage, e.nbytes)
             self.stats.add(CPU, NVME, e.nbytes)
 
@@ -331,6 +453,7 @@ class TierStore:
         if e.where == CPU:
             return e.cpu.view(e.dtype, e.shape).clone()
         buf = aligned_empty(e.nbytes)
+        self._await_write(e.key)
         self.nvme.read_into(e.key, buf)
         return buf.view(e.dtype).view(e.shape)
 
@@ -340,3 +463,5 @@ class TierStore:
     def close(self) -> None:
         self.drain()
         self.mover.close()
+        if self._spill_io is not None:
+            self._spill_io.shutdown(wait=True)

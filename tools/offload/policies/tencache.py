@@ -70,9 +70,8 @@ class TenCachePolicy(SyncFetch):
     def acquire(self, pos: int | None, entries: list[Entry]) -> None:
         protect = {e.idx for e in entries}
         for e in entries:
-            if e.pending is not None and e.where == DEVICE:
-                self.store.settle(e)  # the prefetch copy is in flight: wait for it
-            if e.where == DEVICE and e.pending is None:
+            # a prefetch copy still in flight: compute waits on that copy's own event (no host wait)
+            if self.store.ready_for_compute(e):
                 self.store.bind(e)
             else:
                 self.fetch_sync(e, pos, protect)
@@ -103,6 +102,7 @@ class TenCachePolicy(SyncFetch):
                 free[e.nbytes] -= 1  # nearer tensors still on their way from NVMe keep their claim
                 if e.where == CPU and e.pending is None:
                     st.cpu_to_device(e, st.dev_pool.acquire(e.nbytes, e.idx, exact=True))
+        st.flush_copies()  # the small tensors' copies queued above: one batched launch
         if st.nvme is not None:
             self._read_ahead(pos)
 

@@ -1,0 +1,106 @@
+"""Streams and events behind one small interface, so the ordering of copies and compute is testable on a CPU.
+
+A copy between host and device runs on the side stream; the compute stream is the one the model runs on.
+Every copy follows the same protocol (`Mover` in tiers.py and the gradient stager use it):
+
+    produced = ops.record(ops.compute)   # the compute work enqueued so far (producers of src, readers of dst)
+    ops.wait(ops.side, produced)         # the copy starts after exactly that work, not after later modules
+    ops.copy(ops.side, dsts, srcs)       # enqueued, non-blocking
+    done = ops.record(ops.side)          # recorded after the copy is enqueued: it completes after the copy
+    ...
+    ops.wait(ops.compute, done)          # before a module reads dst: waits on this tensor's copy only
+    done.synchronize()                   # before the host reads dst or reuses src
+
+`CudaStreams` is the implementation on a GPU. Tests substitute a fake that runs the enqueued work lazily
+in a seeded order and records it, so a read that is not ordered after its copy sees stale bytes.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+
+from mlsyskit.core.copy_kernels import batched_copy
+
+
+class Event(Protocol):
+    def query(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
+
+
+class StreamOps(Protocol):
+    """`compute`: the stream the model runs on (read at each use: autograd may switch it); `side`: copies."""
+
+    @property
+    def compute(self) -> Any: ...
+
+    @property
+    def side(self) -> Any: ...
+
+    def record(self, stream: Any) -> Event: ...
+
+    def wait(self, stream: Any, event: Event) -> None: ...
+
+    def copy(self, stream: Any, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None: ...
+
+
+class CudaStreams:
+    """torch.cuda streams and events; `copy` of one same-dtype pair is one cudaMemcpyAsync, of several
+    pairs one batched kernel launch (CuPy) or torch's foreach copy."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._side = torch.cuda.Stream(device)
+
+    @property
+    def compute(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.device)
+
+    @property
+    def side(self) -> torch.cuda.Stream:
+        return self._side
+
+    def record(self, stream: torch.cuda.Stream) -> torch.cuda.Event:
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def wait(self, stream: torch.cuda.Stream, event: torch.cuda.Event) -> None:
+        stream.wait_event(event)
+
+    def copy(self, stream: torch.cuda.Stream, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
+        if len(dsts) == 1 and dsts[0].dtype == srcs[0].dtype:
+            with torch.cuda.stream(stream):
+                dsts[0].copy_(srcs[0], non_blocking=True)
+            for t in (dsts[0], srcs[0]):
+                if t.is_cuda:  # the caching allocator must not reuse it before the copy has run
+                    t.record_stream(stream)
+            return
+        batched_copy(dsts, srcs, stream=stream)  # records the tensors on `stream` itself
+
+
+class StreamCopy:
+    """A copy enqueued on the side stream, as a future: `done`/`result` for the host, `consume` for compute."""
+
+    def __init__(self, ops: StreamOps, event: Event) -> None:
+        self.ops = ops
+        self.event = event
+
+    def done(self) -> bool:
+        return self.event.query()
+
+    def result(self) -> None:
+        self.event.synchronize()
+
+    def consume(self) -> None:
+        """Order the compute stream after this copy (no host wait)."""
+        self.ops.wait(self.ops.compute, self.event)
+
+
+def enqueue_copy(ops: StreamOps, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> StreamCopy:
+    """The copy protocol above: after the compute work so far, on the side stream, with its own event."""
+    ops.wait(ops.side, ops.record(ops.compute))
+    ops.copy(ops.side, dsts, srcs)
+    return StreamCopy(ops, ops.record(ops.side))
