@@ -102,7 +102,7 @@ def _pop(cmd: list, entry: Entry | None, now: int):
 def _lset(cmd: list, entry: Entry | None, now: int):
     index = _int(cmd[2])
     if entry is None:
-        raise CommandError("no such key")
+        return None, b"-ERR no such key\r\n"  # an answer, not a syntax error: parse()'s dry run passes
     e = _of(entry, LIST, [])
     data = list(e.data)
     if not -len(data) <= index < len(data):
