@@ -10,6 +10,14 @@ exponential backoff with full jitter, and it resumes with whatever server then l
 restarted from its run directory re-opens the uncommitted round). It gives up only after
 `reconnect_s` without any message from a server. An answer (bad token, wrong certificate, a
 refused request) ends it at once with the server's reason. A TLS mismatch is named as such.
+
+Each update reports what the client measured (measure.py): `train_time_s` and `cpu_time_s` of the
+local training, `cpu_percent` (this process, of one core), `host_cpu_percent` (all cores, psutil) and
+`local_s`, task in to update out; the server subtracts `local_s` from the round trip it times itself
+to get the communication time. Between tasks the client sends a heartbeat every `heartbeat_s` the
+server asks for (host CPU, load, free memory); the server selects only clients whose heartbeat is
+fresh. `slowdown=(round, seconds)` makes every local training from that round on take `seconds`
+longer, as on a slower or contended device (fault injection for tests and demos).
 """
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ import asyncio
 import hashlib
 import logging
 import random
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +37,7 @@ from mlsyskit.core.sim import Seeds
 from mlsyskit.tools.fl.backoff import Backoff
 from mlsyskit.tools.fl.config import DataSpec, TrainSpec
 from mlsyskit.tools.fl.data import load_client
+from mlsyskit.tools.fl.measure import Snapshot, Span, heartbeat_sample
 from mlsyskit.tools.fl.model import evaluate, init_weights, shapes
 from mlsyskit.tools.fl.threads import freeze_startup_heap, single_threaded
 from mlsyskit.tools.fl.training import local_only_accuracy, train_local
@@ -59,7 +69,8 @@ class FlClient:
     def __init__(self, address: str, client_id: int, *, dataset: str | None = None, attack: str = "none",
                  token: str | None = None, tls: ClientTls | None = None, reconnect_s: float = 60.0,
                  backoff_initial_s: float = 0.1, backoff_max_s: float = 5.0, jitter_seed: int | None = None,
-                 clock: Clock | None = None, freeze_heap: bool = False) -> None:
+                 clock: Clock | None = None, freeze_heap: bool = False,
+                 slowdown: tuple[int, float] | None = None) -> None:
         self.address = address
         self.client_id = client_id
         self.dataset = dataset
@@ -70,6 +81,7 @@ class FlClient:
         self.backoff = Backoff(backoff_initial_s, backoff_max_s,
                                random.Random(client_id if jitter_seed is None else jitter_seed))
         self.freeze_heap = freeze_heap  # freeze_startup_heap() once ready (the CLI paused GC at start-up)
+        self.slowdown = slowdown
         self.rpc = RpcClient(address, token=token, tls=tls, timeout=60.0)
         self.summary = ClientSummary()
         self._spec: DataSpec | None = None
@@ -172,15 +184,24 @@ class FlClient:
                  "shapes": {name: list(shape) for name, shape in shapes(init_weights(
                      self.num_features, self.num_classes, self.train_spec.hidden, 0, self.train_spec.model)).items()}}
         session = self.rpc.bidi("session", timeout=None)  # tasks in, updates out, one call for the job
+        sending = asyncio.Lock()  # updates and heartbeats share the call: one write at a time
+
+        async def send(message: dict) -> None:
+            async with sending:
+                await session.send(message)
+
+        heartbeat: asyncio.Task | None = None
         try:
-            await session.send(hello)
+            await send(hello)
             async for task in session:
                 self._touch()
                 kind = task.get("type")
                 self._tasks_seen += kind != "welcome"
+                if kind == "welcome" and float(task.get("heartbeat_s") or 0) > 0 and heartbeat is None:
+                    heartbeat = asyncio.create_task(self._heartbeats(send, float(task["heartbeat_s"])))
                 if kind == "train":
                     log.info("round %s: selected; training", task["round"])
-                    await session.send(self._train(task))
+                    await send(self._train(task))
                 elif kind == "receipt":
                     self._receipt(task)
                 elif kind == "round_end":
@@ -191,7 +212,21 @@ class FlClient:
                     self.summary.done = True
                     return
         finally:
+            if heartbeat is not None:
+                heartbeat.cancel()
             session.cancel()
+
+    async def _heartbeats(self, send, every_s: float) -> None:
+        """Resources over each interval, so the server knows this client is alive and how loaded its host is.
+        Training runs inline, so no heartbeat goes out while the client trains (the server knows it is busy)."""
+        since = Snapshot.take()
+        try:
+            while True:
+                await self.clock.asleep(every_s)
+                fields, since = heartbeat_sample(since)
+                await send({"type": "heartbeat", "client_id": self.client_id, **fields})
+        except RpcError:  # the session ended; the main loop sees why
+            return
 
     def _train(self, task: dict) -> dict:
         key = (task["round"], task["seed"], _digest(task["weights"]), repr(sorted(task["train"].items())))
@@ -199,13 +234,24 @@ class FlClient:
             log.info("round %s: the same task again (server restarted); re-sending the update", task["round"])
             return self._trained[1]
         spec = TrainSpec(**task["train"])
+        start = Snapshot.take()
         # inline, not in a worker thread: the client has nothing else to do meanwhile, and the hop to a
         # thread and back cost ~0.15 ms of CPU per round (gRPC keepalive pings are answered by its core)
         result = train_local(task["weights"], self._data, spec, self.num_features, self.num_classes,
                              int(task["seed"]), self.attack)
+        extra = 0.0
+        if self.slowdown is not None and int(task["round"]) >= self.slowdown[0]:
+            extra = self.slowdown[1]
+            time.sleep(extra)  # the emulated slower device: the whole client is held, as by a longer computation
+        span = Span.between(start, Snapshot.take())
         self.summary.rounds_trained += 1
+        train_s = result.train_time_s + extra
+        metrics = result.metrics() | {
+            "train_time_s": train_s, "cpu_percent": 100.0 * result.cpu_time_s / train_s if train_s > 0 else 0.0,
+            "host_cpu_percent": span.host_cpu_percent, "local_s": span.wall_s,
+            "accuracy": result.consumer_accuracy}  # the received model on this client's data: the schedulers' signal
         update = {"client_id": self.client_id, "round": task["round"], "weights": result.weights,
-                  "metrics": result.metrics()}
+                  "metrics": metrics}
         self._trained = (key, update)
         return update
 

@@ -17,7 +17,7 @@ from mlsyskit.core.cli import (
 )
 from mlsyskit.core.console import emit_json, log, set_verbosity
 from mlsyskit.core.errors import RuntimeFailure
-from mlsyskit.tools.fl.config import ATTACKS, ClientConfig
+from mlsyskit.tools.fl.config import ATTACKS, ClientConfig, parse_slowdown
 
 app = make_app(
     "fl-client",
@@ -48,6 +48,9 @@ def run(server: str | None = typer.Option(None, "--server", help="fl-server HOST
         token_file: Path | None = typer.Option(None, "--token-file", help="Shared secret the server expects."),
         reconnect: float | None = typer.Option(None, "--reconnect",
                                                help="Give up after this many seconds without a server (default 60)."),
+        slowdown: str | None = typer.Option(None, "--slowdown", hidden=True,
+                                            help="Fault injection: ROUND:SECONDS, from that round on each local "
+                                                 "training takes SECONDS longer (a slower or contended device)."),
         config: Path | None = config_option(), json_out: bool = json_option(),
         verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Join a server and take part until the job is done (-v: selection, receipt and balance per round)."""
@@ -63,13 +66,14 @@ def run(server: str | None = typer.Option(None, "--server", help="fl-server HOST
         "certs": None if certs is None else str(certs), "tls_ca": None if tls_ca is None else str(tls_ca),
         "tls_cert": None if tls_cert is None else str(tls_cert), "tls_key": None if tls_key is None else str(tls_key),
         "tls_server_name": tls_server_name, "token_file": None if token_file is None else str(token_file),
-        "reconnect_s": reconnect})
+        "reconnect_s": reconnect, "slowdown": slowdown})
     token = read_token(_path(settings.token_file))
     tls = client_tls(_path(settings.certs), settings.client_id, _path(settings.tls_ca), _path(settings.tls_cert),
                      _path(settings.tls_key), settings.tls_server_name)
     route_logging(info_by_default=False)
     client = FlClient(settings.server, settings.client_id, dataset=settings.dataset, attack=settings.attack,
-                      token=token, tls=tls, reconnect_s=settings.reconnect_s, freeze_heap=True)
+                      token=token, tls=tls, reconnect_s=settings.reconnect_s, freeze_heap=True,
+                      slowdown=None if settings.slowdown is None else parse_slowdown(settings.slowdown))
     try:
         summary = asyncio.run(client.run())
     except ClientStopped as e:

@@ -156,6 +156,7 @@ class ClientConfig:
     tls_server_name: str | None = None
     token_file: str | None = None
     reconnect_s: float = 60.0  # give up after this long without any message from a server
+    slowdown: str | None = None  # "ROUND:SECONDS": from that round on, each local training takes SECONDS longer
 
     def __post_init__(self) -> None:
         require(self.client_id is not None, "--client-id is required (or client_id in --config)")
@@ -163,3 +164,16 @@ class ClientConfig:
         require(self.attack in ATTACKS, f"--attack must be one of {', '.join(ATTACKS)}, got {self.attack!r}")
         require(self.reconnect_s > 0, "--reconnect must be positive")
         require(check_address(self.server, "--server") is None, check_address(self.server, "--server") or "")
+        require(self.slowdown is None or parse_slowdown(self.slowdown) is not None,
+                f"--slowdown must be ROUND:SECONDS (round >= 1, seconds >= 0), got {self.slowdown!r}")
+
+
+def parse_slowdown(text: str) -> tuple[int, float] | None:
+    """'5:0.5' -> (5, 0.5): from round 5 on, local training takes 0.5 s longer; None if malformed."""
+    head, sep, tail = text.partition(":")
+    try:
+        round_num, seconds = int(head), float(tail)
+    except ValueError:
+        return None
+    ok = sep and round_num >= 1 and 0 <= seconds < float("inf")
+    return (round_num, seconds) if ok else None

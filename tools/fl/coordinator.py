@@ -22,6 +22,8 @@ from mlsyskit.tools.fl.data import ClientData, load_federated
 from mlsyskit.tools.fl.incentive.ledger import MINT, POOL, Ledger, Transfer, client_account
 from mlsyskit.tools.fl.model import Weights, evaluate, init_weights, shape_mismatch
 from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
+from mlsyskit.tools.fl.selection.base import Selector
+from mlsyskit.tools.fl.selection.random_pick import RandomSelector
 from mlsyskit.tools.fl.strategy import STRATEGIES
 from mlsyskit.tools.fl.strategy.base import Validation
 
@@ -65,6 +67,8 @@ class Coordinator:
         validation = Validation(ClientData(-1, data.x_val, data.y_val, data.x_val[:0], data.y_val[:0]),
                                 data.num_features, data.num_classes, val_accuracy)
         self.strategy = STRATEGIES.get(config.strategy)(config, evaluator, validation)
+        if config.scheduler:  # before _resume, which restores the selector's memory
+            self.strategy.selector = scheduled_selector(config.scheduler, self.strategy.selector)
         self.weights = init_weights(self.num_features, self.num_classes, config.train.hidden,
                                     sub_seed(config.seed, "model-init"), config.train.model)
         self.round = 0  # last committed round
@@ -91,6 +95,9 @@ class Coordinator:
         for key in ("strategy", "seed", "data", "train", "selection", "economy"):
             if stored.get(key) != mine.get(key):
                 raise JobMismatch(f"{self.store.path} holds a job with a different {key}; use a fresh run directory")
+        if stored.get("scheduler", "") != self.config.scheduler:  # its memory would not fit another scheduler
+            raise JobMismatch(f"{self.store.path} holds a job with scheduler {stored.get('scheduler') or '(none)'!r}; "
+                              "use the same --scheduler or a fresh run directory")
         self.store.put(NS, "config", mine)  # rounds/per_round/timeouts may change on resume
         for key, info in self.store.items("fl_clients"):
             self.clients[int(key)] = info
@@ -269,6 +276,16 @@ class Coordinator:
                 self._reimburse(self.consumer_accuracy)
             self.finished = True
             self._checkpoint()
+
+
+def scheduled_selector(name: str, own: Selector) -> Selector:
+    """`--scheduler NAME`: the scheduler replaces plain random selection; any other selector (TIFF's trust)
+    stays as the gate that narrows the pool the scheduler picks from."""
+    from mlsyskit.tools.fl.scheduling import make_scheduler
+    from mlsyskit.tools.fl.scheduling.gated import GatedScheduler
+
+    scheduler = make_scheduler(name)
+    return scheduler if isinstance(own, RandomSelector) else GatedScheduler(own, scheduler)
 
 
 def client_id_of(account: str) -> int:

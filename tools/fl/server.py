@@ -7,7 +7,9 @@ RPC methods (msgpack payloads, weights as raw arrays):
                    {"type": "receipt", round, accepted, reason} per update (received or refused at once) and,
                    to every connected client after each round, {"type": "round_end", round, balance, and for
                    the selected: status, reason, aggregated, paid}: the verdict after every check, the truth
-                   to print. One call for the whole job.
+                   to print. A session's later messages may also be {"type": "heartbeat", client_id, and resource
+                   fields: host_cpu_percent, cpu_percent, load1, memory_available_bytes, cpu_count}, sent every
+                   `heartbeat_s` (given in the welcome) while the client is not training. One call for the whole job.
   join     stream  register (num_samples, local-only accuracy) and receive tasks:
                    {"type": "train", round, weights, train, seed} | {"type": "evaluate", weights} | {"type": "done"}
   submit   unary   a round's update + metrics -> {"accepted", "reason"}
@@ -20,6 +22,17 @@ A round begins once `min_clients` are connected (waiting up to `fill_timeout_s` 
 `per_round` of them) and selects only among the connected; it ends when every selected client has
 reported or dropped, or at its deadline. A client that reconnects mid-round is dropped from that
 round at once (its old stream is gone). A server killed mid-round re-opens that round on restart.
+
+Resources, measured: the server times each update's round trip itself (`received_s`, task sent to
+update in) and records `comm_time_s` = received_s - the client's own `local_s` (task in to update
+out), so neither depends on clock agreement and a client cannot make itself look faster than the
+server saw it. A round selects among the *available* clients: connected, not still busy with an
+earlier task, and, for clients that send heartbeats, heard from within `heartbeat_misses` x
+`heartbeat_s` (a stopped or frozen host drops out of selection). With a scheduler (`--scheduler`),
+its `round_deadline` shortens the round's deadline; an update that arrives after its round closed
+is wasted work, counted (`wasted` in each round_end event) and answered "late". Each round_end
+event carries the deadline, the available clients, and the scheduler's tier and latency EMA per
+client.
 """
 from __future__ import annotations
 
@@ -40,6 +53,7 @@ from mlsyskit.core.rpc import (
 )
 from mlsyskit.core.storage import MetaStore
 from mlsyskit.core.telemetry import Telemetry
+from mlsyskit.tools.fl.activity import ClientActivity
 from mlsyskit.tools.fl.config import JobConfig
 from mlsyskit.tools.fl.coordinator import Coordinator
 from mlsyskit.tools.fl.incentive.ledger import client_account
@@ -48,6 +62,17 @@ from mlsyskit.tools.fl.outcome import RoundOutcome
 log = logging.getLogger("mlsyskit.fl.server")
 
 ENVELOPE_BYTES = 1 << 20  # room for the msgpack envelope and metrics around an update's arrays
+
+
+def scheduling_record(selector: Any) -> dict[str, Any]:
+    """The scheduler's view after a round: tier and latency EMA per profiled client, re-tierings so far.
+    Empty for selectors without tiers; a TIFF-gated scheduler is looked into."""
+    tracked = getattr(selector, "scheduler", selector)  # GatedScheduler(gate, scheduler)
+    tiers = getattr(tracked, "tiers", None)
+    if tiers is None:
+        return {}
+    return {"tier": {str(c): t for c, t in sorted(tiers.tier.items())},
+            "latency_ema_s": {str(c): v for c, v in sorted(tiers.ema.items())}, "retiers": tiers.retiers}
 
 
 def transport_limit(config: JobConfig) -> int:
@@ -68,7 +93,8 @@ class FlServer:
                  token: str | None = None, tls: ServerTls | None = None, clock: Clock | None = None,
                  telemetry: Telemetry | None = None, on_round=None, eval_timeout_s: float = 10.0,
                  max_message_bytes: int | None = None, crash_after_round: int | None = None,
-                 require_identity: bool | None = None, linger_s: float = 10.0) -> None:
+                 require_identity: bool | None = None, linger_s: float = 10.0, heartbeat_s: float = 2.0,
+                 heartbeat_misses: int = 3) -> None:
         self.config = config
         self.clock = clock or RealClock()
         self.coordinator = Coordinator(config, store, self.clock)
@@ -94,6 +120,7 @@ class FlServer:
         self.linger_s = linger_s  # after the job: how long to wait for away clients to come back and hear "done"
         self._told_done: set[int] = set()
         self.outcomes: list[RoundOutcome] = []
+        self.activity = ClientActivity(heartbeat_s, heartbeat_misses)  # heartbeats, busy clients, late work
 
     # -- handlers ----------------------------------------------------------------------------------
     async def _job(self, payload: Any, call: CallContext) -> dict:
@@ -137,6 +164,10 @@ class FlServer:
             async for update in requests:
                 if _field(update, "client_id", int) != cid:
                     raise RpcError(StatusCode.INVALID_ARGUMENT, f"this session belongs to client {cid}")
+                if update.get("type") == "heartbeat":
+                    self.activity.heartbeat(cid, self.clock.now(), update)
+                    self._poke()
+                    continue
                 reply = self._take_update(update)
                 queue = self._queues.get(cid)
                 if queue is not None:
@@ -170,8 +201,9 @@ class FlServer:
         self.telemetry.event("join", client=cid, peer=call.peer)
         log.info("client %d joined from %s%s", cid, call.peer, " (rejoined)" if old is not None else "")
         self._poke()
+        self.activity.joined(cid)
         try:
-            yield {"type": "welcome", "round": self.coordinator.round}
+            yield {"type": "welcome", "round": self.coordinator.round, "heartbeat_s": self.activity.every_s}
             if self.coordinator.finished:
                 self._told_done.add(cid)
                 self._poke()
@@ -201,12 +233,19 @@ class FlServer:
     def _take_update(self, payload: Any) -> dict:
         cid = _field(payload, "client_id", int)
         round_num = _field(payload, "round", int)
-        accepted, reason = self.coordinator.submit(cid, round_num, payload.get("weights"), payload.get("metrics"))
+        if self.activity.late(cid, round_num, payload.get("metrics")):
+            self.telemetry.event("late_update", client=cid, round=round_num)
+            log.info("late update from client %d for round %d (after its deadline): wasted, not used", cid, round_num)
+            self._poke()
+            return {"accepted": False, "reason": f"late: round {round_num} closed at its deadline before this update "
+                                                 "arrived; not used, not paid"}
+        metrics = self.activity.timed(cid, round_num, payload.get("metrics"), self.clock.now())
+        accepted, reason = self.coordinator.submit(cid, round_num, payload.get("weights"), metrics)
         if not accepted:
             log.warning("rejected update from client %d in round %d: %s", cid, round_num, reason)
+            self.telemetry.event("rejected", client=cid, round=round_num, reason=reason)
         else:
             self._received.add(cid)
-            self.telemetry.event("rejected", client=cid, round=round_num, reason=reason)
         self._poke()
         return {"accepted": accepted, "reason": reason}
 
@@ -228,6 +267,21 @@ class FlServer:
     # -- driving rounds ----------------------------------------------------------------------------
     def _poke(self) -> None:
         self._changed.set()
+
+    def available(self) -> list[int]:
+        """Connected clients that can take a task now: not busy with an earlier one, heartbeat fresh."""
+        return self.activity.available(list(self._queues), self.clock.now())
+
+    def _deadline(self, plan) -> tuple[float, float]:
+        """(clock deadline, seconds): the job's round timeout, shortened by the scheduler's own deadline."""
+        start = plan.deadline - self.config.round_timeout_s
+        deadline_of = getattr(self.coordinator.strategy.selector, "round_deadline", None)
+        seconds = self.config.round_timeout_s
+        if deadline_of is not None and plan.selected:
+            scheduled = deadline_of(plan.selected)
+            if scheduled is not None:
+                seconds = min(seconds, float(scheduled))
+        return start + seconds, seconds
 
     async def _wait(self, condition, deadline: float | None) -> bool:
         """Wait until condition() holds (True) or the clock passes deadline (False)."""
@@ -251,20 +305,27 @@ class FlServer:
         while not c.done:
             await self._await_quorum(registration_timeout_s)
             start = self.clock.now()
-            plan = c.begin_round(sorted(self._queues), start)
+            available = self.available()
+            plan = c.begin_round(available, start)
+            deadline, deadline_s = self._deadline(plan)
             self._received = set()
             self.telemetry.event("round_start", round=plan.round, selected=plan.selected,
-                                 connected=sorted(self._queues))
-            log.info("round %d: selected %s of %d connected", plan.round, plan.selected, len(self._queues))
+                                 connected=sorted(self._queues), available=available, deadline_s=deadline_s)
+            log.info("round %d: selected %s of %d available (%d connected); deadline %.3gs", plan.round,
+                     plan.selected, len(available), len(self._queues), deadline_s)
             for cid in plan.selected:
+                self.activity.task_sent(cid, plan.round, self.clock.now())
                 self._queues[cid].put_nowait({"type": "train", "round": plan.round, "weights": plan.weights,
                                               "train": plan.train, "seed": plan.seeds[cid]})
-            await self._wait(lambda: not c.waiting_for(), plan.deadline)
+            await self._wait(lambda: not c.waiting_for(), deadline)
             collected = self.clock.now()
             outcome = c.finish_round(collected - start)
             outcome.phases = {"collect_s": collected - start, **outcome.phases}
             self.outcomes.append(outcome)
-            self.telemetry.event("round_end", **outcome.to_record())
+            self.activity.round_closed(outcome.round, [r.client_id for r in outcome.with_status("failed")])
+            self.telemetry.event("round_end", **outcome.to_record(), deadline_s=deadline_s, available=available,
+                                 scheduling=scheduling_record(c.strategy.selector), wasted=dict(self.activity.wasted),
+                                 resources={str(k): v for k, v in sorted(self.activity.resources.items())})
             self.telemetry.observe("round_s", outcome.duration_s)
             self._tell_round_end(outcome)
             if self.on_round:
@@ -287,13 +348,13 @@ class FlServer:
         for per_round of them, so clients joining at start-up or after a restart are not left out."""
         need = self.config.wait_for
         deadline = None if registration_timeout_s is None else self.clock.now() + registration_timeout_s
-        if not await self._wait(lambda: len(self._queues) >= need, deadline):
-            raise RuntimeFailure(f"only {len(self._queues)} of the {need} clients a round needs were connected "
+        if not await self._wait(lambda: len(self.available()) >= need, deadline):
+            raise RuntimeFailure(f"only {len(self.available())} of the {need} clients a round needs were available "
                                  f"within {registration_timeout_s:g}s before round {self.coordinator.round + 1} "
                                  f"(--min-clients sets how many a round needs; rerun with the same --run-dir "
                                  f"to resume)")
         full = min(self.config.per_round, self.config.data.num_clients)
-        await self._wait(lambda: len(self._queues) >= full, self.clock.now() + self.config.fill_timeout_s)
+        await self._wait(lambda: len(self.available()) >= full, self.clock.now() + self.config.fill_timeout_s)
 
     def _tell_round_end(self, outcome: RoundOutcome) -> None:
         """Every connected client hears its balance; the selected also hear their verdict and pay. A

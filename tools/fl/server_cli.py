@@ -39,6 +39,9 @@ app = make_app(
 STRATEGY = typer.Option(None, "--strategy", help=f"{' | '.join(STRATEGIES.names())} (default tiff).")
 DATASET = typer.Option(None, "--dataset", help=f"{' | '.join(DATASETS)} or package.module:loader, a function "
                        "(num_clients, seed) -> (x, y, partition or None) (default digits).")
+SCHEDULER = typer.Option(None, "--scheduler", help="Who trains each round and its deadline: random | tifl | oort | "
+                         "fast | rfair | afair | perf | adaptive (docs/fl-scheduling.md); with --strategy tiff it picks "
+                         "among the providers TIFF trusts. Default: the strategy's own selection.")
 MODEL = typer.Option(None, "--model", help="package.module:factory, a function (num_features, num_classes) -> "
                      "torch nn.Module, trained by every client (default: the built-in MLP). Weights travel as raw "
                      "buffers; a client whose model shapes differ is refused at registration.")
@@ -64,6 +67,11 @@ def _job(config: Path | None, strategy, dataset, clients, per_round, rounds, par
     job = load_command_config(JobConfig, config, overrides)
     if job.strategy not in STRATEGIES.names():
         raise UsageError(f"--strategy must be one of {', '.join(STRATEGIES.names())}, got {job.strategy!r}")
+    if job.scheduler:
+        from mlsyskit.tools.fl.scheduling import SCHEDULERS
+
+        if job.scheduler not in SCHEDULERS.names():
+            raise UsageError(f"--scheduler must be one of {', '.join(SCHEDULERS.names())}, got {job.scheduler!r}")
     return job
 
 
@@ -99,7 +107,7 @@ def _run_dir_option(default: str) -> Any:
 
 @app.command()
 def run(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, dataset: str | None = DATASET,
-        model: str | None = MODEL,
+        model: str | None = MODEL, scheduler: str | None = SCHEDULER,
         clients: int | None = CLIENTS, per_round: int | None = PER_ROUND, rounds: int | None = ROUNDS,
         partition: str | None = PARTITION, alpha: float | None = ALPHA, seed: int | None = SEED,
         address: str = typer.Option("127.0.0.1:7070", "--address", help="HOST:PORT to listen on."),
@@ -125,6 +133,9 @@ def run(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, datas
         token_file: Path | None = typer.Option(None, "--token-file", help="Shared secret clients must send."),
         linger: float = typer.Option(10.0, "--linger", help="After the job, seconds to wait for clients that are "
                                      "away (reconnecting) to come back and hear that the job is done."),
+        heartbeat: float = typer.Option(2.0, "--heartbeat", help="Seconds between the heartbeats clients send while "
+                                        "idle (host CPU, load, memory); one silent for 3 of them is not selected "
+                                        "until heard again. 0: none."),
         crash_after_round: int | None = typer.Option(None, "--crash-after-round", hidden=True,
                                                      help="Fault injection: die after committing round N."),
         fresh: bool = FRESH, json_out: bool = json_option(),
@@ -140,7 +151,10 @@ def run(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, datas
     from mlsyskit.tools.fl.server import FlServer
 
     job = _job(config, strategy, dataset, clients, per_round, rounds, partition, alpha, seed, model,
-               round_timeout_s=round_timeout, min_clients=min_clients, fill_timeout_s=fill_timeout)
+               round_timeout_s=round_timeout, min_clients=min_clients, fill_timeout_s=fill_timeout,
+               scheduler=scheduler)
+    if heartbeat < 0:
+        raise UsageError(f"--heartbeat must be >= 0, got {heartbeat:g}")
     if (problem := check_address(address, "--address")) is not None:
         raise UsageError(problem)
     tls = server_tls(certs, tls_cert, tls_key, tls_client_ca)
@@ -154,7 +168,7 @@ def run(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, datas
         with reporter() as rep:
             server = FlServer(job, store, address=address, token=token, tls=tls, telemetry=telemetry,
                               on_round=_round_progress(rep, job.rounds), crash_after_round=crash_after_round,
-                              linger_s=linger)
+                              linger_s=linger, heartbeat_s=heartbeat)
             port = await server.start()
             freeze_startup_heap()
             if server.coordinator.round:

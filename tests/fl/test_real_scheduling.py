@@ -1,0 +1,66 @@
+"""Real fl-client processes report what they measure and `fl-server run --scheduler` uses it.
+
+Three client processes on loopback, one local epoch per round (~0.05 s); two are steadily slow (+0.6 s
+per local training from round 1, `--slowdown`), client 2 is fast until round 3 and then +3 s per
+training. The fast scheduler tiers
+clients by the latency the server measured (round trip on its own clock), so client 2 starts in
+the fastest tier; after its slowdown it misses the scheduler's deadline, its late updates are
+counted as wasted work, and it is re-tiered into the slowest tier: all read from the run's
+per-round report (events.jsonl, round_end)."""
+from __future__ import annotations
+
+import json
+
+from tests.conftest import free_port
+from tests.fl.test_loopback import finish, start_client, start_server
+
+
+def round_ends(run_dir) -> list[dict]:
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return [e for e in events if e["kind"] == "round_end"]
+
+
+def test_client_slowed_mid_run_is_re_tiered_by_the_scheduler_from_measured_latency(proc_manager, tmp_path):
+    port = free_port()
+    run_dir = tmp_path / "run"
+    (tmp_path / "job.toml").write_text("[train]\nepochs = 1\nlocal_only_epochs = 1\n")
+    # --min-clients 2 and --fill-timeout 4: a round waits up to 4 s for client 2 while it is still busy
+    # with its late update, then goes on without it
+    server = start_server(proc_manager, port, run_dir, "--config", str(tmp_path / "job.toml"), "--strategy",
+                          "fedavg", "--scheduler", "fast", "--clients", "3", "--per-round", "3", "--rounds", "6",
+                          "--min-clients", "2", "--fill-timeout", "4", "--heartbeat", "0.5", "--linger", "5")
+    clients = [start_client(proc_manager, port, 0, "--slowdown", "1:0.6"),
+               start_client(proc_manager, port, 1, "--slowdown", "1:0.6"),
+               start_client(proc_manager, port, 2, "--slowdown", "3:3")]
+    code, stderr = finish(proc_manager, server, timeout=180)
+    assert code == 0, stderr
+    for client in clients:
+        code, stderr = finish(proc_manager, client)
+        assert code == 0, stderr
+    ends = round_ends(run_dir)
+    assert [e["round"] for e in ends] == list(range(1, 7))
+    by_round = {e["round"]: e for e in ends}
+
+    # measured and reported: every valid report carries the client's and the server's timings
+    for e in ends:
+        for report in e["reports"].values():
+            if report["status"] == "valid":
+                m = report["metrics"]
+                assert m["received_s"] >= m["train_time_s"] > 0 and m["comm_time_s"] >= 0
+                assert 0 <= m["host_cpu_percent"] <= 100 and m["local_s"] > 0 and m["cpu_time_s"] > 0
+    # before the slowdown client 2 is the fastest: tier 0, and the steady clients are above it
+    before = by_round[2]["scheduling"]
+    assert before["tier"]["2"] == 0
+    assert before["latency_ema_s"]["2"] < min(before["latency_ema_s"]["0"], before["latency_ema_s"]["1"])
+    # slowed from round 3: it misses the scheduler's deadline (shorter than the 30 s round timeout)
+    assert by_round[3]["deadline_s"] < 30
+    assert by_round[3]["reports"]["2"]["status"] == "failed"
+    assert "deadline" in by_round[3]["reports"]["2"]["reason"]
+    # ... its late answers are wasted work, counted
+    assert ends[-1]["wasted"]["updates"] >= 1 and ends[-1]["wasted"]["train_s"] >= 3
+    # ... and it is re-tiered into the slowest tier
+    after = ends[-1]["scheduling"]
+    slowest = max(after["tier"].values())
+    assert after["tier"]["2"] == slowest > 0
+    assert after["retiers"] > before["retiers"]
+    assert after["latency_ema_s"]["2"] > max(after["latency_ema_s"]["0"], after["latency_ema_s"]["1"])
