@@ -3,15 +3,18 @@
 `tracking.UseTracker` reports when a tensor must be resident (a module runs, a functional use, a saved
 view needed by backward) and when it may leave; the engine measures whether it already was and how long
 the use waited (look-ahead bookkeeping included), and asks the policy to make it resident or release it.
-Each trainable parameter's post-accumulate-grad hook adds its gradient into the fp32 gradient slot of
-its optimizer state; on the last of `accumulate` backward passes the CPU AdamW step runs per tensor as
-its gradient arrives, or, with `clip_norm`, in a second sweep after the global norm is known. The
+Each trainable parameter's post-accumulate-grad hook stages its gradient (a pinned device->host copy on a
+GPU) and hands it to the optimizer worker thread (grad_pipeline.py), which adds it into the fp32 gradient
+slot of its optimizer state; on the last of `accumulate` backward passes the CPU AdamW step runs there per
+tensor as its gradient arrives, or, with `clip_norm`, in a second sweep after the global norm is known. The
 engine follows its position in the profiled use order and counts deviations. Nothing is allocated per
 step after warm-up except by the on-demand baseline, whose fresh allocations are counted.
 """
 from __future__ import annotations
 
+import functools
 import math
+import queue
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -25,12 +28,14 @@ from mlsyskit.core.config import format_size
 from mlsyskit.core.errors import UsageError
 from mlsyskit.core.filetier import FileTier
 from mlsyskit.core.memory import round_up
+from mlsyskit.tools.offload.grad_pipeline import GradStager, OptimizerWorker
 from mlsyskit.tools.offload.nvme_run import NvmeRun
 from mlsyskit.tools.offload.optimizer import HyperParams, NonFiniteError, OptimizerStateCache, adam_update
 from mlsyskit.tools.offload.policies import Policy, make_policy
 from mlsyskit.tools.offload.policies.base import PlanContext
 from mlsyskit.tools.offload.pools import BudgetError
 from mlsyskit.tools.offload.profiler import Profile, model_signature, named_tensors
+from mlsyskit.tools.offload.streams import StreamOps
 from mlsyskit.tools.offload.tiers import CPU, DEVICE, Entry, TierStore
 from mlsyskit.tools.offload.tracking import UseTracker, owning_modules
 
@@ -90,7 +95,8 @@ class OffloadEngine:
     def __init__(self, model: nn.Module, masters: dict[str, torch.Tensor], *, policy: str | Policy,
                  budgets: Budgets, profile: Profile | None, hyper: HyperParams, device: torch.device | None = None,
                  states: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None, adam_step: int = 0,
-                 accumulate: int = 1, clip_norm: float | None = None, nvme_run: NvmeRun | None = None) -> None:
+                 accumulate: int = 1, clip_norm: float | None = None, nvme_run: NvmeRun | None = None,
+                 streams: StreamOps | None = None, optimizer_depth: int = 4) -> None:
         if accumulate < 1:
             raise UsageError(f"accumulate must be >= 1, got {accumulate}")
         if clip_norm is not None and not (math.isfinite(clip_norm) and clip_norm > 0):
@@ -114,7 +120,8 @@ class OffloadEngine:
         self.nvme: FileTier | None = None
         try:
             self.nvme = FileTier(self.nvme_run.path) if self.nvme_run is not None else None
-            self._build(model, masters, budgets, profile, states, accumulate, clip_norm, adam_step)
+            self._build(model, masters, budgets, profile, states, accumulate, clip_norm, adam_step, streams,
+                        optimizer_depth)
         except BaseException:
             if self.nvme is not None:
                 self.nvme.close()
@@ -122,7 +129,8 @@ class OffloadEngine:
                 self.nvme_run.close()
             raise
 
-    def _build(self, model, masters, budgets, profile, states, accumulate, clip_norm, adam_step) -> None:
+    def _build(self, model, masters, budgets, profile, states, accumulate, clip_norm, adam_step, streams,
+               optimizer_depth) -> None:
         entries = [Entry(i, n, p, p.shape, p.dtype, p.numel() * p.element_size(), trainable=p.requires_grad)
                    for i, (n, p) in enumerate(named_tensors(model))]
         self.by_name = {e.name: e for e in entries}
@@ -137,7 +145,7 @@ class OffloadEngine:
         if self.nvme is None and plan.device_slots is not None:
             _check_swap_room(ctx.distribution, plan.device_slots, plan.cpu_slots)
         self.store = TierStore(entries, device=self.device, device_slots=plan.device_slots,
-                               cpu_slots=plan.cpu_slots, nvme=self.nvme)
+                               cpu_slots=plan.cpu_slots, nvme=self.nvme, streams=streams)
         self._populate(plan)
         self.policy.attach(self.store, ctx)
         trainable_ids = {e.idx for e in self.trainable}
@@ -161,9 +169,17 @@ class OffloadEngine:
         self._sumsq: dict[int, float] = {}
         self._got: set[int] = set()  # tensors with a gradient in this step (the first pass copies, later add)
         self._configs: dict = {}
+        counts: dict[int, int] = {}
+        for e in self.trainable:
+            counts[e.nbytes] = counts.get(e.nbytes, 0) + 1
+        self._handbacks: queue.SimpleQueue = queue.SimpleQueue()  # worker -> tier thread: finished tensors
+        self.stager = GradStager(self.store.mover.streams, counts, 2,
+                                 lambda: self._apply_handback(self._handbacks.get()))
+        self._worker_s = 0.0  # written by the worker only; merged into stats when it is idle
         self.tracker = UseTracker(model, entries, self)
         if self.store.dev_pool is not None:
             self.tracker.guard_ptrs.add(self.store.dev_pool.arena.untyped_storage().data_ptr())
+        self.worker = OptimizerWorker(optimizer_depth)  # last: nothing after it can fail and leak the thread
 
     # -- setup --------------------------------------------------------------------------------------
     def _populate(self, plan) -> None:
@@ -222,26 +238,74 @@ class OffloadEngine:
         return e.idx in self._updated
 
     def grad_ready(self, e: Entry) -> None:
-        """Add e's gradient into its fp32 slot; on the last backward pass, update (unless clipping waits)."""
+        """In the autograd thread: stage e's gradient and hand it to the optimizer worker (`_optimize`)."""
         t0 = time.perf_counter()
         grad = e.param.grad
         e.param.grad = None
-        master, m, v, g32 = self.states.get(e.idx)
-        if e.idx in self._got:
-            g32.add_(grad.reshape(-1))
-        else:
-            g32.copy_(grad.reshape(-1))  # bf16 -> fp32 (device -> host on a GPU)
-            self._got.add(e.idx)
+        self._apply_handbacks()
+        first = e.idx not in self._got
+        self._got.add(e.idx)
+        last = self._micro == self.accumulate - 1
+        update = last and self.clip_norm is None
+        if update:
+            self._updated.add(e.idx)  # now, not when the worker gets to it: backward must not read it again
+        buf, copy, slot = self.stager.stage(e.idx, grad)
         del grad
-        if self._micro == self.accumulate - 1:
-            sumsq = float(torch.dot(g32, g32))
-            if not math.isfinite(sumsq):
-                raise NonFiniteError(f"the gradient of {e.name} is not finite at step {self.adam_step + 1}")
-            self._sumsq[e.idx] = sumsq
-            if self.clip_norm is None:
-                self._update(e, master, m, v, g32, 1.0)
-        self.states.put(e.idx)
+        self.worker.submit(functools.partial(self._optimize, e, buf, copy, slot, first, last, update))
         self.stats.optimizer_s += time.perf_counter() - t0
+
+    def _optimize(self, e: Entry, buf: torch.Tensor, copy, slot, first: bool, last: bool, update: bool) -> None:
+        """On the worker: add the staged gradient into e's fp32 slot; on the last pass, its squared norm and
+        (without clipping) the AdamW step, the new compute copy cast into `buf` for the tier thread."""
+        t0 = time.perf_counter()
+        done = None
+        try:
+            if copy is not None:
+                copy.result()  # the device->host copy's own event
+            master, m, v, g32 = self.states.get(e.idx)
+            if first:
+                g32.copy_(buf)  # compute dtype -> fp32
+            else:
+                g32.add_(buf)
+            if last:
+                sumsq = float(torch.dot(g32, g32))
+                if not math.isfinite(sumsq):
+                    raise NonFiniteError(f"the gradient of {e.name} is not finite at step {self.adam_step + 1}")
+                self._sumsq[e.idx] = sumsq
+            if update:
+                self.param_steps[e.idx] += 1
+                adam_update(master, g32, m, v, self.param_steps[e.idx], self._configs[e.idx])
+                buf.copy_(master)  # fp32 -> compute dtype, as the copy into the tier did
+                done = buf
+            self.states.put(e.idx)
+        finally:
+            self._handbacks.put((e, done, slot))  # always: the staging slot must come back
+            self._worker_s += time.perf_counter() - t0
+
+    def _apply_handback(self, item) -> None:
+        e, values, slot = item
+        if values is not None:
+            if e.bound:
+                self.store.device_view(e).view(-1).copy_(values)
+            else:
+                self.store.write_home(e, values, values)  # values are their own NVMe staging
+        self.stager.release(slot, e.idx)
+
+    def _apply_handbacks(self) -> None:
+        while True:
+            try:
+                item = self._handbacks.get_nowait()
+            except queue.Empty:
+                return
+            self._apply_handback(item)
+
+    def _join_optimizer(self) -> BaseException | None:
+        """Wait for the worker, apply every hand-back; the worker's first error, if any."""
+        error = self.worker.join()
+        self._apply_handbacks()
+        self.stats.optimizer_s += self._worker_s
+        self._worker_s = 0.0
+        return error
 
     def _update(self, e: Entry, master, m, v, g32, coef: float) -> None:
         if coef != 1.0:
@@ -279,13 +343,18 @@ class OffloadEngine:
             raise NonFiniteError(f"the loss is {value} at step {self.adam_step + 1}")
         self.tracker.end_forward()
         self.store.set_backward(True)
+        completed = False
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")
                 loss.backward()
             self.tracker.end_backward()
+            completed = True
         finally:
             self.store.set_backward(False)
+            error = self._join_optimizer()  # joined at step end, also when backward failed
+        if completed and error is not None:
+            raise error
         self._micro += 1
         self._cursor = 0
         if self._micro < self.accumulate:
@@ -294,6 +363,7 @@ class OffloadEngine:
         if self.clip_norm is not None:
             self._clip_and_update()
         self.adam_step += 1
+        self.hyper.step_done()  # the user's torch optimizer (and its lr_scheduler) sees the step
         self.policy.end_step()
 
     def _clip_and_update(self) -> None:
@@ -364,15 +434,18 @@ class OffloadEngine:
                 "optimizer_capacity": self.states.pool.capacity_bytes,
                 "optimizer_nvme_tensors": self.states.nvme_homed,
                 "device_pool_in_use": st.dev_pool.stats.bytes_in_use if st.dev_pool is not None else 0,
+                "grad_staging_capacity": self.stager.capacity_bytes,
                 "cpu_pool_in_use": st.cpu_pool.stats.bytes_in_use}
 
     def allocations(self) -> int:
         st = self.store
-        pools = [st.cpu_pool, self.states.pool] + ([st.dev_pool] if st.dev_pool is not None else [])
+        pools = [st.cpu_pool, self.states.pool] + [p for p in (st.dev_pool, self.stager.pool) if p is not None]
         return st.stats.allocations + sum(p.stats.allocations for p in pools)
 
     def close(self) -> None:
         self.remove_hooks()
+        self._join_optimizer()
+        self.worker.close()
         self.store.close()
         self.states.close()
         if self.nvme is not None:
