@@ -12,10 +12,12 @@ import hiredis
 
 from mlsyskit.tools.kv import queries, resp, resp3, rmw, values
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, FLUSH, GET, PUT
+from mlsyskit.tools.kv.pipeline import ConnectionLost
 
 PEER_MESSAGE = b"BKV.MSG"  # BKV.MSG epoch src kind fields...: one-way, authenticated peers only
 PEER_NONCE = b"BKV.NONCE"
 PEER_AUTH = b"BKV.AUTH"
+UNREACHABLE = "cannot reach"  # how a link that gave up connecting fails its queued calls (links.py)
 FLUSH_SHARD = b"BKV.FLUSHSHARD"  # FLUSHALL's part for the shard that owns the key given
 
 
@@ -115,7 +117,10 @@ def relay_answer(req: Request, fut: asyncio.Future) -> bytes:
             if req.parent is not None and req.op is GET and str(exc).startswith("WRONGTYPE"):
                 return resp.NULL  # MGET answers nil for a key of another kind
             return resp.error(str(exc))
-        return resp.error(f"TRYAGAIN forward failed: {exc}")
+        if isinstance(exc, ConnectionLost) and str(exc).startswith(UNREACHABLE):
+            # the link never connected, so the request was never sent: the shard is down from here
+            return resp.error(f"CLUSTERDOWN the shard's node is unreachable, not applied: {exc}")
+        return resp.error(f"TRYAGAIN forward failed: {exc}")  # it may have been sent: the outcome is unknown
     value = fut.result()
     if req.rmw is not None:
         return for_client(req, rmw.relayed(req.rmw, value))
