@@ -39,3 +39,96 @@ def test_cuda_engine_uses_pinned_cpu_pool_and_device_pool(small_cfg, small_profi
         assert not engine.emulated
     finally:
         engine.close()
+
+
+# -- the pieces of the GPU path on a real device (their CPU-side ordering tests: test_tencache_gpu_path_*) --
+def _cuda_store(n: int, numel: int, tmp_path=None):
+    from mlsyskit.core.filetier import FileTier
+    from mlsyskit.tools.offload.tiers import Entry, TierStore
+
+    entries = []
+    for i in range(n):
+        p = torch.nn.Parameter(torch.zeros(numel, dtype=torch.bfloat16))
+        entries.append(Entry(i, f"t{i}", p, p.shape, p.dtype, numel * 2))
+    nvme = FileTier(tmp_path) if tmp_path is not None else None
+    size = {numel * 2: n}
+    return TierStore(entries, device=torch.device("cuda"), device_slots=size, cpu_slots=size, nvme=nvme), entries
+
+
+@pytest.mark.parametrize("numel", [1000, 100_000])  # batched small copies, one copy each
+def test_cuda_prefetch_is_consumed_on_the_compute_stream(numel):
+    from mlsyskit.tools.offload.streams import StreamCopy
+    from mlsyskit.tools.offload.tiers import CPU
+
+    st, entries = _cuda_store(8, numel)
+    try:
+        assert st.cpu_pool.pinned and st.dev_pool.arena.is_cuda
+        for e in entries:
+            e.cpu = st.cpu_pool.acquire(e.nbytes, e.idx, exact=True)
+            e.cpu.view(e.dtype, e.shape).fill_(e.idx + 1)
+            e.where = CPU
+            st.cpu_to_device(e, st.dev_pool.acquire(e.nbytes, e.idx, exact=True))
+        st.flush_copies()
+        sums = []
+        for e in entries:
+            assert st.ready_for_compute(e)
+            sums.append(st.device_view(e).float().sum())  # enqueued after the wait, no host sync before it
+        copies = {id(e.pending.copy if hasattr(e.pending, "copy") else e.pending) for e in entries}
+        assert len(copies) == (1 if numel * 2 <= 64 * 1024 else 8)
+        assert all(isinstance(getattr(e.pending, "copy", e.pending), StreamCopy) for e in entries)
+        assert [float(s) for s in sums] == [float((i + 1) * numel) for i in range(8)]
+        st.drain()
+        assert st.cpu_pool.stats.slots_in_use == 0  # every source slot released after its copy
+    finally:
+        st.close()
+
+
+def test_cuda_async_eviction_to_nvme_reads_back_what_compute_wrote(tmp_path):
+    from mlsyskit.tools.offload.tiers import DEVICE, NVME
+
+    st, (e,) = _cuda_store(1, 300_000, tmp_path)
+    try:
+        e.dev = st.dev_pool.acquire(e.nbytes, e.idx, exact=True)
+        e.where = DEVICE
+        torch.cuda._sleep(50_000_000)  # keep the compute stream busy: the fill below is still queued
+        st.device_view(e).fill_(5.0)
+        st.device_to_nvme(e, sync=False)
+        assert e.where == NVME
+        st.settle(e)
+        assert torch.equal(st.read_home(e), torch.full((300_000,), 5.0, dtype=torch.bfloat16))
+    finally:
+        st.close()
+        st.nvme.close()
+
+
+def test_cuda_gradient_staging_and_worker():
+    from mlsyskit.tools.offload.grad_pipeline import GradStager, OptimizerWorker
+    from mlsyskit.tools.offload.streams import CudaStreams
+
+    streams = CudaStreams(torch.device("cuda"))
+    stager = GradStager(streams, {2_000_000: 4}, 2, wait_free=lambda: None)
+    worker = OptimizerWorker(2)
+    seen = {}
+    try:
+        assert stager.pool.pinned
+        for i in range(2):
+            grad = torch.full((1_000_000,), float(i + 1), dtype=torch.bfloat16, device="cuda")
+            torch.cuda._sleep(20_000_000)
+            grad.mul_(2)  # still queued on the compute stream when the copy is enqueued
+            buf, copy, slot = stager.stage(i, grad)
+            del grad  # recorded on the side stream: not reused before the copy ran
+            worker.submit(lambda i=i, buf=buf, copy=copy: (copy.result(), seen.__setitem__(i, buf.float().sum())))
+        assert worker.join() is None
+    finally:
+        worker.close()
+    assert [float(seen[i]) for i in range(2)] == [2e6, 4e6]
+
+
+def test_device_figures_from_nvml():
+    from mlsyskit.tools.offload.gpu_stats import DeviceFigures
+
+    figures = DeviceFigures.open(0)
+    if figures is None:
+        pytest.skip("pynvml (the gpu extra: pip install nvidia-ml-py) is not installed")
+    row = figures.sample(160 << 20)
+    assert row["gpu_mem_used"] > 0 and 0 <= row["gpu_util_pct"] <= 100 and row["pcie_rx_MBps"] >= 0

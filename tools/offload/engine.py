@@ -17,6 +17,7 @@ import math
 import queue
 import time
 import warnings
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ from mlsyskit.tools.offload.profiler import Profile, model_signature, named_tens
 from mlsyskit.tools.offload.streams import StreamOps
 from mlsyskit.tools.offload.tiers import CPU, DEVICE, Entry, TierStore
 from mlsyskit.tools.offload.tracking import UseTracker, owning_modules
+
+STAGING_DEPTH = 2  # pinned gradient staging slots per size class (GPU): gradients in flight to the worker
 
 
 @dataclass(frozen=True)
@@ -173,8 +176,8 @@ class OffloadEngine:
         for e in self.trainable:
             counts[e.nbytes] = counts.get(e.nbytes, 0) + 1
         self._handbacks: queue.SimpleQueue = queue.SimpleQueue()  # worker -> tier thread: finished tensors
-        self.stager = GradStager(self.store.mover.streams, counts, 2,
-                                 lambda: self._apply_handback(self._handbacks.get()))
+        self._retiring: deque = deque()  # (event, staging slot, owner): device writes still reading a slot
+        self.stager = GradStager(self.store.mover.streams, counts, STAGING_DEPTH, self._free_staging)
         self._worker_s = 0.0  # written by the worker only; merged into stats when it is idle
         self.tracker = UseTracker(model, entries, self)
         if self.store.dev_pool is not None:
@@ -283,15 +286,35 @@ class OffloadEngine:
             self._worker_s += time.perf_counter() - t0
 
     def _apply_handback(self, item) -> None:
+        """Write a finished tensor's new compute copy into its tier; its staging slot is free again once that
+        write has read it (a device write from a pinned slot is asynchronous: the slot retires on its event)."""
         e, values, slot = item
-        if values is not None:
-            if e.bound:
-                self.store.device_view(e).view(-1).copy_(values)
-            else:
-                self.store.write_home(e, values, values)  # values are their own NVMe staging
-        self.stager.release(slot, e.idx)
+        written = None
+        if values is not None:  # values are their own NVMe staging
+            written = self.store.write_home(e, values, values, non_blocking=slot is not None)
+        if written is None:
+            self.stager.release(slot, e.idx)
+        else:
+            self._retiring.append((written, slot, e.idx))
+
+    def _retire(self, *, wait: bool) -> None:
+        """Release the staging slots whose device writes completed (all of them with `wait`)."""
+        while self._retiring and (wait or self._retiring[0][0].query()):
+            event, slot, idx = self._retiring.popleft()
+            event.synchronize()
+            self.stager.release(slot, idx)
+
+    def _free_staging(self) -> None:
+        """The stager found no free slot: free one, from a retiring write or from the worker's next hand-back."""
+        if self._retiring:
+            event, slot, idx = self._retiring.popleft()
+            event.synchronize()
+            self.stager.release(slot, idx)
+        else:
+            self._apply_handback(self._handbacks.get())
 
     def _apply_handbacks(self) -> None:
+        self._retire(wait=False)
         while True:
             try:
                 item = self._handbacks.get_nowait()
@@ -303,6 +326,7 @@ class OffloadEngine:
         """Wait for the worker, apply every hand-back; the worker's first error, if any."""
         error = self.worker.join()
         self._apply_handbacks()
+        self._retire(wait=True)  # the next forward reads these copies; the slots are free for the next step
         self.stats.optimizer_s += self._worker_s
         self._worker_s = 0.0
         return error

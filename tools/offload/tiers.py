@@ -426,15 +426,19 @@ class TierStore:
         e.fresh = None
 
     # -- writing or reading the compute copy wherever it lives (after an update outside a module's use) --
-    def write_home(self, e: Entry, values: torch.Tensor, scratch: torch.Tensor) -> None:
-        """Store `values` (fp32, flat) as e's compute copy in its current tier; `scratch` (>= e.nbytes bytes,
-        free memory) stages the cast for an NVMe write, so nothing is allocated."""
+    def write_home(self, e: Entry, values: torch.Tensor, scratch: torch.Tensor, *,
+                   non_blocking: bool = False) -> Any:
+        """Store `values` (flat, any float dtype) as e's compute copy in its current tier; `scratch` (>= e.nbytes
+        bytes, free memory) stages the cast for an NVMe write, so nothing is allocated. `non_blocking` (values
+        in pinned memory): a device copy is enqueued on the compute stream and its event returned; `values`
+        must stay untouched until it completes. Otherwise None: the write is done."""
         self.settle(e)
-        if e.fresh is not None:
-            e.fresh.view(-1).copy_(values)
-        elif e.where == DEVICE:
-            e.dev.view(e.dtype, (e.shape.numel(),)).copy_(values)
-        elif e.where == CPU:
+        if e.fresh is not None or e.where == DEVICE:
+            dst = e.fresh.view(-1) if e.fresh is not None else e.dev.view(e.dtype, (e.shape.numel(),))
+            dst.copy_(values, non_blocking=non_blocking)
+            ops = self.mover.streams
+            return ops.record(ops.compute) if non_blocking and ops is not None else None
+        if e.where == CPU:
             e.cpu.view(e.dtype, (e.shape.numel(),)).copy_(values)
         else:
             stage = scratch.reshape(-1).view(torch.uint8)[:e.nbytes]
@@ -442,6 +446,7 @@ class TierStore:
             self._await_write(e.key)
             self.nvme.write(e.key, stage, e.nbytes)
             self.stats.add(CPU, NVME, e.nbytes)
+        return None
 
     def read_home(self, e: Entry) -> torch.Tensor:
         """A new tensor with e's compute copy (for handing frozen parameters back to the model)."""
