@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
 import time
@@ -99,6 +100,30 @@ def judge(runs: dict[int, dict[str, dict]], with_attackers: bool) -> dict:
     return {"means": means, "targets": targets}
 
 
+def run_cell(task) -> tuple[str, dict | None]:
+    """One cell: every seed, both strategies, judged. None when the budget ran out before it started."""
+    dataset, alpha, fraction, attack, args, deadline = task
+    key = cell_key(dataset, alpha, fraction, attack)
+    if deadline is not None and time.time() > deadline:
+        return key, None
+    runs = {seed: {s: one_run(s, seed, dataset, alpha, fraction, attack, args) for s in ("fedavg", "tiff")}
+            for seed in range(args.seeds)}
+    return key, judge(runs, fraction > 0) | {
+        "dataset": dataset, "alpha": alpha, "attackers": fraction, "attack": attack,
+        "part": "tuning" if dataset in TUNING_DATASETS else "held-out", "seeds": list(range(args.seeds)),
+        "runs": {str(seed): r for seed, r in runs.items()}}
+
+
+def _run_all(tasks: list, workers: int):
+    """Cells as they finish; with workers > 1, in forked processes (a cell is deterministic per seed, so
+    where it runs changes nothing but the wall time)."""
+    if workers <= 1:
+        yield from map(run_cell, tasks)
+        return
+    with multiprocessing.get_context("fork").Pool(workers, maxtasksperchild=4) as pool:
+        yield from pool.imap_unordered(run_cell, tasks)
+
+
 def cells(args) -> list[tuple[str, float, float, str]]:
     """In the order given on the command line: alpha, then fraction, then attack, then dataset, so a run cut
     short by --budget-s still spans every dataset."""
@@ -130,6 +155,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="keep the cells already in --out")
     p.add_argument("--budget-s", type=float, default=0.0, help="start no new cell after this many seconds (0: none); "
                    "the cells not run are listed in the JSON")
+    p.add_argument("--workers", type=int, default=1, help="cells run in this many processes at once")
     p.add_argument("--out", type=Path, default=Path("runs/bench_fl_tiff.json"))
     args = p.parse_args(argv)
     if args.quick:
@@ -140,7 +166,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    setting = {k: v for k, v in vars(args).items() if k not in ("out", "resume", "budget_s")} | {
+    setting = {k: v for k, v in vars(args).items() if k not in ("out", "resume", "budget_s", "workers")} | {
         "tuning_datasets": list(TUNING_DATASETS)}
     done: dict = {}
     if args.resume and args.out.is_file():
@@ -149,24 +175,19 @@ def main(argv: list[str] | None = None) -> int:
             done = previous["cells"]
     result = {"setting": setting, "cells": done}
     todo = cells(args)
-    started, result["not_run"] = time.monotonic(), []
-    for i, (dataset, alpha, fraction, attack) in enumerate(todo, 1):
-        key = cell_key(dataset, alpha, fraction, attack)
-        if key in done:
-            continue
-        if args.budget_s and time.monotonic() - started > args.budget_s:
+    result["not_run"] = []
+    deadline = time.time() + args.budget_s if args.budget_s else None
+    tasks = [(dataset, alpha, fraction, attack, args, deadline) for dataset, alpha, fraction, attack in todo
+             if cell_key(dataset, alpha, fraction, attack) not in done]
+    for i, (key, cell) in enumerate(_run_all(tasks, args.workers), len(todo) - len(tasks) + 1):
+        if cell is None:
             result["not_run"].append(key)
             continue
-        runs = {seed: {s: one_run(s, seed, dataset, alpha, fraction, attack, args) for s in ("fedavg", "tiff")}
-                for seed in range(args.seeds)}
-        cell = judge(runs, fraction > 0) | {
-            "dataset": dataset, "alpha": alpha, "attackers": fraction, "attack": attack,
-            "part": "tuning" if dataset in TUNING_DATASETS else "held-out", "seeds": list(range(args.seeds)),
-            "runs": {str(seed): r for seed, r in runs.items()}}
         result["cells"][key] = cell
         _write(args.out, result)
         log(f"[{i}/{len(todo)}] {key}: " + " ".join(f"{n}={_short(t['measured'])}({_met(t)})"
                                                     for n, t in cell["targets"].items() if n != "ledger_conserved"))
+    result["cells"] = {cell_key(*c): result["cells"][cell_key(*c)] for c in todo if cell_key(*c) in result["cells"]}
     result["summary"] = summary(result["cells"])
     _write(args.out, result)
     emit_table(make_table(f"TIFF vs default, mean of {args.seeds} seeds per cell (accuracy: kept model, test split)",

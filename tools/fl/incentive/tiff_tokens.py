@@ -9,7 +9,8 @@ Per round (formulas in docs/tiff.md):
   * the remaining  pot * |P| / K  is shared among the paid set P in proportion to
         w_p = n_p * q_p ** gamma      (n = samples, q = quality, gamma = quality_exponent),
     where q is the server-verified quality when there is one (incentive/verify.py), and equally
-    while the global model does not beat chance yet (outcome.pay_by_quality False).
+    while the global model does not beat chance yet (outcome.pay_by_quality False; the floor is then
+    PRE_CHANCE_FLOOR x median instead).
 At reimbursement time the pool is refunded to consumers with weights
         v_c = paid_c / (1 + max(0, UIR_c)),   refund_c = min(paid_c, pool * v_c / sum v),
 so consumers who gained less from the federation get more of their payment back.
@@ -25,10 +26,17 @@ from mlsyskit.tools.fl.incentive.ledger import ESCROW, POOL, Transfer, client_ac
 from mlsyskit.tools.fl.outcome import RoundOutcome
 
 
+PRE_CHANCE_FLOOR = 0.5  # x median, before the model beats chance: the selector's trust bar (TRUST_FRACTION)
+
+
 def quality_threshold(outcome: RoundOutcome, floor: float) -> float:
-    """The round's quality floor: a fraction of the median quality of its valid updates."""
+    """The round's quality floor: a fraction of the median quality of its valid updates. Before the model beats
+    chance (outcome.pay_by_quality False) pay is equal, so quality cannot weigh an update down; the floor is then
+    the bar the selector trusts a client by, so a weak update (a liar's 20% true labels) is not paid a full
+    slot (measured: tests/fl/test_pay_verified.py)."""
     qualities = [r.pay_quality for r in outcome.with_status("valid")]
-    return floor * float(median(qualities)) if qualities else 0.0
+    fraction = floor if outcome.pay_by_quality else max(floor, PRE_CHANCE_FLOOR)
+    return fraction * float(median(qualities)) if qualities else 0.0
 
 
 class TiffTokens(Incentive):

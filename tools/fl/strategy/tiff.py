@@ -6,12 +6,14 @@ aggregation, quality-weighted pay once the model has learnt something, consumer 
 * Updates under the round's quality floor are left out of the aggregate as well as out of pay:
   with verified quality an honest update under skew still aligns with the reference, while a
   label-flipper's or noisy labeller's barely does (measured in docs/tiff.md).
+* The pot goes to verified work (incentive/earned_pot.py): what a refused or under-floor update forfeits
+  is shared by the paid providers; only undelivered slots and unverified rounds refund consumers.
 * Pay by quality starts once the global model (the one the providers trained from) beats chance
   on the validation split by CHANCE_MARGIN; before, every provider in the paid set gets one slot.
 """
 from __future__ import annotations
 
-from mlsyskit.tools.fl.incentive.tiff_tokens import TiffTokens
+from mlsyskit.tools.fl.incentive.earned_pot import EarnedPot
 from mlsyskit.tools.fl.incentive.verify import UpdateVerifier
 from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
 from mlsyskit.tools.fl.selection.trusted_random import TrustedRandomSelector
@@ -27,7 +29,7 @@ class Tiff(Strategy):
         if validation is None:
             raise ValueError("tiff needs the server's validation split to verify updates")
         verifier = UpdateVerifier(validation.data, config.train, validation.num_features, validation.num_classes)
-        super().__init__(config, TrustedRandomSelector(config.selection), TiffTokens(config.economy), evaluator,
+        super().__init__(config, TrustedRandomSelector(config.selection), EarnedPot(config.economy), evaluator,
                          verifier)
         self.validation = validation
         self.pay_by_quality = False
