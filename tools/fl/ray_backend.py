@@ -1,0 +1,107 @@
+"""`fl-server simulate --backend ray`: simulated clients train as Ray tasks on an existing Ray cluster.
+
+The simulator still decides everything (who trains, with which model, seed and attack, and when
+each update arrives on the virtual clock); Ray only runs `backends.run_train_task`, the function
+the in-process backend runs, on whichever node is free. So a job gives the same result on both
+backends for the same seed (tested): the tasks are pure functions of plain data, every worker
+runs torch and BLAS single-threaded as the simulator does, and results come back in task order
+whatever order the tasks finish in.
+
+A round's global model is put in the object store once and shared by all its tasks; tasks are
+sent in chunks (a few per worker CPU) because one client's training (tens of milliseconds) is
+comparable to a Ray task's own overhead. Ray retries a task whose worker died (the work is pure,
+so a retry is safe); a task that raises stops the job with the remote error.
+
+Start a cluster first (`ray start --head` on one machine, `ray start --address HEAD:PORT` on the
+others, each with this project installed), then pass its address (or "auto"). Needs the optional
+extra: pip install 'mlsyskit[fl-ray]'.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mlsyskit.core.errors import RuntimeFailure
+from mlsyskit.tools.fl.backends import BaselineTask, RoundJob, TrainTask, run_baseline_task, run_train_task
+from mlsyskit.tools.fl.config import TrainSpec
+from mlsyskit.tools.fl.training import LocalResult
+
+CHUNKS_PER_CPU = 2  # enough chunks to balance uneven clients, few enough to amortise each task's overhead
+
+
+def _train_chunk(job: RoundJob, tasks: list[TrainTask]) -> list[LocalResult]:
+    from mlsyskit.tools.fl.threads import single_threaded
+
+    single_threaded()  # the same arithmetic as the in-process backend: one torch/BLAS thread
+    return [run_train_task(job, task) for task in tasks]
+
+
+def _baseline_chunk(spec: TrainSpec, num_features: int, num_classes: int, tasks: list[BaselineTask]) -> list[float]:
+    from mlsyskit.tools.fl.threads import single_threaded
+
+    single_threaded()
+    return [run_baseline_task(spec, num_features, num_classes, task) for task in tasks]
+
+
+def _chunks(items: Sequence[Any], count: int) -> list[list[Any]]:
+    """`items` in order, cut into at most `count` contiguous chunks of near-equal size."""
+    count = max(1, min(count, len(items)))
+    size, extra = divmod(len(items), count)
+    out, start = [], 0
+    for i in range(count):
+        end = start + size + (i < extra)
+        out.append(list(items[start:end]))
+        start = end
+    return out
+
+
+class RayBackend:
+    name = "ray"
+
+    def __init__(self, address: str | None = None) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise RuntimeFailure("--backend ray needs Ray: pip install 'mlsyskit[fl-ray]'") from None
+        self._ray = ray
+        self._owns_connection = not ray.is_initialized()
+        if self._owns_connection:
+            try:  # an existing cluster only: "auto" finds a local one started by `ray start`, never starts one
+                ray.init(address=address or "auto", namespace="mlsyskit-fl", log_to_driver=False,
+                         configure_logging=False)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise RuntimeFailure(f"cannot join the Ray cluster at {address or 'auto'} ({e}); start one with "
+                                     "`ray start --head` and pass its address") from None
+        self.chunks_sent = 0  # remote tasks submitted (what a test checks to know Ray did the work)
+        self._train = ray.remote(_train_chunk).options(num_cpus=1, max_retries=3)
+        self._baseline = ray.remote(_baseline_chunk).options(num_cpus=1, max_retries=3)
+
+    def _chunk_count(self, tasks: int) -> int:
+        cpus = int(self._ray.cluster_resources().get("CPU", 1))
+        return max(1, min(tasks, CHUNKS_PER_CPU * cpus))
+
+    def _gather(self, refs: list[Any]) -> list[Any]:
+        self.chunks_sent += len(refs)
+        try:
+            chunks = self._ray.get(refs)
+        except self._ray.exceptions.RayError as e:
+            raise RuntimeFailure(f"a Ray training task failed: {e}") from None
+        return [result for chunk in chunks for result in chunk]
+
+    def train(self, job: RoundJob, tasks: Sequence[TrainTask]) -> list[LocalResult]:
+        if not tasks:
+            return []
+        shared = self._ray.put(job)  # the round's model once, not once per task
+        return self._gather([self._train.remote(shared, chunk)
+                             for chunk in _chunks(tasks, self._chunk_count(len(tasks)))])
+
+    def local_only(self, spec: TrainSpec, num_features: int, num_classes: int,
+                   tasks: Sequence[BaselineTask]) -> list[float]:
+        if not tasks:
+            return []
+        return self._gather([self._baseline.remote(spec, num_features, num_classes, chunk)
+                             for chunk in _chunks(tasks, self._chunk_count(len(tasks)))])
+
+    def close(self) -> None:
+        if self._owns_connection and self._ray.is_initialized():
+            self._ray.shutdown()
