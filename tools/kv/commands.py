@@ -45,7 +45,8 @@ def cmd_set(conn: ClientConnection, cmd: list) -> None:
     key, value = cmd[1], cmd[2]
     if conn.bad_key(key) or conn.bad_value(value):
         return None
-    value = values.stored_string(value)  # escaped if it would read as a record
+    if value[:1] == values.FIRST:
+        value = values.stored_string(value)  # escaped if it would read as a record
     node = conn.node
     if node.fast_put is not None and not conn.slots and node.owns(key):
         node.fast_put(key, value)

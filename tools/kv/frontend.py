@@ -39,10 +39,6 @@ if TYPE_CHECKING:
 WRITE_OPS = {b"MSET": PUT, b"DEL": DEL, b"FLUSHALL": FLUSH}
 
 
-def _is_write(item: Any) -> bool:
-    return item.op in WRITES if type(item) is Request else item.kind in WRITE_OPS
-
-
 class Aggregate:
     """A multi-key command (MGET, MSET, DEL k..., EXISTS k...) split into single-key requests."""
 
@@ -294,11 +290,12 @@ class ClientConnection(asyncio.Protocol):
 
     def slot_done(self, done: Any = None) -> None:
         if done is not None:
-            if _is_write(done):
+            if done.op in WRITES if type(done) is Request else done.kind in WRITE_OPS:
                 self.unacked_writes -= 1
             else:
                 self.unanswered_reads -= 1
-            self._release()
+            if self.held:
+                self._release()
         slots = self.slots
         out = self.out
         while slots and slots[0].payload is not None:
@@ -325,10 +322,21 @@ class ClientConnection(asyncio.Protocol):
 
     # -- requests --------------------------------------------------------------
     def single(self, op: str, key: bytes, value: bytes | None, rmw: list[bytes] | None = None) -> None:
+        """One single-key request; _admit, _begin and _start inlined (the per-request path)."""
         req = Request(op, key, value, self)
-        req.rmw = rmw
         self.slots.append(req)
-        self._admit(op in WRITES, req)
+        is_write = op in WRITES
+        if rmw is not None:
+            req.rmw = rmw
+            self._admit(is_write, req)
+        elif self.held or (self.unanswered_reads if is_write else self.unacked_writes):
+            self.held.append((is_write, req))
+        else:
+            if is_write:
+                self.unacked_writes += 1
+            else:
+                self.unanswered_reads += 1
+            self.node.submit(req)
 
     def multi(self, kind: bytes, op: str, items: list[tuple[bytes, bytes | None]]) -> None:
         agg = Aggregate(self, kind, len(items))
