@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_fl_tiff.py"
@@ -12,6 +13,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_fl_tiff.py"
 def load_bench():
     spec = importlib.util.spec_from_file_location("bench_fl_tiff", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # worker processes find run_cell by its module's name
     spec.loader.exec_module(module)
     return module
 
@@ -77,3 +79,14 @@ def test_quick_mode_runs_end_to_end_and_writes_valid_json(tmp_path):
     before = out.read_text()
     assert bench.main(["--quick", "--resume", "--out", str(out)]) == code
     assert json.loads(before)["cells"] == json.loads(out.read_text())["cells"]
+
+
+def test_cells_past_the_budget_are_listed_not_run_also_from_worker_processes(tmp_path):
+    bench = load_bench()
+    out = tmp_path / "spent.json"
+    assert bench.main(["--quick", "--budget-s", "1e-9", "--workers", "2", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["cells"] == {} and "workers" not in result["setting"]  # the same sweep whatever the workers
+    assert sorted(result["not_run"]) == ["digits/alpha=0.5/attackers=0.4/free-rider",
+                                         "digits/alpha=0.5/attackers=0.4/label-flip",
+                                         "digits/alpha=0.5/attackers=0/none"]
