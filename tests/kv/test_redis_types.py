@@ -127,3 +127,45 @@ def test_spop_is_decided_once_at_the_write_point() -> None:
     after, answer = first
     assert len(values.decode(after).data) == 3 and answer[1:2] == b"1"
     assert datatypes.fmt_score(3.0) == b"3" and datatypes.fmt_score(float("-inf")) == b"-inf"
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (2, 3)])  # the SET fast path, and forwarded writes and reads
+def test_a_client_cannot_forge_a_record_or_reap_a_key(shape) -> None:
+    forged = values.encode(Entry(LIST, 0, [b"x"]))  # the stored bytes of a list
+    smap = make_map("ms-sc", shards=shape[0], replicas=shape[1])
+    with ThreadedCluster(LocalCluster(smap, lambda n: node_datalet("memory", n))) as tc:
+        a = tc.cluster.map.nodes[smap.shards[0][-1]]
+        r = redis.Redis(a.host, a.port, protocol=2)
+        for key in ("k1", "k2", "k3"):
+            assert r.set(key, forged) is True
+            assert r.get(key) == forged and r.type(key) == b"string" and r.strlen(key) == len(forged)
+            with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+                r.lpush(key, "y")
+        assert r.mset({"m1": forged, "m2": forged}) is True and r.mget("m1", "m2") == [forged, forged]
+        with pytest.raises(redis.ResponseError, match="authenticated replica"):  # -NOPERM
+            r.execute_command("BKV.REAP", "k1")
+        assert r.get("k1") == forged
+        with pytest.raises(redis.ResponseError, match="invalid expire time"):
+            r.expire("k1", 2 ** 62)
+        r.close()
+
+
+def test_damaged_records_answer_errors_and_expired_keys_are_not_listed() -> None:
+    smap = make_map("ms-sc", shards=1, replicas=3)
+    with ThreadedCluster(LocalCluster(smap, lambda n: node_datalet("memory", n))) as tc:
+        a = tc.cluster.map.nodes[smap.shards[0][0]]
+        r = redis.Redis(a.host, a.port, protocol=2)
+        damaged = values.MAGIC + b"l" + bytes(8) + b"\xc1garbage"
+        expired = values.encode(Entry(STRING, 1, b"old"))  # a deadline long past, not swept (unknown to the sweep)
+        for node in tc.cluster.nodes.values():  # as a damaged or stale datalet would hold them
+            node.datalet.put(b"bad", damaged)
+            node.datalet.put(b"stale", expired)
+        for command in (("GET", "bad"), ("LRANGE", "bad", 0, -1), ("INCR", "bad")):
+            with pytest.raises(redis.ResponseError, match="corrupt"):
+                r.execute_command(*command)
+        assert r.get("stale") is None and r.exists("stale") == 0 and r.ttl("stale") == -2
+        assert r.keys("*") == [b"bad"] and r.dbsize() == 1
+        assert r.delete("bad") == 1 and r.ping()
+        assert rmw.apply(rmw.Command([rmw.REAP, b"x"], 10), values.MAGIC + b"l" + (5).to_bytes(8, "big") + b"\xc1") \
+            == (None, b":1\r\n")  # an expired damaged record is still reaped (by its header)
+        r.close()

@@ -14,7 +14,7 @@ import asyncio
 import fnmatch
 from typing import TYPE_CHECKING
 
-from mlsyskit.tools.kv import resp
+from mlsyskit.tools.kv import resp, values
 from mlsyskit.tools.kv.controlets.base import FLUSH
 from mlsyskit.tools.kv.requests import FLUSH_SHARD, Ready
 
@@ -23,26 +23,31 @@ if TYPE_CHECKING:
     from mlsyskit.tools.kv.node import Node
 
 
-async def local_keys(node: Node, pattern: bytes) -> list[bytes]:
-    """This node's own visible keys matching a glob pattern (aa-ec tombstones are not keys)."""
+async def local_keys(node: Node, pattern: bytes, now_ms: int) -> list[bytes]:
+    """This node's own visible keys matching a glob pattern (aa-ec tombstones and keys past
+    their deadline are not keys)."""
     if node.datalet is None:
         return []
     pat = pattern.decode(errors="surrogateescape")
     everything = pattern == b"*"
     out = []
     async for key, raw in node.datalet.export_pairs():
-        if node.visible is not None and node.visible(raw) is None:
+        if node.visible is not None:
+            raw = node.visible(raw)
+            if raw is None:
+                continue
+        if raw[:1] == values.FIRST and values.expired(raw, now_ms):
             continue
         if everything or fnmatch.fnmatchcase(key.decode(errors="surrogateescape"), pat):
             out.append(key)
     return out
 
 
-async def all_keys(node: Node, pattern: bytes) -> list[bytes]:
+async def all_keys(node: Node, pattern: bytes, now_ms: int) -> list[bytes]:
     calls = []
     for shard, replicas in enumerate(node.map.shards):
         if shard == node.shard:
-            calls.append(local_keys(node, pattern))
+            calls.append(local_keys(node, pattern, now_ms))
         else:
             target = node.controlet_cls.read_targets(replicas)[0]
             calls.append(node.link(target).call_frame(resp_command(b"BKV.KEYS", pattern)))
@@ -74,13 +79,13 @@ def _later(conn: ClientConnection, work, encode) -> None:
 def cmd_dbsize(conn: ClientConnection, cmd: list) -> None:
     if len(cmd) != 1:
         return conn.reply(resp.error("wrong number of arguments for 'dbsize' command"))
-    _later(conn, all_keys(conn.node, b"*"), lambda keys: resp.integer(len(keys)))
+    _later(conn, all_keys(conn.node, b"*", conn.unix_ms()), lambda keys: resp.integer(len(keys)))
 
 
 def cmd_keys(conn: ClientConnection, cmd: list) -> None:
     if len(cmd) != 2:
         return conn.reply(resp.error("wrong number of arguments for 'keys' command"))
-    _later(conn, all_keys(conn.node, cmd[1]), resp.array)
+    _later(conn, all_keys(conn.node, cmd[1], conn.unix_ms()), resp.array)
 
 
 def cmd_scan(conn: ClientConnection, cmd: list) -> None:
@@ -94,7 +99,8 @@ def cmd_scan(conn: ClientConnection, cmd: list) -> None:
             return conn.reply(resp.error(f"SCAN option {option[:16].decode(errors='replace')} is not supported"))
     if cmd[1] != b"0":
         return conn.reply(resp.error("invalid cursor (bespokv answers a SCAN in one call, with cursor 0)"))
-    _later(conn, all_keys(conn.node, pattern), lambda keys: b"*2\r\n" + resp.bulk(b"0") + resp.array(keys))
+    _later(conn, all_keys(conn.node, pattern, conn.unix_ms()),
+           lambda keys: b"*2\r\n" + resp.bulk(b"0") + resp.array(keys))
 
 
 def cmd_peer_keys(conn: ClientConnection, cmd: list) -> None:
@@ -103,7 +109,7 @@ def cmd_peer_keys(conn: ClientConnection, cmd: list) -> None:
         return conn.reply(b"-NOPERM BKV.KEYS is for authenticated replica connections\r\n")
     if len(cmd) != 2:
         return conn.reply(resp.error("wrong number of arguments for 'bkv.keys' command"))
-    _later(conn, local_keys(conn.node, cmd[1]), resp.array)
+    _later(conn, local_keys(conn.node, cmd[1], conn.unix_ms()), resp.array)
 
 
 def cmd_flush(conn: ClientConnection, cmd: list) -> None:

@@ -146,9 +146,11 @@ READS: dict[bytes, tuple[int, Handler]] = {  # name: (Redis arity, handler)
 
 def answer(cmd: list, stored: bytes | None, now_ms: int) -> bytes:
     """A read command's answer from a replica's stored bytes."""
-    entry = values.live(stored, now_ms)
     try:
+        entry = values.live(stored, now_ms)
         return READS[cmd[0]][1](cmd, entry, now_ms)
+    except values.CorruptValue:
+        return values.CORRUPT
     except WrongType:
         return values.WRONGTYPE
     except CommandError as e:

@@ -196,7 +196,12 @@ def parse(cmd: list[bytes], now_ms: int = 0) -> Command:
 def apply(cmd: list[bytes], current: bytes | None) -> tuple[bytes | None, bytes]:
     """(the key's stored bytes afterwards -- None: absent --, the RESP answer) for one command."""
     now = getattr(cmd, "now_ms", 0)
-    entry = values.live(current, now)  # a key past its deadline is absent for every command
+    if cmd[0] == REAP and values.expired(current, now):
+        return None, resp.ONE  # by its header alone: even a damaged record goes once expired
+    try:
+        entry = values.live(current, now)  # a key past its deadline is absent for every command
+    except values.CorruptValue:
+        return current, values.CORRUPT  # left as it is (DEL or SET replaces it)
     try:
         after, answer = WRITES[cmd[0]][1](cmd, entry, now)
     except WrongType:

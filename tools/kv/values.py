@@ -41,6 +41,13 @@ class WrongType(Exception):
     """The key holds another kind of value (answered -WRONGTYPE, nothing changes)."""
 
 
+class CorruptValue(ValueError):
+    """Stored bytes that claim to be a record but do not decode (a damaged datalet)."""
+
+
+CORRUPT = b"-ERR the stored value of this key is corrupt\r\n"
+
+
 def is_tagged(stored: bytes) -> bool:
     return stored[:1] == FIRST and stored[:4] == MAGIC
 
@@ -50,11 +57,20 @@ def decode(stored: bytes | None) -> Entry | None:
         return None
     if not is_tagged(stored):
         return Entry(STRING, 0, stored)
+    try:
+        return _decode_record(stored)
+    except (ValueError, TypeError, struct.error, msgpack.UnpackException) as e:
+        raise CorruptValue(f"{e}") from None
+
+
+def _decode_record(stored: bytes) -> Entry:
     _, kind, deadline = _HEADER.unpack_from(stored)
     body = stored[_HEADER.size:]
     if kind == STRING:
         return Entry(STRING, deadline, body)
     items = msgpack.unpackb(body, raw=True, use_list=True, strict_map_key=False)
+    if not isinstance(items, list) or not all(isinstance(x, bytes | float) for x in items):
+        raise ValueError("a record's body is not a flat list")
     if kind == LIST:
         data: Any = items
     elif kind == HASH:
@@ -95,11 +111,13 @@ def live(stored: bytes | None, now_ms: int) -> Entry | None:
 
 
 def expired(stored: bytes | None, now_ms: int) -> bool:
-    return stored is not None and is_tagged(stored) and 0 < _HEADER.unpack_from(stored)[2] <= now_ms
+    return 0 < deadline_of(stored) <= now_ms
 
 
 def deadline_of(stored: bytes | None) -> int:
-    return _HEADER.unpack_from(stored)[2] if stored is not None and is_tagged(stored) else 0
+    if stored is None or not is_tagged(stored) or len(stored) < _HEADER.size:
+        return 0
+    return _HEADER.unpack_from(stored)[2]
 
 
 def stored_string(value: bytes) -> bytes:
@@ -127,6 +145,8 @@ def get_answer(stored: bytes | None, now_ms: int) -> bytes:
         value = string_of(live(stored, now_ms))
     except WrongType:
         return WRONGTYPE
+    except CorruptValue:
+        return CORRUPT
     if value is None:
         return b"$-1\r\n"
     return b"$%d\r\n%b\r\n" % (len(value), value)
