@@ -301,7 +301,8 @@ def median_run(rs: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("runs/bench_kv.json"))
+    ap.add_argument("--out", type=Path, default=Path("runs/bench_kv.json"),
+                    help="the JSON report (a file, or an existing folder for bench_kv.json in it)")
     ap.add_argument("--requests", type=int, default=100_000, help="redis-benchmark requests per test at pipeline 1 "
                                                                   "(x4 at pipeline 16)")
     ap.add_argument("--repeats", type=int, default=3, help="alternating repetitions per part-1 setting (median)")
@@ -314,6 +315,8 @@ def main() -> None:
     ap.add_argument("--no-pin", action="store_true", help="do not pin servers and generator to separate cores")
     ap.add_argument("--skip-part2", action="store_true")
     args = ap.parse_args()
+    if args.out.is_dir():  # a folder: the report gets its fixed name inside (checked before the long run)
+        args.out = args.out / "bench_kv.json"
     for tool in ("redis-server", "redis-benchmark"):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is missing: apt-get install -y redis-server redis-tools")
