@@ -120,17 +120,20 @@ def _run_all(tasks: list, workers: int):
     if workers <= 1:
         yield from map(run_cell, tasks)
         return
-    with multiprocessing.get_context("fork").Pool(workers, maxtasksperchild=4) as pool:
+    with multiprocessing.get_context("fork").Pool(workers) as pool:  # long-lived: data caches are per process
         yield from pool.imap_unordered(run_cell, tasks)
 
 
 def cells(args) -> list[tuple[str, float, float, str]]:
-    """In the order given on the command line: alpha, then fraction, then attack, then dataset, so a run cut
-    short by --budget-s still spans every dataset."""
+    """Attack by attack in the order given (the cells without attackers first), then fraction, alpha and
+    dataset, so a run cut short by --budget-s misses whole attacks at the end of the list and still spans
+    every dataset and alpha of the attacks it ran."""
     out = []
-    for alpha in args.alphas:
+    for attack in ("none", *args.attacks):
         for fraction in args.fractions:
-            for attack in (("none",) if fraction == 0 else args.attacks):
+            if (fraction == 0) != (attack == "none"):
+                continue
+            for alpha in args.alphas:
                 for dataset in args.datasets:
                     out.append((dataset, alpha, fraction, attack))
     return out
