@@ -64,6 +64,7 @@ def sized_shapes(model: ThroughputModel, app: str, batch: int, request: int, gpu
 class Marble(Policy):
     name = "marble"
     description = "FIFO, efficient GPUs per job from its scaling curve, best-fit node sharing, EASY"
+    memoise_refusals = True
 
     def __init__(self, model, options=None) -> None:
         super().__init__(model, options)
@@ -116,11 +117,12 @@ class Marble(Policy):
         pressure = max(self.options.efficiency_threshold, self.options.pressure_threshold)
         ahead, window = iter(state.queue.values()), 0
         waits: dict[tuple[int, int], float] = {}
-        # Behind a reservation with no spare GPUs, a job starts only if it ends before the shadow
-        # even on its largest quiet shape that fits; that verdict is the same for every job of one
-        # kind (never started: same estimate), so a long scan costs one dict lookup per such job
-        # (cleared whenever a start changes the free GPUs).
-        too_long: set[tuple[str, int, int]] = set()
+        # A job that never ran differs from another of its kind (application, request, batch) in
+        # nothing `_choose` reads, so while the free GPUs and the reservation stay as they are, one
+        # refusal answers for every later job of that kind: a long scan behind a blocked head then
+        # costs a lookup per job, not a placement search (cleared at every start;
+        # `memoise_refusals = False` gives the full rescan the tests compare with).
+        refused: set[tuple[str, int, int, bool]] = set()
         for job in state.queue.values():
             if free.total == 0:
                 break
@@ -129,35 +131,28 @@ class Marble(Policy):
                 scanned += 1
                 if scanned > self.options.backfill_depth:
                     break
-                kind = (job.app, job.gpus, job.batch_size)
-                if extra <= 0 and not job.progress and kind in too_long:
-                    window -= sum(quiet[-1])
-                    continue
             while window <= free.total and (nxt := next(ahead, None)) is not None:
                 window += sum(self.shapes_for(nxt, gpn)[-1])
             pressured = window > free.total
             window -= sum(quiet[-1])
-            shapes = self.shapes_for(job, gpn, pressure if pressured else None) if pressured else quiet
+            kind = None if job.started_before else (job.app, job.gpus, job.batch_size, pressured)
+            if kind is not None and kind in refused:
+                continue
+            shapes = self.shapes_for(job, gpn, pressure) if pressured else quiet
             choice = self._choose(state, free, job, shapes, shadow, extra, waits)
             if choice is None:
                 if shadow is None:
                     shadow, extra = gpu_shadow(state, free.total, sum(shapes[-1]))
-                elif extra <= 0 and not job.progress and self._ends_late(state, free, job, quiet, shadow):
-                    too_long.add((job.app, job.gpus, job.batch_size))
+                elif kind is not None and self.memoise_refusals:
+                    refused.add(kind)
                 continue
             placement, shape, in_time = choice
             if shadow is not None and not in_time:
                 extra -= sum(shape)
             free.take(placement)
-            too_long.clear()
+            refused.clear()
             actions.append(Start(job.job_id, placement, shape))
         return actions, shadow, extra
-
-    def _ends_late(self, state: ClusterState, free: FreeMap, job: JobView, quiet: list[Shape],
-                   shadow: float) -> bool:
-        """True when even the largest quiet shape that fits now would end after the shadow."""
-        largest = quiet[min(len(quiet), free.total) - 1]
-        return state.now + runtime(self.model, state, job, largest, self.remaining(state, job)) > shadow
 
     def _choose(self, state: ClusterState, free: FreeMap, job: JobView, shapes: list[Shape],
                 shadow: float | None, extra: int, waits: dict[tuple[int, int], float]
