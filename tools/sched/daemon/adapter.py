@@ -8,10 +8,14 @@ gets the model's rate on its shape and elapsed time x that rate. The history of 
 (`WorkHistory`) holds each finished job's last reported samples (else run time x rate), so policies
 estimate remaining work exactly as they do in the simulator.
 
-Real commands cannot be checkpointed by the daemon, so `Preempt` and `Resize` actions are not carried
-out (the job keeps its GPUs) and starts that only fit after them are skipped; the daemon is meant for
-non-preemptive policies (fifo, backfill, marble). A start below the job's `min_gpus` is raised to
-`min_gpus` on a compact layout if that fits now, else the job waits.
+`Preempt` and `Resize` become preemptions the scheduler carries out when its executor can
+(checkpoint-free: the process group is stopped and the job queued again with its attained service;
+a resized job restarts on the size the policy gives it next); until the processes are gone the job
+keeps its GPUs, so starts that only fit after them wait for a later step. A start below the job's
+`min_gpus` is raised to `min_gpus` on a compact layout if that fits now, else the job waits.
+
+The daemon keeps the queued jobs' views between steps (`queued_view`, passed as `queued`), so a step
+with thousands queued reads only the few jobs that hold GPUs from the table.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 from sortedcontainers import SortedList
 
 from mlsyskit.tools.sched.cluster import ClusterSpec, FreeMap, Placement
-from mlsyskit.tools.sched.daemon.jobstore import ACTIVE, DONE, QUEUED, Job
+from mlsyskit.tools.sched.daemon.jobstore import ACTIVE, DONE, QUEUED, RUNNING, Job
 from mlsyskit.tools.sched.daemon.progress import Progress
 from mlsyskit.tools.sched.daemon.specs import ClusterConfig
 from mlsyskit.tools.sched.policies.base import Policy
@@ -48,6 +52,7 @@ class PlannedStart:
 class Plan:
     starts: tuple[PlannedStart, ...]
     ignored: tuple[str, ...]       # why actions were not carried out (for the daemon log)
+    preempts: tuple[int, ...] = ()  # running jobs the policy preempted or resized
 
 
 def default_batch(model: ThroughputModel, app: str, gpus: int) -> int:
@@ -74,17 +79,28 @@ def learn(history: WorkHistory, job: Job, model: ThroughputModel) -> None:
         history.add(job.request.app, max(0.0, job.ended - job.started) * rate)
 
 
+def queued_view(job: Job, model: ThroughputModel) -> JobView:
+    """A queued job as the policy sees it: the request, and the service it attained before a preemption."""
+    view = JobView(job.id, job.name, job.request.app, job.submitted, job.request.upper_gpus, batch_of(job, model))
+    view.attained, view.restarts, view.started_before = job.attained, job.restarts, job.restarts > 0
+    return view
+
+
 def build_state(cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel, now: float,
-                reports: Mapping[int, Progress] | None = None, history: WorkHistory | None = None) -> ClusterState:
-    """The policy's view of the queued and GPU-holding `jobs`; `history` holds the finished ones."""
+                reports: Mapping[int, Progress] | None = None, history: WorkHistory | None = None,
+                queued: Mapping[int, JobView] | None = None) -> ClusterState:
+    """The policy's view of the queued and GPU-holding `jobs`; `history` holds the finished ones.
+    With `queued` (job id -> view, in submission order) those are the queue and queued `jobs` are ignored."""
     spec = ClusterSpec(len(cluster.nodes), cluster.gpus_per_node)
     state = ClusterState(spec, FreeMap(spec), now=now, by_end=SortedList(), restart_cost=0.0,
                          history=history if history is not None else WorkHistory())
     reports = reports or {}
+    if queued is not None:
+        state.queue = dict(queued)
     for job in jobs:
-        if job.state not in (QUEUED, *ACTIVE):
+        if job.state not in (QUEUED, *ACTIVE) or (job.state == QUEUED and queued is not None):
             continue
-        view = JobView(job.id, job.name, job.request.app, job.submitted, job.request.upper_gpus, batch_of(job, model))
+        view = queued_view(job, model)
         if job.state == QUEUED:
             state.queue[job.id] = view
             continue
@@ -93,13 +109,14 @@ def build_state(cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel,
         view.shape = _shape_of(job)
         view.since = view.first_start = started      # attained and progress count from here
         view.started_before = True
+        view.attained = job.attained
         view.measured_rate = model.rate(job.request.app, view.shape, view.batch_size)
         report = reports.get(job.id)
         if report is not None and report.rate is not None and report.t_last >= started:
             # reported samples at t_last; attained service and progress counted up to then
             view.measured_rate = report.rate
             view.progress, view.since = report.s_last, min(report.t_last, now)
-            view.attained = view.held_gpus * (view.since - started)
+            view.attained = job.attained + view.held_gpus * (view.since - started)
             view.loss_reports = list(report.losses)
         left = estimated_remaining(state.history, view, now, view.measured_rate)
         view.est_end = max(now, now + left / view.measured_rate)
@@ -110,19 +127,30 @@ def build_state(cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel,
 
 
 def plan(policy: Policy, cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel, now: float,
-         reports: Mapping[int, Progress] | None = None, history: WorkHistory | None = None) -> Plan:
-    state = build_state(cluster, jobs, model, now, reports, history)
+         reports: Mapping[int, Progress] | None = None, history: WorkHistory | None = None,
+         queued: Mapping[int, tuple[Job, JobView]] | None = None, preemptible: bool = False) -> Plan:
+    """The policy's decision on `jobs` (with `queued`: the GPU-holding jobs, the queue given apart).
+    Preemptions are returned only where `preemptible` (the executor can stop and restart a job)."""
+    views = None if queued is None else {job_id: view for job_id, (_, view) in queued.items()}
+    state = build_state(cluster, jobs, model, now, reports, history, views)
     if not state.queue:
         return Plan((), ())
     by_id = {j.id: j for j in jobs}
+    if queued is not None:
+        by_id.update((job_id, job) for job_id, (job, _) in queued.items())
     decision = policy.decide(state)
     free = state.free.copy()
     starts: list[PlannedStart] = []
     ignored: list[str] = []
+    preempts: list[int] = []
     for action in decision.actions:
         if isinstance(action, Preempt | Resize):
-            ignored.append(f"{type(action).__name__.lower()} of job {action.job_id} not carried out "
-                           "(the daemon cannot checkpoint a running command)")
+            job = by_id.get(action.job_id)
+            if preemptible and job is not None and job.state == RUNNING:
+                preempts.append(action.job_id)
+            elif not preemptible:
+                ignored.append(f"{type(action).__name__.lower()} of job {action.job_id} not carried out "
+                               "(this executor cannot stop and restart a job)")
             continue
         if not isinstance(action, Start) or action.job_id not in state.queue:
             ignored.append(f"{action!r} does not start a queued job")
@@ -137,7 +165,7 @@ def plan(policy: Policy, cluster: ClusterConfig, jobs: list[Job], model: Through
             ignored.append(f"start of job {action.job_id}: {e}")
             continue
         starts.append(PlannedStart(action.job_id, placement, shape))
-    return Plan(tuple(starts), tuple(ignored))
+    return Plan(tuple(starts), tuple(ignored), tuple(preempts))
 
 
 def _layout(action: Start, free: FreeMap, min_gpus: int, gpus_per_node: int):

@@ -5,6 +5,8 @@ and an acknowledged submit survives a crash.
 States: queued -> launching -> running -> done | failed | cancelled | lost
         queued -> cancelled;  launching -> queued (a launch that provably never started, after a crash)
         running -> cancelling -> cancelled
+        running -> preempting -> queued (the policy preempted or resized it: the process group is
+        stopped and the job queued again, its attained service kept and the restart counted)
 `launching` is written before the executor starts anything, so a crash in between is visible on restart.
 """
 from __future__ import annotations
@@ -20,16 +22,20 @@ from mlsyskit.core.storage import MetaStore, StorageError
 from mlsyskit.tools.sched.daemon.specs import JobRequest
 
 QUEUED, LAUNCHING, RUNNING, CANCELLING = "queued", "launching", "running", "cancelling"
+PREEMPTING = "preempting"
 DONE, FAILED, CANCELLED, LOST = "done", "failed", "cancelled", "lost"
-ACTIVE = (LAUNCHING, RUNNING, CANCELLING)        # states that hold GPUs
+ACTIVE = (LAUNCHING, RUNNING, CANCELLING, PREEMPTING)        # states that hold GPUs
 FINAL = (DONE, FAILED, CANCELLED, LOST)
 
 _DDL = """CREATE TABLE IF NOT EXISTS marble_jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, request TEXT NOT NULL, state TEXT NOT NULL,
     submitted REAL NOT NULL, started REAL, ended REAL, placement TEXT, shape TEXT, gpus TEXT, handle TEXT,
-    exit_code INTEGER, reason TEXT NOT NULL DEFAULT '', run_dir TEXT, samples REAL)"""
+    exit_code INTEGER, reason TEXT NOT NULL DEFAULT '', run_dir TEXT, samples REAL,
+    attained REAL NOT NULL DEFAULT 0, restarts INTEGER NOT NULL DEFAULT 0)"""
+# Columns added after the first release, with their definitions (older tables get them by ALTER TABLE).
+_ADDED = {"attained": "REAL NOT NULL DEFAULT 0", "restarts": "INTEGER NOT NULL DEFAULT 0"}
 _COLUMNS = ("id, name, request, state, submitted, started, ended, placement, shape, gpus, handle, exit_code, reason, "
-            "run_dir, samples")
+            "run_dir, samples, attained, restarts")
 
 
 class UnknownJobError(UsageError):
@@ -53,6 +59,8 @@ class Job:
     reason: str
     run_dir: str | None
     samples: float | None = None             # last samples count the job reported (progress.py), once ended
+    attained: float = 0.0                    # GPU-seconds held in runs that were preempted (Tiresias' service)
+    restarts: int = 0                        # times the job was preempted or resized and queued again
 
     @property
     def held(self) -> int:
@@ -64,7 +72,7 @@ class Job:
                 "started": self.started, "ended": self.ended, "placement": [list(p) for p in self.placement],
                 "shape": list(self.shape), "gpus": {str(k): list(v) for k, v in self.gpus.items()},
                 "handle": self.handle, "exit_code": self.exit_code, "reason": self.reason, "run_dir": self.run_dir,
-                "samples": self.samples}
+                "samples": self.samples, "attained": self.attained, "restarts": self.restarts}
 
 
 def _row(r: tuple, requests: dict[int, JobRequest]) -> Job:
@@ -74,7 +82,7 @@ def _row(r: tuple, requests: dict[int, JobRequest]) -> Job:
     gpus = {int(k): tuple(v) for k, v in json.loads(r[9]).items()} if r[9] else {}
     placement = tuple(tuple(p) for p in json.loads(r[7])) if r[7] else ()
     return Job(r[0], r[1], req, r[3], r[4], r[5], r[6], placement, tuple(json.loads(r[8])) if r[8] else (), gpus,
-               r[10], r[11], r[12], r[13], r[14])
+               r[10], r[11], r[12], r[13], r[14], r[15], r[16])
 
 
 class JobStore:
@@ -82,6 +90,10 @@ class JobStore:
         try:
             self.db = MetaStore(path, synchronous="FULL")
             self.db.ensure_table(_DDL)
+            have = {row[1] for row in self.db.query("PRAGMA table_info(marble_jobs)")}
+            for column, definition in _ADDED.items():
+                if column not in have:
+                    self.db.execute(f"ALTER TABLE marble_jobs ADD COLUMN {column} {definition}")
             with self.db.transaction():
                 if self.db.get("marble", "instance", None) is None:
                     self.db.put("marble", "instance", secrets.token_hex(4))
@@ -139,7 +151,17 @@ class JobStore:
                                                   "gpus": None, "run_dir": None, "reason": reason})
 
     def mark_cancelling(self, job_id: int) -> bool:
-        return self._move(job_id, (LAUNCHING, RUNNING), {"state": CANCELLING})
+        return self._move(job_id, (LAUNCHING, RUNNING, PREEMPTING), {"state": CANCELLING})
+
+    def mark_preempting(self, job_id: int) -> bool:
+        return self._move(job_id, (RUNNING,), {"state": PREEMPTING})
+
+    def requeue_preempted(self, job_id: int, attained: float, restarts: int, reason: str) -> bool:
+        """A preempted job whose processes are gone goes back to the queue, GPUs released, with the
+        service it attained so far and its restart counted."""
+        return self._move(job_id, (PREEMPTING,), {"state": QUEUED, "started": None, "placement": None, "shape": None,
+                                                   "gpus": None, "handle": None, "run_dir": None, "reason": reason,
+                                                   "attained": attained, "restarts": restarts})
 
     def cancel_queued(self, job_id: int, now: float) -> bool:
         return self._move(job_id, (QUEUED,), {"state": CANCELLED, "ended": now, "reason": "cancelled while queued"})

@@ -5,6 +5,13 @@ Every decision reads the clock it is given (tests drive a VirtualClock and call 
 Device ids are picked here, lowest free first per node, from what the job table says is held, and
 checked disjoint before anything starts: a GPU is held from `launching` until the job's processes
 are gone, so no two jobs ever share one. One lock serialises all of it (RPC threads and the loop).
+
+The queued jobs and their policy views are kept in memory between steps (`_queued`, in submission
+order; only this daemon changes the table, under its lock file), so a step reads only the jobs
+that hold GPUs from SQLite. Preemption (an executor that can restart jobs, `restartable`): the
+policy's Preempt or Resize moves a running job to `preempting` and SIGTERMs its process group
+(SIGKILL after the cancel grace); once it is gone the job is queued again with the GPU-seconds it
+attained, a restart counted and logged, and its next run gets a fresh run directory.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from mlsyskit.tools.sched.daemon.jobstore import (
     FINAL,
     LAUNCHING,
     LOST,
+    PREEMPTING,
     QUEUED,
     RUNNING,
     Job,
@@ -34,7 +42,7 @@ from mlsyskit.tools.sched.daemon.specs import ClusterConfig, JobRequest
 from mlsyskit.tools.sched.executors.base import EXITED, Executor, ExecutorError, Launch, NodeSlice
 from mlsyskit.tools.sched.executors.base import RUNNING as EXEC_RUNNING
 from mlsyskit.tools.sched.policies.base import Policy
-from mlsyskit.tools.sched.state import WorkHistory
+from mlsyskit.tools.sched.state import JobView, WorkHistory
 from mlsyskit.tools.sched.throughput import ThroughputModel
 
 
@@ -54,6 +62,17 @@ class Scheduler:
         self.history = WorkHistory()   # finished jobs' sizes, read once here and kept up to date
         for job in store.jobs((DONE,)):
             adapter.learn(self.history, job, model)
+        self._queued: dict[int, tuple[Job, JobView]] = {}
+        self._load_queue()
+
+    def _load_queue(self) -> None:
+        self._queued = {j.id: (j, adapter.queued_view(j, self.model)) for j in self.store.jobs((QUEUED,))}
+
+    def _enqueue(self, job_id: int) -> None:
+        """Put a job that is queued again back in submission order (rare: restarts, preemptions)."""
+        job = self.store.get(job_id)
+        self._queued[job_id] = (job, adapter.queued_view(job, self.model))
+        self._queued = dict(sorted(self._queued.items()))
 
     # ---- requests ----------------------------------------------------------------------------------
     def submit(self, request: JobRequest) -> Job:
@@ -64,6 +83,8 @@ class Scheduler:
                 raise UsageError(f"{name}: {value} is more GPUs than the cluster has ({total})")
         with self.lock:
             job_id = self.store.add(request, self.clock.now())
+            job = self.store.get(job_id)
+            self._queued[job_id] = (job, adapter.queued_view(job, self.model))
             self.log(f"job {job_id} ({request.display_name}) queued: {request.gpus} GPU(s), app {request.app}")
             return self.store.get(job_id)
 
@@ -72,7 +93,8 @@ class Scheduler:
             job = self.store.get(job_id)
             if job.state == QUEUED:
                 self.store.cancel_queued(job_id, self.clock.now())
-            elif job.state == RUNNING and self.store.mark_cancelling(job_id):
+                self._queued.pop(job_id, None)
+            elif job.state in (RUNNING, PREEMPTING) and self.store.mark_cancelling(job_id):
                 self._cancel_deadline[job_id] = self.clock.now() + self.cancel_grace_s
                 self._signal(job, force=False)
             elif job.state in FINAL:
@@ -94,11 +116,12 @@ class Scheduler:
                 if handle is None:
                     self.store.requeue(job.id, "its launch was cut short by a daemon restart before it started; "
                                                "queued again")
+                    self._enqueue(job.id)
                     self.log(f"job {job.id}: launch never started; queued again")
                 else:
                     self.store.mark_running(job.id, handle)
                     self.log(f"job {job.id}: re-attached after a daemon restart")
-            for job in self.store.jobs((RUNNING, CANCELLING)):
+            for job in self.store.jobs((RUNNING, CANCELLING, PREEMPTING)):
                 self.log(f"job {job.id} ({job.state}) re-attached: {self.executor.name} handle {job.handle}")
 
     def step(self) -> None:
@@ -116,11 +139,14 @@ class Scheduler:
         except ExecutorError as e:
             self._say(f"job {job.id}: cannot poll ({e}); will retry")
             return
-        if job.state == CANCELLING:
+        if job.state in (CANCELLING, PREEMPTING):
             if status.kind != EXEC_RUNNING:
-                self.store.finish(job.id, CANCELLED, now, status.exit_code, "cancelled by request")
                 self._cancel_deadline.pop(job.id, None)
-                self.log(f"job {job.id} cancelled")
+                if job.state == CANCELLING:
+                    self.store.finish(job.id, CANCELLED, now, status.exit_code, "cancelled by request")
+                    self.log(f"job {job.id} cancelled")
+                else:
+                    self._requeue_preempted(job, now)
             elif now >= self._cancel_deadline.setdefault(job.id, now + self.cancel_grace_s):
                 self._signal(job, force=True)
             return
@@ -137,6 +163,21 @@ class Scheduler:
             self.store.finish(job.id, LOST, now, None, status.reason)
             self.log(f"job {job.id} lost: {status.reason}")
 
+    def _preempt(self, job_id: int, now: float) -> None:
+        if self.store.mark_preempting(job_id):
+            self._cancel_deadline[job_id] = now + self.cancel_grace_s
+            self._signal(self.store.get(job_id), force=False)
+            self.log(f"job {job_id} preempted by the policy: stopping its processes")
+
+    def _requeue_preempted(self, job: Job, now: float) -> None:
+        attained = job.attained + job.held * (now - (job.started if job.started is not None else now))
+        restarts = job.restarts + 1
+        if self.store.requeue_preempted(job.id, attained, restarts, f"preempted by the policy (restart {restarts}); "
+                                        "queued again, attained service kept"):
+            self._enqueue(job.id)
+            self.log(f"job {job.id} queued again after preemption: restart {restarts}, "
+                     f"{attained:.0f} GPU-s attained")
+
     def _signal(self, job: Job, force: bool) -> None:
         try:
             self.executor.cancel(self.launch_of(job), job.handle, force)
@@ -144,13 +185,16 @@ class Scheduler:
             self._say(f"job {job.id}: cancel failed ({e}); will retry")
 
     def _schedule(self) -> None:
-        jobs = self.store.jobs((QUEUED, *ACTIVE))
-        if not any(j.state == QUEUED for j in jobs):
+        if not self._queued:
             return
+        jobs = self.store.jobs(ACTIVE)
         now = self.clock.now()
-        result = adapter.plan(self.policy, self.cluster, jobs, self.model, now, self._reports(jobs), self.history)
+        result = adapter.plan(self.policy, self.cluster, jobs, self.model, now, self._reports(jobs), self.history,
+                              self._queued, preemptible=self.executor.restartable)
         for why in result.ignored:
             self._say(why)
+        for job_id in result.preempts:
+            self._preempt(job_id, now)
         held = {node: set() for node in range(len(self.cluster.nodes))}
         for job in jobs:
             for node, ids in job.gpus.items():
@@ -166,7 +210,10 @@ class Scheduler:
             if len(free) < count:  # the policy planned on the same table, so this is a bug: refuse, loudly
                 raise RuntimeError(f"node {node} has {len(free)} free device ids, the plan needs {count}")
             gpus[node] = tuple(free[:count])
-        run_dir = self.state_dir / "jobs" / str(start.job_id)
+        queued_job, _ = self._queued.pop(start.job_id)
+        # a restarted job runs in a fresh directory: the stopped run's pid and exit files stay apart
+        attempt = str(start.job_id) + (f"-r{queued_job.restarts}" if queued_job.restarts else "")
+        run_dir = self.state_dir / "jobs" / attempt
         if not self.store.mark_launching(start.job_id, start.placement, start.shape, gpus, str(run_dir), now):
             return
         for node, ids in gpus.items():

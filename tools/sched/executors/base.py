@@ -74,6 +74,9 @@ class ExecutorError(RuntimeError):
 class Executor(ABC):
     name: ClassVar[str]
     one_machine: ClassVar[bool]   # all nodes are this machine (device ids must be distinct across nodes)
+    # The daemon may preempt a job (stop its processes, queue it again, launch it anew later in a
+    # fresh run directory): true where a second launch of one job is a new, independent run.
+    restartable: ClassVar[bool] = False
 
     @abstractmethod
     def launch(self, launch: Launch) -> str:

@@ -66,6 +66,7 @@ def _group_members(pgid: int, run_dir: Path) -> list[int]:
 class LocalExecutor(Executor):
     name = "local"
     one_machine = True
+    restartable = True
 
     def __init__(self, clock: Clock | None = None, recover_grace_s: float = 5.0) -> None:
         self.clock = clock or RealClock()
