@@ -196,9 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     emit_table(make_table(f"TIFF vs default, mean of {args.seeds} seeds per cell (accuracy: kept model, test split)",
                           ["cell", "part", "acc default", "acc tiff", "d points", "honest x", "malicious x",
                            "targets met", "seeds meeting all"], [_row(k, c) for k, c in result["cells"].items()]))
-    emit_table(make_table("cells meeting each target", ["part", "target", "met", "missed", "n/a"],
-                          [(part, name, *counts) for part, per in result["summary"].items()
-                           for name, counts in per.items()]))
+    emit_table(make_table("cells meeting each target", ["dataset", "part", "target", "met", "missed", "n/a",
+                                                           "min", "mean", "max"],
+                          [(dataset, per["part"], name, e["met"], e["missed"], e["n/a"],
+                            *(_short(e.get(k)) for k in ("min", "mean", "max")))
+                           for dataset, per in result["summary"].items() for name, e in per["targets"].items()]))
     if result["not_run"]:
         log(f"{len(result['not_run'])} of {len(todo)} cells not run (--budget-s {args.budget_s:g}); listed in the JSON")
     log(f"wrote {args.out}")
@@ -206,11 +208,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summary(all_cells: dict) -> dict:
-    out: dict[str, dict[str, list[int]]] = {}
+    """Per dataset (with its part, tuning or held-out) and target: cells met, missed and n/a, and the range
+    and mean of what was measured (ratios for tokens, points for accuracy)."""
+    out: dict[str, dict] = {}
     for cell in all_cells.values():
+        per = out.setdefault(cell["dataset"], {"part": cell["part"], "targets": {}})["targets"]
         for name, t in cell["targets"].items():
-            counts = out.setdefault(cell["part"], {}).setdefault(name, [0, 0, 0])
-            counts[0 if t["met"] is True else 1 if t["met"] is False else 2] += 1
+            entry = per.setdefault(name, {"met": 0, "missed": 0, "n/a": 0, "measured": []})
+            entry["met" if t["met"] is True else "missed" if t["met"] is False else "n/a"] += 1
+            if t["measured"] is not None:
+                entry["measured"].append(t["measured"])
+    for per in out.values():
+        for entry in per["targets"].values():
+            values = entry.pop("measured")
+            entry |= {"min": min(values), "mean": statistics.fmean(values), "max": max(values)} if values else {}
     return out
 
 

@@ -90,3 +90,18 @@ def test_cells_past_the_budget_are_listed_not_run_also_from_worker_processes(tmp
     assert sorted(result["not_run"]) == ["digits/alpha=0.5/attackers=0.4/free-rider",
                                          "digits/alpha=0.5/attackers=0.4/label-flip",
                                          "digits/alpha=0.5/attackers=0/none"]
+
+
+def test_summary_counts_each_target_per_dataset_with_its_part_and_range():
+    bench = load_bench()
+    cells = {}
+    for i, (dataset, honest) in enumerate((("digits", 12.0), ("digits", 10.0), ("mnist1d", 11.0))):
+        runs = {0: {"fedavg": run(0.8, 10.0, 5.0), "tiff": run(0.8, honest, 1.0)}}
+        cells[str(i)] = bench.judge(runs, with_attackers=True) | {
+            "dataset": dataset, "part": "tuning" if dataset in bench.TUNING_DATASETS else "held-out"}
+    out = bench.summary(cells)
+    assert out["digits"]["part"] == "tuning" and out["mnist1d"]["part"] == "held-out"
+    honest = out["digits"]["targets"]["honest_tokens"]
+    assert (honest["met"], honest["missed"], honest["n/a"]) == (1, 1, 0)
+    assert honest["min"] == 1.0 and honest["max"] == 1.2 and abs(honest["mean"] - 1.1) < 1e-12
+    assert out["mnist1d"]["targets"]["malicious_tokens"]["met"] == 1
