@@ -95,7 +95,7 @@ def test_runtime_failures_exit_1(tmp_path):
         cases = [
             (server_app, ["run", "--clients", "2", "--per-round", "1", "--address", "127.0.0.1:0", "--run-dir",
                           str(tmp_path / "i"), "--registration-timeout", "0.5"],
-             "only 0 of the 2 clients a round needs were connected"),
+             "only 0 of the 2 clients a round needs were available"),
             (server_app, ["run", "--address", f"127.0.0.1:{taken}", "--run-dir", str(tmp_path / "m")],
              "cannot listen"),
             (client_app, ["run", "--client-id", "0", "--server", f"127.0.0.1:{_free_port()}", "--reconnect", "0.3"],

@@ -58,6 +58,7 @@ from mlsyskit.tools.fl.config import JobConfig
 from mlsyskit.tools.fl.coordinator import Coordinator
 from mlsyskit.tools.fl.incentive.ledger import client_account
 from mlsyskit.tools.fl.outcome import RoundOutcome
+from mlsyskit.tools.fl.tls_door import TlsDoor
 
 log = logging.getLogger("mlsyskit.fl.server")
 
@@ -94,7 +95,7 @@ class FlServer:
                  telemetry: Telemetry | None = None, on_round=None, eval_timeout_s: float = 10.0,
                  max_message_bytes: int | None = None, crash_after_round: int | None = None,
                  require_identity: bool | None = None, linger_s: float = 10.0, heartbeat_s: float = 2.0,
-                 heartbeat_misses: int = 3) -> None:
+                 heartbeat_misses: int = 3, tls_door: bool = True) -> None:
         self.config = config
         self.clock = clock or RealClock()
         self.coordinator = Coordinator(config, store, self.clock)
@@ -103,7 +104,10 @@ class FlServer:
         self.eval_timeout_s = eval_timeout_s
         self.crash_after_round = crash_after_round
         self.max_message_bytes = max_message_bytes or transport_limit(config)  # None: derived from the job
-        self.rpc = RpcServer(address, token=token, tls=tls, max_message_bytes=self.max_message_bytes)
+        # with TLS, gRPC listens on loopback behind a door that names the peer of every failed handshake
+        self.door = TlsDoor(address) if tls is not None and tls_door else None
+        self.rpc = RpcServer("127.0.0.1:0" if self.door else address, token=token, tls=tls,
+                             max_message_bytes=self.max_message_bytes)
         # with a client CA, a caller is the client its certificate names, whatever its payload claims
         self.require_identity = (tls is not None and tls.client_ca is not None) if require_identity is None \
             else require_identity
@@ -140,7 +144,7 @@ class FlServer:
             raise RpcError(StatusCode.UNAUTHENTICATED, "this server needs a client certificate (fl-server certs)")
         if call.identity != str(cid):
             log.warning("refused %s from %s: its certificate is for client %s, it claimed client %d",
-                        call.method, call.peer, call.identity, cid)
+                        call.method, self._peer(call), call.identity, cid)
             raise RpcError(StatusCode.PERMISSION_DENIED,
                            f"this certificate is for client {call.identity}; it cannot act as client {cid}")
 
@@ -198,8 +202,9 @@ class FlServer:
             self.coordinator.drop(cid, "reconnected mid-round (the old stream was dropped)")
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[cid] = queue
-        self.telemetry.event("join", client=cid, peer=call.peer)
-        log.info("client %d joined from %s%s", cid, call.peer, " (rejoined)" if old is not None else "")
+        peer = self._peer(call)
+        self.telemetry.event("join", client=cid, peer=peer)
+        log.info("client %d joined from %s%s", cid, peer, " (rejoined)" if old is not None else "")
         self._poke()
         self.activity.joined(cid)
         try:
@@ -223,7 +228,7 @@ class FlServer:
                 self._queues.pop(cid, None)
                 self.coordinator.drop(cid, "connection lost")
                 self.telemetry.event("leave", client=cid)
-                log.info("client %d left (%s)", cid, call.peer)
+                log.info("client %d left (%s)", cid, peer)
                 self._poke()
 
     async def _submit(self, payload: Any, call: CallContext) -> dict:
@@ -296,8 +301,20 @@ class FlServer:
                 return condition()
         return True
 
+    def _peer(self, call: CallContext) -> str:
+        """The client's address (behind the TLS door, gRPC sees the door's)."""
+        return self.door.real_peer(call.peer) if self.door is not None else call.peer
+
     async def start(self) -> int:
-        return await self.rpc.start()
+        port = await self.rpc.start()
+        if self.door is None:
+            return port
+        try:
+            return await self.door.start(port)
+        except OSError as e:
+            await self.rpc.stop(0)
+            raise RpcError(StatusCode.UNAVAILABLE, f"cannot listen on {self.door.host}:{self.door.port}: "
+                                                   f"{e.strerror or e}") from None
 
     async def serve(self, registration_timeout_s: float | None = None) -> None:
         """Run the remaining rounds, the final evaluation and reimbursement, then tell clients we are done."""
@@ -398,3 +415,5 @@ class FlServer:
         for queue in list(self._queues.values()):
             queue.put_nowait(None)
         await self.rpc.stop(grace)
+        if self.door is not None:
+            await self.door.stop()
