@@ -31,8 +31,7 @@ class KVError(RuntimeError):
 # Errors a node answers before touching any state (front-end validation): a write that got
 # one of these certainly did not happen. Any other error after a send is ambiguous.
 REFUSED_BEFORE_EXECUTION = ("wrong number of arguments", "syntax error", "key too long", "value too large",
-                            "unknown command", "too many arguments", "Protocol error", "only database 0",
-                            "CLUSTERDOWN")  # a node answers CLUSTERDOWN only for a request it never sent on
+                            "unknown command", "too many arguments", "Protocol error", "only database 0")
 
 
 def certainly_not_applied(message: str) -> bool:
