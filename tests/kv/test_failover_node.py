@@ -146,7 +146,7 @@ def test_a_replacement_joins_at_the_tail_and_catches_up(tmp_path) -> None:
             await cluster.kill("s0r1")
             shrunk = plan_failover(smap, ["s0r1"])
             await apply_map(cluster, shrunk, {"s0r1"})
-            # The same id comes back empty, joins (as processes._serve_managed does), then catches up.
+            # The same id comes back empty, joins (as nodeproc._serve_managed does), then catches up.
             grown = plan_join(shrunk, 0, smap.nodes["s0r1"])
             cluster.map = grown
             fresh = cluster.nodes["s0r1"] = cluster._make("s0r1")

@@ -61,20 +61,25 @@ def up(shards: int = typer.Option(None, "--shards", help="Number of shards S (de
        base_port: int = typer.Option(None, "--base-port",
                                      help="Proxy on P, nodes on P+1..., redis datalets after (default 7000)."),
        data_dir: Path = DATA_DIR,
+       coordinator: str = typer.Option(None, "--coordinator",
+                                       help="embedded (default: a coordinator process keeping the map in SQLite), "
+                                            "zookeeper://HOST:PORT[,...]/ROOT, or none (no failover)."),
+       heartbeat: float = typer.Option(None, "--heartbeat",
+                                       help="Seconds between node heartbeats (0.5); failed over after 3 missed."),
        foreground: bool = typer.Option(False, "--foreground", help="Stay attached; Ctrl-C stops the cluster."),
        config: Path = config_option(), as_json: bool = json_option(),
        verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Start a cluster on loopback, wait until every process answers, print endpoints and status.
 
     Config file keys: shards, replicas, controlet (ms-sc, ms-ec, aa-sc, aa-ec), datalet, host,
-    base_port, data_dir."""
+    base_port, data_dir, coordinator, heartbeat, misses."""
     set_verbosity(verbose, quiet)
     controlet = None
     if topology is not None or consistency is not None:
         controlet = controlet_name(topology or "ms", consistency or "strong")
     spec = load_command_config(processes.ClusterSpec, config, {
         "shards": shards, "replicas": replicas, "controlet": controlet, "datalet": datalet,
-        "base_port": base_port, "data_dir": data_dir})
+        "base_port": base_port, "data_dir": data_dir, "coordinator": coordinator, "heartbeat": heartbeat})
     log(f"starting {spec.shards}x{spec.replicas} {spec.controlet} cluster on the {spec.datalet} datalet ...")
     record = processes.up(spec)
     if as_json:
@@ -118,9 +123,40 @@ def status(data_dir: Path = DATA_DIR, as_json: bool = json_option(),
 
 def _status_table(data_dir: Path, rows: list | None = None) -> None:
     rows = rows if rows is not None else processes.status(data_dir)
-    emit_table(make_table("bespokv cluster", ["node", "endpoint", "pid", "up", "role", "commands", "keys"],
+    emit_table(make_table("bespokv cluster", ["node", "endpoint", "pid", "up", "role", "epoch", "state",
+                                              "commands", "keys"],
                           [[r["name"], r["endpoint"], r["pid"] or "-", "yes" if r["up"] else "NO",
-                            r.get("role", "-"), r.get("commands", "-"), r.get("keys", "-")] for r in rows]))
+                            r.get("role", "-"), r.get("epoch", "-"), r.get("state", "-"), r.get("commands", "-"),
+                            r.get("keys", "-")] for r in rows]))
+
+
+@app.command()
+def switch(topology: str = typer.Option(..., "--topology", help="ms (master-slave) or aa (active-active)."),
+           consistency: str = typer.Option(..., "--consistency", help="strong or eventual."),
+           timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for every node to settle."),
+           data_dir: Path = DATA_DIR, as_json: bool = json_option(),
+           verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+    """Switch the running cluster to another controlet, live, without moving data.
+
+    The coordinator commits the new controlet as the next epoch; nodes rebuild their controlets
+    from their state; operations waiting at that moment fail with a retriable -TRYAGAIN. Returns
+    once every node serves under the new map (ms-sc, ms-ec and aa-sc; aa-ec not yet)."""
+    from mlsyskit.tools.kv.controlplane import CoordinatorSpec
+    from mlsyskit.tools.kv.switch import switch as live_switch
+
+    set_verbosity(verbose, quiet)
+    record = processes.load_record(_data_dir(data_dir))
+    if not record.get("coordinator"):
+        raise UsageError("this cluster runs without a coordinator (up --coordinator none): nothing can switch it")
+    target = controlet_name(topology, consistency)
+    log(f"switching to {target} ...")
+    result = live_switch(CoordinatorSpec.from_dict(record["coordinator"]), target, timeout=timeout)
+    if as_json:
+        emit_json(result.as_dict())
+    else:
+        emit_table(make_table("bespokv switch", ["from", "to", "epoch", "committed s", "settled s"],
+                              [[result.before, result.after, result.epoch, result.committed_s,
+                                result.settled_s]]))
 
 
 # -- finding the cluster -------------------------------------------------------------
@@ -343,13 +379,17 @@ def check(mode: str = typer.Option(None, "--mode", help="Controlet under test: m
 @app.command(hidden=True)
 def node(node_id: str, data_dir: Path = DATA_DIR) -> None:
     """Run one node of the recorded cluster (started by `up`)."""
-    processes.serve_node(_data_dir(data_dir), node_id)
+    from mlsyskit.tools.kv.nodeproc import serve_node
+
+    serve_node(_data_dir(data_dir), node_id)
 
 
 @app.command(hidden=True)
 def proxy(data_dir: Path = DATA_DIR) -> None:
     """Run the recorded cluster's proxy (started by `up`)."""
-    processes.serve_node(_data_dir(data_dir), None)
+    from mlsyskit.tools.kv.nodeproc import serve_node
+
+    serve_node(_data_dir(data_dir), None)
 
 
 def main() -> None:

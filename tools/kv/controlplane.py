@@ -187,7 +187,9 @@ class ControlAgent:
         if node.deposed:
             await self.rejoin()
             return
-        if known and epoch == node.map.epoch:
+        if not known:  # our liveness record is gone (a new ZooKeeper session, a coordinator reset)
+            self.registered = False
+        elif epoch == node.map.epoch:
             node.renew_lease(sent + self.spec.timeout_s - self.margin_s)
 
     async def follow(self, current: ShardMap | None) -> None:

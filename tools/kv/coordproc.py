@@ -9,13 +9,17 @@ against the given ensemble; the map goes under its root.
 """
 from __future__ import annotations
 
+import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from mlsyskit.core.clock import Clock, RealClock
+from mlsyskit.core.config import ConfigError
 from mlsyskit.core.errors import RuntimeFailure
-from mlsyskit.tools.kv.controlplane import CoordinatorSpec
+from mlsyskit.tools.kv.controlplane import CoordinatorSpec, parse_coordinator
 from mlsyskit.tools.kv.coord.client import CoordClient
 from mlsyskit.tools.kv.shardmap import ShardMap
 
@@ -81,3 +85,57 @@ def current_map(spec: CoordinatorSpec) -> ShardMap | None:
         return client.map()
     finally:
         client.close()
+
+
+def spec_for_up(url: str, host: str, heartbeat: float, misses: int, data_dir: Path) -> CoordinatorSpec | None:
+    """`bespokv up`'s coordinator; an embedded one starts from an empty state (`up` is a new
+    configuration from the spec; the data stays) on a port the OS hands out."""
+    if url == "none":
+        return None
+    if url == "embedded":
+        shutil.rmtree(data_dir / "coord", ignore_errors=True)
+        with socket.socket() as s:
+            s.bind((host, 0))
+            url = f"embedded://{host}:{s.getsockname()[1]}"
+    return parse_coordinator(url, heartbeat, misses)
+
+
+def wait_leases(endpoints: list[tuple[str, str, int]], clock: Clock, timeout: float, where: str) -> None:
+    """Until every node's first heartbeat under the stored map was answered (it serves only then)."""
+    from mlsyskit.tools.kv.processes import parse_info, sync_call
+
+    deadline = clock.now() + timeout
+    for name, host, port in endpoints:
+        if name == "proxy":
+            continue
+        while True:
+            try:
+                lease = parse_info(sync_call(host, port, "INFO", timeout=0.5)).get("lease_s", "-")
+                if lease != "-" and float(lease) > 0:
+                    break
+            except OSError:
+                pass
+            if clock.now() > deadline:
+                raise ConfigError(f"{name} holds no lease from the coordinator after {timeout:.0f}s; "
+                                  f"see {where}/logs")
+            clock.sleep(0.05)
+
+
+def status_row(coord: CoordinatorSpec, pid: int | None) -> dict[str, Any]:
+    """The coordinator's line in `bespokv status`: its epoch, leader and the nodes it holds failed."""
+    row: dict[str, Any] = {"name": "coordinator", "endpoint": coord.url(), "pid": pid, "up": False,
+                           "role": "coordinator"}
+    try:
+        current = current_map(coord)
+        row.update(up=True, epoch=current.epoch if current else "-", state="leading")
+        if coord.kind == "embedded":
+            client = CoordClient(list(coord.addrs), timeout_s=1.0)
+            try:
+                st = client.status()
+            finally:
+                client.close()
+            failed = st.get("failed") or []
+            row["state"] = f"leader {st.get('leader')}" + (f"; failed {', '.join(failed)}" if failed else "")
+    except (RuntimeFailure, OSError) as e:
+        row["state"] = f"unreachable: {e}"
+    return row

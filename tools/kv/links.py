@@ -115,7 +115,12 @@ class Link:
             self.on_give_up(0)
 
     async def close(self) -> None:
+        """Stop for good (the node stops, or the peer left the shard map): calls still queued fail."""
         self.on_give_up = None
+        pending, self.pending = self.pending, []
+        for _, fut in pending:
+            if fut is not None and not fut.done():
+                fut.set_exception(ConnectionLost(f"link to {self.host}:{self.port} closed"))
         if self.connecting is not None and not self.connecting.done():
             self.connecting.cancel()
         if self.conn is not None:

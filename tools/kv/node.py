@@ -34,7 +34,6 @@ from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
     GET,
     PUT,
-    TRYAGAIN,
     Apply,
     ControletOptions,
     Fail,
@@ -48,19 +47,13 @@ from mlsyskit.tools.kv.controlets.base import (
 )
 from mlsyskit.tools.kv.datalets import Datalet
 from mlsyskit.tools.kv.links import Link
+from mlsyskit.tools.kv.nodecontrol import ControlledNode
 from mlsyskit.tools.kv.requests import PEER_MESSAGE, Request, read_answer, relay_answer, write_reply
 from mlsyskit.tools.kv.shardmap import ShardMap
 from mlsyskit.tools.kv.snapshot import stream_snapshot
 
-FENCED = f"{TRYAGAIN} fenced:"  # refused before execution: the client refreshes its map and retries
-MAX_HELD_MESSAGES = 100_000  # peer messages from a newer epoch waiting for this node to fetch its map
 
-
-class LeaseExpired(Exception):
-    """A fast-path read found the lease lapsed: the connection is closed rather than served stale."""
-
-
-class Node:
+class Node(ControlledNode):
     def __init__(self, shard_map: ShardMap, node_id: str | None, datalet: Datalet | None,
                  limits: resp.Limits | None = None, secret: bytes | None = None,
                  options: ControletOptions | None = None, clock: Clock | None = None,
@@ -103,7 +96,7 @@ class Node:
         self.failures = 0  # datalet failures so far: batches made before the latest one drop their Sends
         self.links: dict[str, Link] = {}
         # Where this node dials each peer when not at its shard-map address: `bespokv check` routes
-        # replica links through fault proxies to partition them (processes.serve_node sets it).
+        # replica links through fault proxies to partition them (nodeproc.serve_node sets it).
         self.routes: dict[str, tuple[str, int]] = {}
         self.peer_names = {n.encode(): n for n in shard_map.nodes}
         self.quiet_due = False  # peer messages were handled in the current read: on_quiet follows
@@ -127,7 +120,8 @@ class Node:
     def _refresh_fast_paths(self) -> None:
         """Hot path: ops this replica answers from its own synchronous datalet; off while catching up."""
         c = self.controlet
-        ready = c is not None and c.ready and not self.deposed
+        ready = c is not None and c.ready and not self.deposed and (
+            self.lease_until is None or self.clock.now() < self.lease_until)
         if ready == self._fast_ready:
             return
         self._fast_ready = ready
@@ -138,80 +132,6 @@ class Node:
         get = self.datalet.get if self.lease_until is None else self._leased_get
         self.fast_get = get if c.serves_locally(GET) else None
         self.fast_put = self.datalet.put if c.serves_locally(PUT) and self.lease_until is None else None
-
-    def _leased_get(self, key: bytes) -> bytes | None:
-        # Checked per read: after a SIGSTOP the event loop hands over queued client data before any
-        # timer runs, so only a check at the read itself keeps a deposed tail from answering.
-        if self.clock.now() >= self.lease_until:
-            raise LeaseExpired(f"{self.node_id}: lease lapsed")
-        return self.datalet.get(key)
-
-    # -- the control plane ------------------------------------------------------
-    def fenced(self) -> str | None:
-        """Why this node may not serve clients now (None: it may)."""
-        if self.deposed:
-            return f"{FENCED} {self.node_id} is not in the shard map (epoch {self.map.epoch}); refresh the map"
-        if self.lease_until is not None and self.clock.now() >= self.lease_until:
-            return f"{FENCED} {self.node_id} has no current lease from the coordinator; retry"
-        return None
-
-    def renew_lease(self, until: float) -> None:
-        if self.lease_until is None:
-            self._fast_ready = None  # the fast read path now checks the lease
-        self.lease_until = until
-        self._refresh_fast_paths()
-
-    def applied(self) -> int | None:
-        """This replica's count of applied writes (heartbeats carry it; ms-ec promotes the highest)."""
-        return None if self.deposed else getattr(self.controlet, "applied", None)
-
-    def reconfigure(self, new_map: ShardMap) -> None:
-        """A newer shard map: rebuild the controlet from the old one's state (or stand down)."""
-        if new_map.epoch <= self.map.epoch:
-            return
-        self.reconfigurations += 1
-        old_map, self.map = self.map, new_map
-        self.epoch_bytes = str(new_map.epoch).encode()
-        self.peer_names = {n.encode(): n for n in new_map.nodes}
-        for nid in list(self.links):
-            addr, was = new_map.nodes.get(nid), old_map.nodes.get(nid)
-            if addr is None or (was is not None and (addr.host, addr.port) != (was.host, was.port)):
-                self._close_link(nid)
-        if self.node_id is None:  # the proxy only routes by the map
-            self.only_shard = False
-            return
-        shard = new_map.shard_of_node(self.node_id)
-        old = self.controlet
-        if shard is None:
-            if not self.deposed and old is not None:
-                self.execute(old.fail_pending(f"{TRYAGAIN} reconfigured: this replica left the shard; "
-                                              "the write may still be applied"))
-            self.deposed = True
-        else:
-            was_member = not self.deposed
-            self.deposed = False
-            self.shard = shard
-            self.only_shard = len(new_map.shards) == 1
-            new = self.controlet_cls(self.node_id, new_map.shards[shard], new_map.epoch, self.options,
-                                     incarnation=_secrets.randbits(30))
-            if self.sync_datalet_of(self.datalet):
-                new.read_local = self.datalet.get
-            new.now = self.clock.now()
-            self.controlet = new
-            self.execute(new.take_over(old) if was_member and old is not None else new.on_start())
-            self.quiet()
-        self._fast_ready = None
-        self._refresh_fast_paths()
-        held, self.held = self.held, []
-        for epoch, peer, peer_bytes, cmd in held:
-            if epoch >= new_map.epoch:
-                self.on_peer_message(peer, peer_bytes, cmd)
-
-    def _close_link(self, node_id: str) -> None:
-        link = self.links.pop(node_id)
-        task = asyncio.get_running_loop().create_task(link.close())
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
 
     # -- lifecycle -----------------------------------------------------------
     async def open(self) -> None:
@@ -324,20 +244,10 @@ class Node:
             self.stats["refused_peer_messages"] += 1
             return
         self.quiet_due = True
+        if cmd[3][:4] == b"SNAP":  # a catch-up's begin and end are timed on the clock, not the tick
+            self.controlet.now = self.clock.now()
         self.execute(self.controlet.on_peer(peer, cmd[3], cmd[4:]))
         self._refresh_fast_paths()
-
-    def _other_epoch(self, peer: str, peer_bytes: bytes, cmd: list) -> None:
-        """Older epoch: fenced off. Newer: hold it and fetch the map (admit's REFRESH_SELF)."""
-        try:
-            epoch = int(cmd[1])
-        except ValueError:
-            epoch = -1
-        if epoch <= self.map.epoch or self.agent is None or len(self.held) >= MAX_HELD_MESSAGES:
-            self.stats["fenced"] += 1
-            return
-        self.held.append((epoch, peer, peer_bytes, cmd))
-        self.agent.refresh_soon()
 
     def quiet(self) -> None:
         """The front end drained a read that carried peer messages: the controlet's deferred actions."""

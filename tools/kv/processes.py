@@ -7,7 +7,6 @@ so `down` and `status` need nothing but the data directory.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -24,15 +23,11 @@ import psutil
 
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.core.config import ConfigError, require
-from mlsyskit.core.errors import RuntimeFailure
-from mlsyskit.tools.kv.cluster import node_datalet
+from mlsyskit.tools.kv import coordproc
 from mlsyskit.tools.kv.controlets import controlet_class
-from mlsyskit.tools.kv.controlplane import ControlAgent, CoordinatorSpec, make_backend
-from mlsyskit.tools.kv.coord.aclient import CoordUnavailable
+from mlsyskit.tools.kv.controlplane import CoordinatorSpec
 from mlsyskit.tools.kv.datalets import DATALETS
-from mlsyskit.tools.kv.node import Node
 from mlsyskit.tools.kv.peerauth import load_or_create_secret
-from mlsyskit.tools.kv.server import start_node
 from mlsyskit.tools.kv.shardmap import ShardMap, layout
 
 RECORD = "cluster.json"
@@ -47,8 +42,14 @@ class ClusterSpec:
     host: str = "127.0.0.1"
     base_port: int = 7000
     data_dir: Path = Path(".bespokv")
+    coordinator: str = "embedded"  # none | embedded | zookeeper://HOST:PORT[,...]/ROOT
+    heartbeat: float = 0.5  # seconds between a node's heartbeats; failed over after `misses` missed
+    misses: int = 3
 
     def __post_init__(self) -> None:
+        require(self.coordinator in ("none", "embedded") or self.coordinator.startswith("zookeeper://"),
+                f"--coordinator must be none, embedded or zookeeper://HOST:PORT/ROOT, got {self.coordinator!r}")
+        require(self.heartbeat > 0 and self.misses >= 1, "--heartbeat must be positive, misses at least 1")
         require(1 <= self.shards <= 64, f"--shards must be 1..64, got {self.shards}")
         require(1 <= self.replicas <= 9, f"--replicas must be 1..9, got {self.replicas}")
         controlet_class(self.controlet)
@@ -146,7 +147,13 @@ def up(spec: ClusterSpec, clock: Clock | None = None, timeout: float = 30.0) -> 
         (data_dir / "logs").mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"cannot use --data-dir {data_dir}: {e.strerror}") from None
+    coord = coordproc.spec_for_up(spec.coordinator, spec.host, spec.heartbeat, spec.misses, data_dir)
     try:
+        if coord is not None:
+            record["coordinator"] = coord.to_dict()
+            for i in range(len(coord.addrs) if coord.kind == "embedded" else 1):
+                _spawn(record, f"coordinator:{i}", coordproc.coordinator_argv(coord, data_dir / "coord", i),
+                       data_dir)
         for nid, port in record["redis_ports"].items():
             rdir = data_dir / nid / "redis"
             rdir.mkdir(parents=True, exist_ok=True)
@@ -163,6 +170,9 @@ def up(spec: ClusterSpec, clock: Clock | None = None, timeout: float = 30.0) -> 
         _spawn(record, "proxy", me + ["proxy", "--data-dir", str(data_dir)], data_dir)
         record_path(data_dir).write_text(json.dumps(record, indent=2))
         _wait_ready(record, endpoints, clock, timeout)
+        if coord is not None:
+            coordproc.initialize(coord, ShardMap.from_dict(record["map"]), clock, timeout)
+            coordproc.wait_leases(_endpoints(record), clock, timeout, record['data_dir'])
     except BaseException:
         down(data_dir)
         raise
@@ -210,7 +220,12 @@ def down(data_dir: Path, clock: Clock | None = None, grace: float = 5.0) -> list
     record = load_record(Path(data_dir))
     stopped = []
     procs = [p for p in record.get("processes", []) if alive(p["pid"])]
-    for p in reversed(procs):  # proxy and nodes before their redis datalets
+    # The coordinator first (nodes going quiet must not look like failures), then the proxy and
+    # nodes, then their redis datalets.
+    for p in procs:
+        if p["name"].startswith("coordinator"):
+            _stop_group(p["pid"], clock, grace)
+    for p in reversed(procs):
         try:
             os.killpg(p["pid"], signal.SIGTERM)
         except ProcessLookupError:
@@ -228,6 +243,16 @@ def down(data_dir: Path, clock: Clock | None = None, grace: float = 5.0) -> list
     record["processes"] = []
     record_path(Path(data_dir)).write_text(json.dumps(record, indent=2))
     return stopped
+
+
+def _stop_group(pid: int, clock: Clock, grace: float) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = clock.now() + grace
+    while _running(pid) and clock.now() < deadline:
+        clock.sleep(0.02)
 
 
 def _running(pid: int) -> bool:
@@ -249,84 +274,22 @@ def status(data_dir: Path) -> list[dict[str, Any]]:
         try:
             info = parse_info(sync_call(host, port, "INFO"))
             row.update(up=True, role=info.get("role", "proxy"), commands=int(info.get("total_commands", 0)),
-                       keys=info.get("keys", "-"))
+                       keys=info.get("keys", "-"), epoch=info.get("epoch", "-"), state=_node_state(info))
         except OSError:
             pass
         rows.append(row)
+    if record.get("coordinator"):
+        rows.append(coordproc.status_row(CoordinatorSpec.from_dict(record["coordinator"]), pids.get("coordinator:0")))
     return rows
 
 
-# -- process entry points (`bespokv node`, `bespokv proxy`) -----------------------
-def serve_node(data_dir: Path, node_id: str | None) -> None:
-    record = load_record(Path(data_dir))
-    smap = ShardMap.from_dict(record["map"])
-    datalet = None
-    if node_id is not None:
-        if smap.shard_of_node(node_id) is None:
-            raise ConfigError(f"node {node_id!r} is not in the cluster under {data_dir}")
-        redis = {"host": record["proxy"]["host"], "port": record["redis_ports"].get(node_id, 6379)}
-        datalet = node_datalet(record["datalet"], node_id, Path(record["data_dir"]), redis)
-    secret = load_or_create_secret(Path(data_dir))
-    routes = {dst: (h, int(p)) for dst, (h, p) in record.get("routes", {}).get(node_id or "", {}).items()}
-    proxy = record["proxy"]
-    addr = (proxy["host"], proxy["port"]) if node_id is None else (None, None)
-
-    def make(current: ShardMap) -> Node:
-        node = Node(current, node_id, datalet, secret=secret)
-        node.routes = routes
-        return node
-    coordinator = record.get("coordinator")
-    if coordinator is None:
-        _run(_serve(make(smap), *addr))
-    else:
-        _run(_serve_managed(make, smap, node_id, CoordinatorSpec.from_dict(coordinator), *addr))
-
-
-async def _serve_managed(make, initial: ShardMap, node_id: str | None, spec: CoordinatorSpec,
-                         host: str | None, port: int | None) -> None:
-    """Under a coordinator: start from its map (the record's before it has one); a node that was
-    failed over while it was down rejoins its shard first, then catches up like any restart."""
-    backend = make_backend(spec)
-    home = initial.nodes.get(node_id) if node_id else None
-    home_shard = initial.shard_of_node(node_id) if node_id else None
-    current = await _coordinator_map(backend, spec) or initial
-    if node_id is not None and current.shard_of_node(node_id) is None:
-        current = await backend.join(home_shard, node_id, home.host, home.port)
-    node = make(current)
-    agent = ControlAgent(node, spec, home, home_shard, backend=backend)
-    await _serve(node, host, port, agent)
-
-
-async def _coordinator_map(backend, spec: CoordinatorSpec, timeout_s: float = 30.0) -> ShardMap | None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        try:
-            return await backend.map()
-        except CoordUnavailable:
-            if loop.time() > deadline:
-                raise RuntimeFailure(f"no coordinator answered at {spec.url()} within {timeout_s:g} s") from None
-            await asyncio.sleep(0.1)
-
-
-async def _serve(node: Node, host: str | None, port: int | None, agent: ControlAgent | None = None) -> None:
-    # A node process may be a restart: it catches up from a live replica before serving
-    # (a whole shard starting together settles who starts first; see controlets/stream.py).
-    await start_node(node, host, port, catch_up=True)
-    if agent is not None:
-        agent.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await node.stop()
-
-
-def _run(coro) -> None:
-    try:
-        import uvloop
-
-        uvloop.run(coro)
-    except ImportError:
-        asyncio.run(coro)
+def _node_state(info: dict[str, str]) -> str:
+    """ready | catching up (keys copied so far, from whom) | deposed (rejoining) | no lease."""
+    if info.get("deposed") == "1":
+        return "deposed: rejoining"
+    if info.get("catching_up", "0") != "0":
+        return f"catching up: {info.get('sync_keys', '0')} keys from {info.get('sync_source', '-')}"
+    lease = info.get("lease_s", "-")
+    if lease != "-" and float(lease) <= 0:
+        return "no lease"
+    return "ready"

@@ -100,5 +100,6 @@ class Nemesis:
 
     def _note(self, phase: str, fault: Fault) -> None:
         t = self.clock.now() - self.t0
-        self.journal.append({"time": round(t, 4), "phase": phase, "fault": fault.kind, "node": fault.node})
+        self.journal.append({"time": round(t, 4), "at": self.clock.now(), "phase": phase, "fault": fault.kind,
+                             "node": fault.node})
         self.log(f"nemesis {fault.kind} {fault.node} {phase} at {t:.2f}s")

@@ -21,6 +21,7 @@ from typing import Any
 import hiredis
 
 from mlsyskit.core.clock import Clock, RealClock
+from mlsyskit.core.errors import RuntimeFailure
 from mlsyskit.tools.kv import coordproc
 from mlsyskit.tools.kv.check.faultproxy import FaultProxy
 from mlsyskit.tools.kv.controlplane import CoordinatorSpec, parse_coordinator
@@ -129,9 +130,13 @@ class ProcCluster:
         return any(p.poll() is None for p in self.coord_procs)
 
     async def current_map(self) -> ShardMap:
+        """The coordinator's map; the last one known while the coordinator is down (restarting)."""
         if self.coord_spec is None:
             return self.map
-        found = await asyncio.to_thread(coordproc.current_map, self.coord_spec)
+        try:
+            found = await asyncio.to_thread(coordproc.current_map, self.coord_spec)
+        except RuntimeFailure:
+            return self.map
         return found or self.map
 
     async def settle(self, timeout: float | None = None) -> None:

@@ -21,10 +21,13 @@ def emit(result, as_json: bool) -> None:
                  _yes_no(result.linearizable, "not checked" if not spec["mode"].endswith("-sc") else "unknown"),
                  result.lost_acked_writes, result.phantoms,
                  _yes_no(result.converged, "not observed") if result.converged is not None else "not observed",
-                 result.convergence_s, result.max_write_wait_s, result.write_timeouts, _yes_no(result.valid)]]
+                 result.convergence_s, result.max_write_wait_s, result.write_timeouts,
+                 getattr(result, "reconfigurations", 0), getattr(result, "async_failover_losses", 0),
+                 _yes_no(result.valid)]]
         emit_table(make_table("bespokv check", ["mode", "seed", "ok/fail/info", "faults", "linearizable",
                                                 "lost acked", "phantoms", "converged", "converge s",
-                                                "max write wait s", "write timeouts", "valid"], rows))
+                                                "max write wait s", "write timeouts", "maps",
+                                                "async lost", "valid"], rows))
     for line in result.violations + result.lost:
         log(line)
     if result.error:

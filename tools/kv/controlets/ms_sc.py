@@ -168,7 +168,7 @@ class ChainReplication(OrderedStream):
         return out + self.tick_sync(now)
 
     def carry_pending(self, old: Any) -> list[Action]:
-        if old.node_id != old.head or self.node_id != self.head:
+        if type(old) is not type(self) or old.node_id != old.head or self.node_id != self.head:
             return old.fail_pending(RECONFIGURED)
         self.in_flight, self.timeouts = old.in_flight, old.timeouts
         if self.successor is not None:

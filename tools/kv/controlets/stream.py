@@ -25,7 +25,8 @@ counts, so a restarted replica cannot overrule live ones that merely answer slow
 A replica that becomes ready tells its downstream replicas its position (SEQAT) so that a
 downstream replica holding a different position resynchronises at once.
 
-Reconfiguration (a new epoch, take_over) keeps the numbering: every survivor keeps its position
+Reconfiguration (a new epoch, take_over; also a live switch between these three protocols,
+whose streams all start at replicas[0]) keeps the numbering: every survivor keeps its position
 and tells its new downstream replicas where it stands, so a replica whose new upstream is
 ahead (the failed one had not forwarded everything) or behind (a promoted ms-ec replica that
 had not received the old master's last writes) resynchronises from it; equal positions in one
@@ -49,7 +50,7 @@ from mlsyskit.tools.kv.controlets.base import (
     Snapshot,
 )
 
-READY, WAITING, RECEIVING = "ready", "waiting", "receiving"
+READY, WAITING, RECEIVING, CONFIRMING = "ready", "waiting", "receiving", "confirming"
 SYNC_KINDS = (b"SYNCREQ", b"SYNCBUSY", b"SNAPBEGIN", b"SNAPDATA", b"SNAPEND", b"SEQAT")
 CATCHING_UP = f"{TRYAGAIN} replica is catching up; retry"
 
@@ -74,6 +75,10 @@ class OrderedStream(Controlet):
         self.busy: set[str] = set()
         self.base = 0
         self.buffer: list[tuple[str, Sequence[Any]]] = []
+        self.sync_keys = 0  # pairs received in the current (or last) snapshot: catch-up progress
+        self.sync_bytes = 0  # their key + value bytes
+        self.sync_began = 0.0
+        self.last_sync_s = 0.0  # SNAPBEGIN to SNAPEND of the last completed snapshot (injected clock)
 
     # -- what a concrete protocol supplies ------------------------------------------
     @property
@@ -116,12 +121,19 @@ class OrderedStream(Controlet):
         return self.begin_sync()
 
     def take_over(self, old: Controlet) -> list[Action]:
-        if type(old) is not type(self):  # another protocol's numbering (a live switch): start afresh
+        # ms-sc, ms-ec and aa-sc number one stream from replicas[0] (head, master, sequencer), so a
+        # live switch between them keeps every position too; anything else starts afresh.
+        if not isinstance(old, OrderedStream):
             return super().take_over(old)
         self.applied, self.gaps, self.syncs = old.applied, old.gaps, old.syncs
         out = self.carry_pending(old)
         if old.mode is not READY:
             return out + self.begin_sync()
+        if type(old) is not type(self) and self.upstream is not None:
+            # A live switch: the old protocol's replica may lag its origin (ms-ec answers before it
+            # replicates), so serve nothing until the upstream confirms the same position.
+            self.mode, self.sync_deadline = CONFIRMING, self.now + 4 * self.options.sync_timeout
+            return out
         return out + self.on_synced()
 
     def carry_pending(self, old: OrderedStream) -> list[Action]:
@@ -155,6 +167,8 @@ class OrderedStream(Controlet):
     def tick_sync(self, now: float) -> list[Action]:
         if self.mode is READY or now <= self.sync_deadline:
             return []
+        if self.mode is CONFIRMING:  # the upstream never said where it stands: copy its state
+            return self.begin_sync()
         if self.mode is RECEIVING:  # the source went silent mid-snapshot: start over
             return self.begin_sync()
         return self._ask_next()
@@ -168,6 +182,8 @@ class OrderedStream(Controlet):
             return []
         if self.mode is WAITING:
             return []  # the snapshot will hold it
+        if self.mode is CONFIRMING:  # the upstream's position should have come first: copy instead
+            return self.begin_sync()
         seq = int(fields[0])
         if seq != self.applied + 1:
             self.gaps += 1
@@ -188,9 +204,12 @@ class OrderedStream(Controlet):
                     return self._ask_next()
             return []
         if kind == b"SEQAT":
-            if src != self.upstream or self.mode is not READY:
+            if src != self.upstream or self.mode not in (READY, CONFIRMING):
                 return []
             seq = token
+            if self.mode is CONFIRMING and seq == self.applied:
+                self.mode = READY
+                return self.on_synced() + self.on_position(src, seq)
             if seq != self.applied:
                 self.gaps += 1
                 return self.begin_sync()
@@ -199,12 +218,16 @@ class OrderedStream(Controlet):
             return []  # a stale snapshot (an abandoned attempt, an earlier incarnation)
         self.sync_deadline = self.now + 10 * self.options.sync_timeout
         if kind == b"SNAPBEGIN" and self.mode is WAITING:
-            self.mode, self.base = RECEIVING, int(fields[1])
+            self.mode, self.base, self.sync_keys, self.sync_bytes = RECEIVING, int(fields[1]), 0, 0
+            self.sync_began = self.now
             return [Reset()]
         if kind == b"SNAPDATA" and self.mode is RECEIVING:
+            self.sync_keys += (len(fields) - 1) // 2
+            self.sync_bytes += sum(len(f) for f in fields[1:])
             return [Apply(fields[i], fields[i + 1]) for i in range(1, len(fields) - 1, 2)]
         if kind == b"SNAPEND" and self.mode is RECEIVING:
             self.mode, self.applied = READY, self.base
+            self.last_sync_s = self.now - self.sync_began
             out = self.on_synced()
             buffered, self.buffer = self.buffer, []
             for bsrc, bfields in buffered:
@@ -221,4 +244,5 @@ class OrderedStream(Controlet):
 
     def state(self) -> dict[str, Any]:
         return {**super().state(), "catching_up": int(self.mode is not READY), "gaps": self.gaps,
-                "syncs": self.syncs}
+                "syncs": self.syncs, "sync_keys": self.sync_keys, "sync_bytes": self.sync_bytes,
+                "last_sync_s": round(self.last_sync_s, 4), "sync_source": self.sync_source or "-"}

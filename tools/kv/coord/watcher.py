@@ -34,8 +34,10 @@ class LiveListFailover:
         if shard_map is None:
             return
         now = self.clock.now()
+        failed = set(self.detector.failed())
         for node_id in shard_map.nodes:
-            if node_id not in self._watched:
+            # A failed node back in the map rejoined as a replacement: watched again from now.
+            if node_id not in self._watched or node_id in failed:
                 self._watched.add(node_id)
                 self.detector.watch(node_id, now)
 

@@ -1,0 +1,98 @@
+"""The node and proxy processes of a recorded cluster (`bespokv node ID`, `bespokv proxy`, started by `up`).
+
+Without a coordinator a process serves the record's shard map. With one it starts from the
+coordinator's map (the record's until the coordinator has one), and a node that was failed over
+while it was down first rejoins its home shard as a replacement; then a ControlAgent keeps it in
+step with the coordinator (controlplane.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+from mlsyskit.core.config import ConfigError
+from mlsyskit.core.errors import RuntimeFailure
+from mlsyskit.tools.kv.cluster import node_datalet
+from mlsyskit.tools.kv.controlplane import ControlAgent, CoordinatorSpec, make_backend
+from mlsyskit.tools.kv.coord.aclient import CoordUnavailable
+from mlsyskit.tools.kv.node import Node
+from mlsyskit.tools.kv.peerauth import load_or_create_secret
+from mlsyskit.tools.kv.processes import load_record
+from mlsyskit.tools.kv.server import start_node
+from mlsyskit.tools.kv.shardmap import ShardMap
+
+
+def serve_node(data_dir: Path, node_id: str | None) -> None:
+    record = load_record(Path(data_dir))
+    smap = ShardMap.from_dict(record["map"])
+    datalet = None
+    if node_id is not None:
+        if smap.shard_of_node(node_id) is None:
+            raise ConfigError(f"node {node_id!r} is not in the cluster under {data_dir}")
+        redis = {"host": record["proxy"]["host"], "port": record["redis_ports"].get(node_id, 6379)}
+        datalet = node_datalet(record["datalet"], node_id, Path(record["data_dir"]), redis)
+    secret = load_or_create_secret(Path(data_dir))
+    routes = {dst: (h, int(p)) for dst, (h, p) in record.get("routes", {}).get(node_id or "", {}).items()}
+    proxy = record["proxy"]
+    addr = (proxy["host"], proxy["port"]) if node_id is None else (None, None)
+
+    def make(current: ShardMap) -> Node:
+        node = Node(current, node_id, datalet, secret=secret)
+        node.routes = routes
+        return node
+    coordinator = record.get("coordinator")
+    if coordinator is None:
+        _run(_serve(make(smap), *addr))
+    else:
+        _run(_serve_managed(make, smap, node_id, CoordinatorSpec.from_dict(coordinator), *addr))
+
+
+async def _serve_managed(make, initial: ShardMap, node_id: str | None, spec: CoordinatorSpec,
+                         host: str | None, port: int | None) -> None:
+    """Under a coordinator: start from its map (the record's before it has one); a node that was
+    failed over while it was down rejoins its shard first, then catches up like any restart."""
+    backend = make_backend(spec)
+    home = initial.nodes.get(node_id) if node_id else None
+    home_shard = initial.shard_of_node(node_id) if node_id else None
+    current = await _coordinator_map(backend, spec) or initial
+    if node_id is not None and current.shard_of_node(node_id) is None:
+        current = await backend.join(home_shard, node_id, home.host, home.port)
+    node = make(current)
+    agent = ControlAgent(node, spec, home, home_shard, backend=backend)
+    await _serve(node, host, port, agent)
+
+
+async def _coordinator_map(backend, spec: CoordinatorSpec, timeout_s: float = 30.0) -> ShardMap | None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            return await backend.map()
+        except CoordUnavailable:
+            if loop.time() > deadline:
+                raise RuntimeFailure(f"no coordinator answered at {spec.url()} within {timeout_s:g} s") from None
+            await asyncio.sleep(0.1)
+
+
+async def _serve(node: Node, host: str | None, port: int | None, agent: ControlAgent | None = None) -> None:
+    # A node process may be a restart: it catches up from a live replica before serving
+    # (a whole shard starting together settles who starts first; see controlets/stream.py).
+    await start_node(node, host, port, catch_up=True)
+    if agent is not None:
+        agent.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await node.stop()
+
+
+def _run(coro) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:
+        asyncio.run(coro)
