@@ -16,6 +16,12 @@ def test_a_client_silent_for_three_heartbeats_is_masked_until_heard_again():
     assert activity.available([0, 1, 2], 7.5) == [0, 1]
     assert activity.resources[2] == {}  # non-finite and unknown fields are not kept
     assert activity.resources[1] == {}  # the latest heartbeat replaces the previous one
+    activity.task_sent(1, 3, 7.5)  # a long training sends no heartbeats, but its update shows it alive
+    activity.message(1, 20.0)
+    activity.timed(1, 3, {"local_s": 12.0}, 20.0)
+    assert activity.available([1], 20.5) == [1]
+    activity.message(0, 20.0)  # a client that never sent heartbeats is not made to need them
+    assert 0 not in activity.heard
 
 
 def test_busy_clients_are_not_offered_and_the_server_clock_times_the_update():

@@ -47,6 +47,11 @@ class ClientActivity:
         self.resources[cid] = {k: float(v) for k in HEARTBEAT_FIELDS
                                if isinstance(v := message.get(k), int | float) and math.isfinite(v)}
 
+    def message(self, cid: int, now: float) -> None:
+        """Any message (an update too) shows the client alive: a long training leaves no gap in its heartbeats."""
+        if cid in self.heard:
+            self.heard[cid] = now
+
     def available(self, connected: list[int], now: float) -> list[int]:
         stale = self.every_s * self.misses
         return [cid for cid in sorted(connected) if cid not in self.sent

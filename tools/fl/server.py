@@ -168,6 +168,7 @@ class FlServer:
             async for update in requests:
                 if _field(update, "client_id", int) != cid:
                     raise RpcError(StatusCode.INVALID_ARGUMENT, f"this session belongs to client {cid}")
+                self.activity.message(cid, self.clock.now())
                 if update.get("type") == "heartbeat":
                     self.activity.heartbeat(cid, self.clock.now(), update)
                     self._poke()
