@@ -131,3 +131,37 @@ def test_a_restarted_head_finds_deadlines_in_its_caught_up_data(tmp_path) -> Non
             await conn.close()
 
     asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def test_deadlines_survive_a_whole_cluster_restart_on_lmdb(tmp_path) -> None:
+    """Deadlines live in the stored bytes: after every node stops and starts again on its lmdb
+    files, a key past its deadline is absent and swept, a key with time left keeps it."""
+    async def body() -> None:
+        smap = make_map("ms-sc", datalet="lmdb", shards=1, replicas=3)
+        replicas = smap.shards[0]
+        tail = smap.nodes[replicas[-1]]
+        async with LocalCluster(smap, datalet_factory("lmdb", tmp_path)):
+            conn = await RespConnection.connect(tail.host, tail.port)
+            assert await conn.call(b"SET", b"short", b"v", b"PX", b"300") == b"OK"
+            assert await conn.call(b"SET", b"long", b"v", b"EX", b"100") == b"OK"
+            assert await conn.call(b"RPUSH", b"list", b"a", b"b") == 2
+            assert await conn.call(b"PEXPIRE", b"list", b"100000") == 1
+            await conn.close()
+        deadline = _wall_ms() + 300
+
+        async def past() -> bool:
+            return _wall_ms() >= deadline
+        await _wait(past, "the short deadline")
+        async with LocalCluster(smap, datalet_factory("lmdb", tmp_path)) as cluster:
+            conn = await RespConnection.connect(tail.host, tail.port)
+            assert await conn.call(b"GET", b"short") is None
+            assert 98 <= await conn.call(b"TTL", b"long") <= 100
+            assert await conn.call(b"LRANGE", b"list", b"0", b"-1") == [b"a", b"b"]
+            assert 98 <= await conn.call(b"TTL", b"list") <= 100
+
+            async def swept() -> bool:
+                return all(cluster.nodes[n].datalet.get(b"short") is None for n in replicas)
+            await _wait(swept, "the sweep after the restart")
+            await conn.close()
+
+    asyncio.run(asyncio.wait_for(body(), 60))
