@@ -165,3 +165,40 @@ def test_deadlines_survive_a_whole_cluster_restart_on_lmdb(tmp_path) -> None:
             await conn.close()
 
     asyncio.run(asyncio.wait_for(body(), 60))
+
+
+class _FakeNode:
+    """Just what the sweep touches: the write point's datalet reads and submit()."""
+
+    def __init__(self, data: dict[bytes, bytes]) -> None:
+        self.data = data
+        self.submitted: list = []
+        self.controlet = type("C", (), {"read_local": staticmethod(data.get)})()
+
+    def submit(self, req) -> None:
+        self.submitted.append(req)
+
+
+def test_the_sweep_reaps_only_expired_keys_retries_failures_and_stays_bounded() -> None:
+    from mlsyskit.tools.kv.expiry import ActiveExpiry
+    now = [NOW]
+    data = {b"old": values.encode(values.Entry(values.STRING, NOW - 1, b"v")),
+            b"later": values.encode(values.Entry(values.STRING, NOW + 5_000, b"v")),
+            b"rewritten": b"plain"}
+    node = _FakeNode(data)
+    sweep = ActiveExpiry(node, unix_ms=lambda: now[0], retry_ms=1000)  # type: ignore[arg-type]
+    sweep.note(b"old", NOW - 1)
+    sweep.note(b"later", NOW - 1)  # noted early, then given a later deadline (stored bytes say so)
+    sweep.note(b"rewritten", NOW - 1)
+    assert sweep.sweep() == 1 and [r.key for r in node.submitted] == [b"old"]
+    assert list(node.submitted[0].rmw) == [rmw.REAP, b"old"] and node.submitted[0].rmw.now_ms == NOW
+    node.submitted[0].complete(b"-TRYAGAIN catching up\r\n")  # not applied: retried a second later
+    assert sweep.sweep() == 0
+    now[0] = NOW + 1_000
+    assert sweep.sweep() == 1 and node.submitted[1].key == b"old"
+    node.submitted[1].complete(b":1\r\n")
+    now[0] = NOW + 5_000
+    assert sweep.sweep() == 1 and node.submitted[2].key == b"later" and sweep.reaped == 1
+    for i in range(100_000):  # EXPIRE in a loop on one key must not grow the heap
+        sweep.note(b"hot", NOW + 10_000 + i)
+    assert len(sweep.due) <= 1024 + 2 * len(sweep.noted)

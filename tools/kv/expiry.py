@@ -44,14 +44,20 @@ class ActiveExpiry:
         self.node = node
         self.unix_ms = unix_ms
         self.interval, self.batch, self.retry_ms = interval, batch, retry_ms
-        self.due: list[tuple[int, bytes]] = []  # (deadline, key): a heap; stale entries are checked away
+        self.due: list[tuple[int, bytes]] = []  # (deadline, key): a heap; entries not in `noted` are stale
+        self.noted: dict[bytes, int] = {}  # each key's latest deadline: bounds the heap (compacted)
         self.reaping: set[bytes] = set()
         self.scanned = False  # this write point has seen every deadline in its datalet
         self.reaped = 0
 
     def note(self, key: bytes, deadline: int) -> None:
-        if deadline:
-            heapq.heappush(self.due, (deadline, key))
+        if not deadline or self.noted.get(key) == deadline:
+            return
+        self.noted[key] = deadline
+        heapq.heappush(self.due, (deadline, key))
+        if len(self.due) > 2 * len(self.noted) + 1024:  # many re-noted keys (EXPIRE in a loop): compact
+            self.due = [(d, k) for k, d in self.noted.items()]
+            heapq.heapify(self.due)
 
     def is_write_point(self) -> bool:
         node = self.node
@@ -70,10 +76,10 @@ class ActiveExpiry:
 
     async def rescan(self) -> None:
         self.due.clear()
+        self.noted.clear()
         async for key, stored in self.node.datalet.export_pairs():
             if stored[:1] == values.FIRST:
                 self.note(key, values.deadline_of(stored))
-        heapq.heapify(self.due)
         self.scanned = True
 
     def sweep(self) -> int:
@@ -82,7 +88,10 @@ class ActiveExpiry:
         read = self.node.controlet.read_local  # a local datalet: skip keys rewritten meanwhile
         submitted = 0
         while self.due and self.due[0][0] <= now and submitted < self.batch:
-            _, key = heapq.heappop(self.due)
+            deadline, key = heapq.heappop(self.due)
+            if self.noted.get(key) != deadline:
+                continue  # superseded by a later note
+            del self.noted[key]
             if key in self.reaping:
                 continue
             if read is not None:
@@ -101,7 +110,7 @@ class ActiveExpiry:
     def slot_done(self, req: Request) -> None:
         self.reaping.discard(req.key)
         if req.payload[:1] == b"-":  # not applied (catching up, timeout): try again later
-            heapq.heappush(self.due, (self.unix_ms() + self.retry_ms, req.key))
+            self.note(req.key, self.unix_ms() + self.retry_ms)
         else:
             self.reaped += 1
 
