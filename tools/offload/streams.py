@@ -12,11 +12,13 @@ Every copy follows the same protocol (`Mover` in tiers.py and the gradient stage
     done.synchronize()                   # before the host reads dst or reuses src
 
 `CudaStreams` is the implementation on a GPU. Tests substitute a fake that runs the enqueued work lazily
-in a seeded order and records it, so a read that is not ordered after its copy sees stale bytes.
+in a seeded order and records it, so a read that is not ordered after its copy sees stale bytes. `Mover`
+gives the tiers one copy call for streams and for the emulated device's copy thread.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import torch
@@ -104,3 +106,63 @@ def enqueue_copy(ops: StreamOps, dsts: Sequence[torch.Tensor], srcs: Sequence[to
     ops.wait(ops.side, ops.record(ops.compute))
     ops.copy(ops.side, dsts, srcs)
     return StreamCopy(ops, ops.record(ops.side))
+
+
+class _ThreadCopy:
+    """A copy on the emulated device's copy thread: compute waits for it on the host."""
+
+    def __init__(self, future: Future) -> None:
+        self.future = future
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self) -> None:
+        self.future.result()
+
+    def consume(self) -> None:
+        self.future.result()
+
+
+class Mover:
+    """Asynchronous copies between host and device: on the side stream of `streams` (CUDA, or a test's
+    fake), else on one copy thread (the emulated device). Every copy returns a future-like object with
+    `done`, `result` (host wait) and `consume` (order compute after it)."""
+
+    def __init__(self, device: torch.device, streams: StreamOps | None = None) -> None:
+        if streams is None and device.type == "cuda":
+            streams = CudaStreams(device)
+        self.streams = streams
+        self._thread = None if streams is not None else ThreadPoolExecutor(1, thread_name_prefix="tencache-copy")
+
+    def copy(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> Any:
+        if self.streams is not None:
+            return enqueue_copy(self.streams, dsts, srcs)
+        return _ThreadCopy(self._thread.submit(batched_copy, dsts, srcs))
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+
+
+class QueuedCopy:
+    """A copy waiting for the next batched launch (`flush` launches every queued copy and sets `copy`);
+    launched on first query if nobody flushed."""
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        self.flush = flush
+        self.copy: Any = None
+
+    def _launched(self) -> Any:
+        if self.copy is None:
+            self.flush()
+        return self.copy
+
+    def done(self) -> bool:
+        return self._launched().done()
+
+    def result(self) -> None:
+        self._launched().result()
+
+    def consume(self) -> None:
+        self._launched().consume()

@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from mlsyskit.core.copy_kernels import batched_copy, plan_batches
+from mlsyskit.core.copy_kernels import plan_batches
 from mlsyskit.core.filetier import FileTier
 from mlsyskit.core.memory import BufferPool, Slot, aligned_empty
-from mlsyskit.tools.offload.streams import CudaStreams, StreamOps, enqueue_copy
+from mlsyskit.tools.offload.streams import Mover, QueuedCopy, StreamOps
 
 DEVICE, CPU, NVME = "device", "cpu", "nvme"
 SMALL_COPY = 64 * 1024  # bytes: device copies up to this size are batched
@@ -45,65 +45,6 @@ class _DoneFuture:
 
     def result(self) -> None:
         return None
-
-
-class _ThreadCopy:
-    """A copy on the emulated device's copy thread: compute waits for it on the host."""
-
-    def __init__(self, future: Future) -> None:
-        self.future = future
-
-    def done(self) -> bool:
-        return self.future.done()
-
-    def result(self) -> None:
-        self.future.result()
-
-    def consume(self) -> None:
-        self.future.result()
-
-
-class Mover:
-    """Asynchronous copies between host and device: on the side stream of `streams` (CUDA, or a test's
-    fake), else on one copy thread (the emulated device). Every copy returns a future-like object with
-    `done`, `result` (host wait) and `consume` (order compute after it)."""
-
-    def __init__(self, device: torch.device, streams: StreamOps | None = None) -> None:
-        if streams is None and device.type == "cuda":
-            streams = CudaStreams(device)
-        self.streams = streams
-        self._thread = None if streams is not None else ThreadPoolExecutor(1, thread_name_prefix="tencache-copy")
-
-    def copy(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> Any:
-        if self.streams is not None:
-            return enqueue_copy(self.streams, dsts, srcs)
-        return _ThreadCopy(self._thread.submit(batched_copy, dsts, srcs))
-
-    def close(self) -> None:
-        if self._thread is not None:
-            self._thread.shutdown(wait=True)
-
-
-class _Queued:
-    """A small copy waiting for the next batched launch; launched on first query if nobody flushed."""
-
-    def __init__(self, store: TierStore) -> None:
-        self.store = store
-        self.copy: Any = None
-
-    def _launched(self) -> Any:
-        if self.copy is None:
-            self.store.flush_copies()
-        return self.copy
-
-    def done(self) -> bool:
-        return self._launched().done()
-
-    def result(self) -> None:
-        self._launched().result()
-
-    def consume(self) -> None:
-        self._launched().consume()
 
 
 @dataclass(eq=False)
@@ -154,7 +95,7 @@ class TierStore:
         self.mover = Mover(device, streams)
         self.stats = MoveStats()
         self.inflight: set[Entry] = set()
-        self._queued: list[tuple[_Queued, torch.Tensor, torch.Tensor]] = []  # small copies for the next batch
+        self._queued: list[tuple[QueuedCopy, torch.Tensor, torch.Tensor]] = []  # small copies for the next batch
         self._writes: dict[str, Future] = {}  # block key -> its latest write still (maybe) in flight
         self._staging: dict[int, list[torch.Tensor]] = {}  # free pinned staging buffers per size (device->NVMe)
         # device->NVMe writes through streams (a GPU) wait for their device->host copy first: off this thread
@@ -323,7 +264,7 @@ class TierStore:
         self.stats.add(CPU, DEVICE, e.nbytes)
         dst, data = slot.data[:e.nbytes], src.data[:e.nbytes]
         if e.nbytes <= SMALL_COPY:
-            queued = _Queued(self)
+            queued = QueuedCopy(self.flush_copies)
             self._queued.append((queued, dst, data))
             self._start(e, DEVICE, queued, release)
         else:
