@@ -106,7 +106,7 @@ def test_cuda_gradient_staging_and_worker():
     from mlsyskit.tools.offload.streams import CudaStreams
 
     streams = CudaStreams(torch.device("cuda"))
-    stager = GradStager(streams, {2_000_000: 4}, 2, wait_free=lambda: None)
+    stager = GradStager(streams, {2_000_000: 4}, 2, write=lambda *_: None)
     worker = OptimizerWorker(2)
     seen = {}
     try:

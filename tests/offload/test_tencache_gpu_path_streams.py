@@ -218,10 +218,10 @@ def _stage_and_read(seed: int, *, wait_for_copy: bool) -> dict[int, torch.Tensor
     worker = OptimizerWorker(2)
     handbacks: list = []
 
-    def not_reached() -> None:
-        raise AssertionError("the test frees slots before staging")
+    def not_reached(*_) -> None:
+        raise AssertionError("the test hands slots back itself")
 
-    stager = GradStager(fake, {2000: 5}, 2, wait_free=not_reached)
+    stager = GradStager(fake, {2000: 5}, 2, write=not_reached)
     stager.pool.arena.view(torch.bfloat16).fill_(float("nan"))  # what a slot holds before its copy lands
     results: dict[int, torch.Tensor] = {}
     grads = [torch.full((1000,), float(i + 1), dtype=torch.bfloat16) for i in range(5)]
@@ -332,3 +332,39 @@ def test_eviction_to_nvme_through_streams_is_async_staged_and_reuses_its_buffer(
     finally:
         st.close()
         tier.close()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_stager_short_of_slots_waits_for_hand_backs_and_retiring_writes(seed):
+    """One staging slot, five gradients: each stage after the first needs the slot back, which comes from
+    the worker's hand-back and then from the write-back's event (still running on the fake stream)."""
+    fake = FakeStreams(seed, host_compute=True)
+    worker = OptimizerWorker(2)
+    written: list[tuple[int, float]] = []
+
+    def write(entry, values, non_blocking):
+        assert non_blocking  # from a pinned staging slot
+        written.append((entry.idx, float(values[0])))
+        event = FakeEvent(fake, -1)
+        fake.on_compute(lambda: setattr(event, "complete", True))  # lazy: completes when the fake runs it
+        return event
+
+    stager = GradStager(fake, {2000: 5}, 1, write=write)
+    entries = _entries(5, 1000)
+    try:
+        for e in entries:
+            grad = torch.full((1000,), float(e.idx + 1), dtype=torch.bfloat16)
+            buf, copy, slot = stager.stage(e.idx, grad)
+
+            def job(e=e, buf=buf, copy=copy, slot=slot):
+                copy.result()
+                buf.mul_(10)  # "the update": the new compute copy in the slot
+                stager.hand_back(e, buf, slot)
+
+            worker.submit(job)
+        assert worker.join() is None
+        stager.apply(wait=True)
+    finally:
+        worker.close()
+    assert written == [(i, 10.0 * (i + 1)) for i in range(5)]
+    assert stager.pool.free_count(2000) == 1

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import functools
 import math
-import queue
 import time
 import warnings
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,9 +173,10 @@ class OffloadEngine:
         counts: dict[int, int] = {}
         for e in self.trainable:
             counts[e.nbytes] = counts.get(e.nbytes, 0) + 1
-        self._handbacks: queue.SimpleQueue = queue.SimpleQueue()  # worker -> tier thread: finished tensors
-        self._retiring: deque = deque()  # (event, staging slot, owner): device writes still reading a slot
-        self.stager = GradStager(self.store.mover.streams, counts, STAGING_DEPTH, self._free_staging)
+        # the new compute copy goes back into its tier from the staging slot (its own NVMe staging too)
+        self.stager = GradStager(self.store.mover.streams, counts, STAGING_DEPTH,
+                                 write=lambda e, values, non_blocking: self.store.write_home(
+                                     e, values, values, non_blocking=non_blocking))
         self._worker_s = 0.0  # written by the worker only; merged into stats when it is idle
         self.tracker = UseTracker(model, entries, self)
         if self.store.dev_pool is not None:
@@ -245,7 +244,7 @@ class OffloadEngine:
         t0 = time.perf_counter()
         grad = e.param.grad
         e.param.grad = None
-        self._apply_handbacks()
+        self.stager.apply()
         first = e.idx not in self._got
         self._got.add(e.idx)
         last = self._micro == self.accumulate - 1
@@ -282,51 +281,13 @@ class OffloadEngine:
                 done = buf
             self.states.put(e.idx)
         finally:
-            self._handbacks.put((e, done, slot))  # always: the staging slot must come back
+            self.stager.hand_back(e, done, slot)  # always: the staging slot must come back
             self._worker_s += time.perf_counter() - t0
-
-    def _apply_handback(self, item) -> None:
-        """Write a finished tensor's new compute copy into its tier; its staging slot is free again once that
-        write has read it (a device write from a pinned slot is asynchronous: the slot retires on its event)."""
-        e, values, slot = item
-        written = None
-        if values is not None:  # values are their own NVMe staging
-            written = self.store.write_home(e, values, values, non_blocking=slot is not None)
-        if written is None:
-            self.stager.release(slot, e.idx)
-        else:
-            self._retiring.append((written, slot, e.idx))
-
-    def _retire(self, *, wait: bool) -> None:
-        """Release the staging slots whose device writes completed (all of them with `wait`)."""
-        while self._retiring and (wait or self._retiring[0][0].query()):
-            event, slot, idx = self._retiring.popleft()
-            event.synchronize()
-            self.stager.release(slot, idx)
-
-    def _free_staging(self) -> None:
-        """The stager found no free slot: free one, from a retiring write or from the worker's next hand-back."""
-        if self._retiring:
-            event, slot, idx = self._retiring.popleft()
-            event.synchronize()
-            self.stager.release(slot, idx)
-        else:
-            self._apply_handback(self._handbacks.get())
-
-    def _apply_handbacks(self) -> None:
-        self._retire(wait=False)
-        while True:
-            try:
-                item = self._handbacks.get_nowait()
-            except queue.Empty:
-                return
-            self._apply_handback(item)
 
     def _join_optimizer(self) -> BaseException | None:
         """Wait for the worker, apply every hand-back; the worker's first error, if any."""
         error = self.worker.join()
-        self._apply_handbacks()
-        self._retire(wait=True)  # the next forward reads these copies; the slots are free for the next step
+        self.stager.apply(wait=True)  # the next forward reads these copies; the slots are free for the next step
         self.stats.optimizer_s += self._worker_s
         self._worker_s = 0.0
         return error

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -75,34 +76,78 @@ class OptimizerWorker:
 
 
 class GradStager:
-    """Moves a finished gradient to host memory the worker may read. With `streams` (a GPU), a pinned
-    staging pool holds `depth` slots per gradient size (at most the tensors of that size); a gradient
-    waits for a free slot by applying hand-backs (`wait_free`). Without, the host gradient is used as is."""
+    """Moves a finished gradient to host memory the worker may read, and the worker's result back.
 
-    def __init__(self, streams: StreamOps | None, class_counts: dict[int, int], depth: int,
-                 wait_free: Callable[[], None]) -> None:
+    With `streams` (a GPU), a pinned staging pool holds `depth` slots per gradient size (at most the tensors
+    of that size); without, the host gradient itself is the buffer. The worker hands each buffer back
+    (`hand_back`, holding the new compute copy after an update); the tier thread applies hand-backs
+    (`apply`): `write(entry, values, non_blocking)` stores the values in the tensor's tier and returns an
+    event when the write is still reading the slot, which then retires when that event completes."""
+
+    def __init__(self, streams: StreamOps | None, class_counts: dict[int, int], depth: int, *,
+                 write: Callable[[Any, torch.Tensor, bool], Any]) -> None:
         self.streams = streams
-        self.wait_free = wait_free
+        self.write = write
         self.pool = (BufferPool({s: min(depth, c) for s, c in class_counts.items()}, name="gradient staging")
                      if streams is not None else None)
+        self._back: queue.SimpleQueue = queue.SimpleQueue()  # (entry, values | None, slot | None)
+        self._retiring: deque = deque()  # (event, slot, owner): device writes still reading a slot
 
     @property
     def capacity_bytes(self) -> int:
         return self.pool.capacity_bytes if self.pool is not None else 0
 
+    # -- the tier thread ---------------------------------------------------------------------------------
     def stage(self, owner: int, grad: torch.Tensor) -> tuple[torch.Tensor, Any, Slot | None]:
-        """(host buffer with the gradient's values, a future-like copy or None, the slot to release)."""
+        """(host buffer with the gradient's values, a future-like copy or None, the slot to hand back)."""
         flat = grad.reshape(-1)
         if self.pool is None:
             return flat.contiguous(), None, None
         nbytes = flat.numel() * flat.element_size()
         slot = self.pool.try_acquire(nbytes, owner, exact=True)
         while slot is None:
-            self.wait_free()  # the worker finishes a job, whose hand-back releases a slot
+            self._free_one()
             slot = self.pool.try_acquire(nbytes, owner, exact=True)
         buf = slot.view(flat.dtype, (flat.numel(),))
         return buf, enqueue_copy(self.streams, [buf], [flat]), slot
 
+    def apply(self, *, wait: bool = False) -> None:
+        """Write back what the worker finished and release slots whose writes completed (all, with `wait`)."""
+        while self._retiring and (wait or self._retiring[0][0].query()):
+            self._retire_oldest()
+        while True:
+            try:
+                item = self._back.get_nowait()
+            except queue.Empty:
+                break
+            self._apply(item)
+        while wait and self._retiring:
+            self._retire_oldest()
+
     def release(self, slot: Slot | None, owner: int) -> None:
         if slot is not None:
             self.pool.release(slot, owner)
+
+    def _apply(self, item: tuple) -> None:
+        entry, values, slot = item
+        written = self.write(entry, values, slot is not None) if values is not None else None
+        if written is None:
+            self.release(slot, entry.idx)
+        else:
+            self._retiring.append((written, slot, entry.idx))
+
+    def _retire_oldest(self) -> None:
+        event, slot, owner = self._retiring.popleft()
+        event.synchronize()
+        self.release(slot, owner)
+
+    def _free_one(self) -> None:
+        """No free slot: one comes from a retiring write, else from the worker's next hand-back."""
+        if self._retiring:
+            self._retire_oldest()
+        else:
+            self._apply(self._back.get())
+
+    # -- the worker --------------------------------------------------------------------------------------
+    def hand_back(self, entry: Any, values: torch.Tensor | None, slot: Slot | None) -> None:
+        self._back.put((entry, values, slot))
