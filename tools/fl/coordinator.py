@@ -9,6 +9,7 @@ committed round with the books balanced.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from mlsyskit.tools.fl.data import ClientData, load_federated
 from mlsyskit.tools.fl.incentive.ledger import MINT, POOL, Ledger, Transfer, client_account
 from mlsyskit.tools.fl.model import Weights, evaluate, init_weights, shape_mismatch
 from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
+from mlsyskit.tools.fl.scheduling.gated import GatedScheduler
 from mlsyskit.tools.fl.selection.base import Selector
 from mlsyskit.tools.fl.selection.random_pick import RandomSelector
 from mlsyskit.tools.fl.strategy import STRATEGIES
@@ -45,7 +47,12 @@ class RoundPlan:
 
 
 class Coordinator:
-    def __init__(self, config: JobConfig, store: MetaStore, clock: Clock | None = None) -> None:
+    def __init__(self, config: JobConfig, store: MetaStore, clock: Clock | None = None,
+                 scheduler: Selector | None = None,
+                 local_only: Callable[[list[int]], dict[int, float]] | None = None) -> None:
+        """`scheduler` (issue 12) picks the round's clients instead of the strategy's selector, or among the
+        clients that selector trusts when it has an opinion (TIFF's trust: GatedScheduler). `local_only`
+        computes consumers' local-only baselines that registered without one (None), when first needed."""
         self.config = config
         self.clock = clock  # only times the phases of finish_round (None: not timed)
         self.store = store
@@ -54,7 +61,7 @@ class Coordinator:
         self.num_features, self.num_classes = data.num_features, data.num_classes
         # the server derives every partition from the seed too, so a claimed sample count can be checked:
         # FedAvg and TIFF's pay both weigh by it, and an inflated count would buy weight and tokens
-        self.partition_sizes = tuple(c.num_samples for c in data.clients)
+        self.partition_sizes = data.partition_sizes()
 
         model, classes = config.train.model, data.num_classes
 
@@ -67,6 +74,12 @@ class Coordinator:
         validation = Validation(ClientData(-1, data.x_val, data.y_val, data.x_val[:0], data.y_val[:0]),
                                 data.num_features, data.num_classes, val_accuracy)
         self.strategy = STRATEGIES.get(config.strategy)(config, evaluator, validation)
+        self.scheduler_name = scheduler.name if scheduler is not None else ""
+        if scheduler is not None:  # a selector that only draws at random has no opinion worth keeping
+            own = self.strategy.selector
+            self.strategy.selector = scheduler if isinstance(own, RandomSelector) else GatedScheduler(own, scheduler)
+        self._local_only = local_only
+        self._round_opened_at = 0.0
         if config.scheduler:  # before _resume, which restores the selector's memory
             self.strategy.selector = scheduled_selector(config.scheduler, self.strategy.selector)
         self.weights = init_weights(self.num_features, self.num_classes, config.train.hidden,
@@ -90,7 +103,10 @@ class Coordinator:
         stored = self.store.get(NS, "config", None)
         if stored is None:
             self.store.put(NS, "config", self.config.to_dict())
+            self.store.put(NS, "scheduler", self.scheduler_name)
             return
+        if self.store.get(NS, "scheduler", "") != self.scheduler_name:
+            raise JobMismatch(f"{self.store.path} holds a job with a different scheduler; use a fresh run directory")
         mine = self.config.to_dict()
         for key in ("strategy", "seed", "data", "train", "selection", "economy"):
             if stored.get(key) != mine.get(key):
@@ -129,21 +145,33 @@ class Coordinator:
     # -- registration ------------------------------------------------------------------------------
     def register(self, client_id: int, info: dict[str, Any]) -> None:
         """A client joined (or rejoined). First-time clients receive the endowment."""
+        self.register_many({client_id: info})
+
+    def register_many(self, infos: dict[int, dict[str, Any]]) -> None:
+        """Clients joined, all in one transaction (a simulation registers its whole population at once)."""
+        records, transfers = {}, []
+        for client_id, info in sorted(infos.items()):
+            records[client_id] = self._record(client_id, info)
+            if client_id not in self.clients:
+                transfers.append(Transfer(MINT, client_account(client_id), self.config.economy.endowment,
+                                          "endowment"))
+        with self.store.transaction():
+            self.ledger.apply(self.round, transfers)
+            for client_id, record in records.items():
+                self.clients[client_id] = record
+                self.store.put("fl_clients", str(client_id), record)
+
+    def _record(self, client_id: int, info: dict[str, Any]) -> dict[str, Any]:
         if not 0 <= client_id < self.config.data.num_clients:
             raise ValueError(f"client id {client_id} is outside 0..{self.config.data.num_clients - 1}")
         if "shapes" in info:  # the client built its model from the same TrainSpec: names and shapes must agree
             mismatch = shape_mismatch(self.weights, info["shapes"])
             if mismatch is not None:
                 raise ValueError(f"client {client_id}: {mismatch}")
-        record = {"num_samples": int(info.get("num_samples", 0)),
-                  "local_only_accuracy": float(info.get("local_only_accuracy", 0.0)),
-                  "declared_attack": str(info.get("declared_attack", "none"))}
-        with self.store.transaction():
-            if client_id not in self.clients:
-                self.ledger.apply(self.round, [Transfer(MINT, client_account(client_id),
-                                                        self.config.economy.endowment, "endowment")])
-            self.clients[client_id] = record
-            self.store.put("fl_clients", str(client_id), record)
+        local = info.get("local_only_accuracy", 0.0)  # None: computed when first needed (local_only)
+        return {"num_samples": int(info.get("num_samples", 0)),
+                "local_only_accuracy": None if local is None else float(local),
+                "declared_attack": str(info.get("declared_attack", "none"))}
 
     # -- one round ---------------------------------------------------------------------------------
     @property
@@ -154,7 +182,9 @@ class Coordinator:
     def open_round(self) -> RoundPlan | None:
         return self._plan
 
-    def begin_round(self, available: list[int], now: float) -> RoundPlan:
+    def begin_round(self, available: list[int], now: float, deadline_s: float | None = None) -> RoundPlan:
+        """Select and open the next round. Its deadline: `deadline_s` if given, else the scheduler's
+        `round_deadline` for the selected clients, capped by round_timeout_s (the hard limit)."""
         if self._plan is not None:
             raise RuntimeError(f"round {self._plan.round} is still open")
         number = self.round + 1
@@ -166,8 +196,14 @@ class Coordinator:
         if started is not None:  # TIFF's reference update took server time: the providers' deadline starts after it
             now += self.clock.now() - started
         seeds = {cid: sub_seed(self.config.seed, f"train:{number}:{cid}") % (2**31) for cid in selected}
+        if deadline_s is None:
+            proposed = getattr(self.strategy.selector, "round_deadline", None)
+            deadline_s = self.config.round_timeout_s
+            if proposed is not None and selected:
+                deadline_s = min(deadline_s, proposed(selected) or deadline_s)
+        self._round_opened_at = now
         self._plan = RoundPlan(number, selected, self.weights, self.config.train.__dict__.copy(), seeds,
-                               now + self.config.round_timeout_s)
+                               now + deadline_s)
         self._reports, self._updates = {}, {}
         return self._plan
 
@@ -202,11 +238,12 @@ class Coordinator:
             self.consumer_accuracy[client_id] = clean["consumer_accuracy"]
         return True, ""
 
-    def drop(self, client_id: int, reason: str) -> None:
-        """A selected client went away before reporting (connection lost)."""
+    def drop(self, client_id: int, reason: str, metrics: dict[str, float] | None = None) -> None:
+        """A selected client went away before reporting (connection lost), or its update came too late
+        (`deadline` in the reason); `metrics` keeps what it measured, e.g. the compute it wasted."""
         plan = self._plan
         if plan is not None and client_id in plan.selected and client_id not in self._reports:
-            self._reports[client_id] = ClientReport(client_id, {}, "failed", reason)
+            self._reports[client_id] = ClientReport(client_id, dict(metrics or {}), "failed", reason)
 
     def waiting_for(self) -> list[int]:
         plan = self._plan
@@ -228,7 +265,8 @@ class Coordinator:
             self.kept_weights, self.kept_round = new_weights, plan.round
             self.kept_val_accuracy = outcome.global_metrics["val_accuracy"]
             self.kept_accuracy = outcome.global_metrics["accuracy"]
-        outcome.global_metrics |= {"kept_round": self.kept_round, "kept_accuracy": self.kept_accuracy}
+        outcome.global_metrics |= {"kept_round": self.kept_round, "kept_accuracy": self.kept_accuracy,
+                                   "deadline_s": plan.deadline - self._round_opened_at}
         t2 = now() if now else 0.0
         incentive = self.strategy.incentive
         with self.store.transaction():
@@ -250,10 +288,11 @@ class Coordinator:
     def _reimburse(self, accuracies: dict[int, float]) -> None:
         paid = {client_id_of(a): v for a, v in
                 self.ledger.totals_by("price", "payer", since_round=self.last_reimbursed).items()}
+        self._fill_local_only(sorted(c for c in accuracies if c in self.clients))
         uir = {}
         for cid, info in self.clients.items():
             local = info["local_only_accuracy"]
-            if cid in accuracies:
+            if cid in accuracies and local is not None:
                 uir[cid] = (accuracies[cid] - local) / max(local, 1e-6)
         transfers = self.strategy.incentive.reimburse(self.ledger.balance(POOL), paid, uir)
         self.ledger.apply(self.round, transfers)
@@ -265,6 +304,15 @@ class Coordinator:
                 "uir": uir.get(cid), "global_accuracy": accuracies.get(cid),
                 "local_only_accuracy": self.clients[cid]["local_only_accuracy"]} for cid in sorted(self.clients)}})
         self.last_reimbursed = self.round
+
+    def _fill_local_only(self, consumers: list[int]) -> None:
+        """Compute the baselines not known yet (inside the caller's transaction)."""
+        missing = [c for c in consumers if self.clients[c]["local_only_accuracy"] is None]
+        if not missing or self._local_only is None:
+            return
+        for cid, local in self._local_only(missing).items():
+            self.clients[cid] = self.clients[cid] | {"local_only_accuracy": float(local)}
+            self.store.put("fl_clients", str(cid), self.clients[cid])
 
     def finish_job(self, accuracies: dict[int, float]) -> None:
         """Final reimbursement with each consumer's accuracy of the final model on its own data."""

@@ -1,4 +1,4 @@
-"""Federated datasets: real digits and breast-cancer (scikit-learn), MNIST-1D (procedural), LEAF synthetic.
+"""Federated datasets: real digits and breast-cancer (scikit-learn), MNIST-1D (procedural), LEAF-style synthetic.
 
 `load_federated(spec)` returns every client's train/test split plus a global held-out test set;
 it is a pure function of the DataSpec (seeded), so a client process that knows only the spec
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -37,7 +38,7 @@ class ClientData:
 
 @dataclass(frozen=True)
 class FederatedData:
-    clients: tuple[ClientData, ...]
+    clients: Sequence[ClientData]  # a tuple, or a lazy sequence that makes a client when indexed (synthetic)
     x_test: np.ndarray  # global held-out test set: the accuracy every report gives
     y_test: np.ndarray
     num_features: int
@@ -46,6 +47,11 @@ class FederatedData:
     # accepted or paid, and picks the model the job keeps; tuning on it never touches the reported accuracy
     x_val: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
     y_val: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def partition_sizes(self) -> tuple[int, ...]:
+        """Every client's training-sample count, without making a lazy client's data."""
+        sizes = getattr(self.clients, "train_sizes", None)
+        return sizes() if sizes is not None else tuple(c.num_samples for c in self.clients)
 
 
 def _digits() -> tuple[np.ndarray, np.ndarray]:
@@ -155,23 +161,12 @@ def _dirichlet_per_client(labels: np.ndarray, classes: np.ndarray, spec: DataSpe
 
 
 def _synthetic(spec: DataSpec, seeds: Seeds) -> FederatedData:
-    """LEAF synthetic(alpha, beta) (Li et al., FedProx): each client has its own softmax model and features."""
-    rng = seeds.numpy("synthetic")
-    dim, classes = 60, 10
-    sigma = np.diag(np.arange(1, dim + 1, dtype=np.float64) ** -1.2)
-    clients = []
-    for k in range(spec.num_clients):
-        n = int(min(rng.lognormal(4, 2), 1000)) + 50
-        u = rng.normal(0, spec.synthetic_alpha)
-        b_mean = rng.normal(0, spec.synthetic_beta)
-        w, b = rng.normal(u, 1, (dim, classes)), rng.normal(u, 1, classes)
-        v = rng.normal(b_mean, 1, dim)
-        x = rng.multivariate_normal(v, sigma, n).astype(np.float32)
-        y = np.argmax(x @ w + b, axis=1).astype(np.int64)
-        clients.append(ClientData(k, *_split_train_test(x, y, spec.test_fraction, rng)))
-    x_held = np.concatenate([c.x_test for c in clients])
-    y_held = np.concatenate([c.y_test for c in clients])
-    return with_validation(tuple(clients), x_held, y_held, dim, classes, seeds)
+    """LEAF-style synthetic(alpha, beta) with a shared model part, users made lazily (leaf_synthetic.py)."""
+    from mlsyskit.tools.fl.leaf_synthetic import CLASSES, DIM, SyntheticUsers, held_out
+
+    users = SyntheticUsers(spec)
+    x_held, y_held = held_out(users)
+    return with_validation(users, x_held, y_held, DIM, CLASSES, seeds)
 
 
 @lru_cache(maxsize=4)
@@ -213,7 +208,7 @@ def _custom(spec: DataSpec, seeds: Seeds) -> FederatedData:
     return with_validation(clients, x_held, y_held, x.shape[1], int(y.max()) + 1, seeds)
 
 
-def with_validation(clients: tuple[ClientData, ...], x_held: np.ndarray, y_held: np.ndarray, num_features: int,
+def with_validation(clients: Sequence[ClientData], x_held: np.ndarray, y_held: np.ndarray, num_features: int,
                     num_classes: int, seeds: Seeds) -> FederatedData:
     """Split the held-out data in half: the server's validation split and the reported test set."""
     x_test, y_test, x_val, y_val = _split_train_test(x_held, y_held, 0.5, seeds.numpy("validation-split"))
