@@ -75,3 +75,48 @@ def test_offload_user_model_matches_plain_training(tmp_path):
     up = model.blocks[0]["up"].weight
     assert up.shape == (128, 32) and up.dtype == torch.float32  # handed back in their original dtype
 
+
+
+def test_lr_scheduler_sees_the_engines_step_without_warning(tmp_path):
+    """torch's lr_scheduler warns "lr_scheduler.step() before optimizer.step()" unless the optimizer's step ran;
+    the engine runs it (with no gradients left: it updates nothing) so the scheduler sees every step."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = TwoLayer()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    calls = []
+    opt.register_step_post_hook(lambda o, a, k: calls.append(o.param_groups[0]["lr"]))
+    prof = profile(model, lambda m: m(*data(0)), name="two-layer")
+    budgets = Budgets(device=40 * 1024, cpu=40 * 1024, optimizer=400 * 1024, nvme_dir=tmp_path)
+    with warnings.catch_warnings(record=True) as caught, offload(model, opt, budgets, prof) as engine:
+        warnings.simplefilter("always")
+        for step in range(3):
+            engine.begin_step()
+            engine.backward(model(*data(step)))
+            sched.step()
+    messages = [str(w.message) for w in caught if "lr_scheduler" in str(w.message)]
+    assert messages == []
+    assert calls == [1e-2, 5e-3, 2.5e-3]  # one optimizer step per engine step, each at the scheduled lr
+    assert not opt.state  # torch's step found no gradients: it kept no state and updated nothing
+
+
+def test_a_gradient_the_engine_did_not_consume_is_refused(tmp_path):
+    """A parameter in the optimizer but not in the model, with a gradient: torch's step would update it."""
+    import pytest
+
+    from mlsyskit.core.errors import UsageError
+
+    torch.manual_seed(0)
+    model = TwoLayer()
+    stray = nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([*model.parameters(), stray], lr=1e-2)
+    prof = profile(model, lambda m: m(*data(0)), name="two-layer")
+    budgets = Budgets(device=40 * 1024, cpu=40 * 1024, optimizer=400 * 1024, nvme_dir=tmp_path)
+    with offload(model, opt, budgets, prof) as engine:
+        stray.grad = torch.ones(3)
+        engine.begin_step()
+        with pytest.raises(UsageError, match=r"shape \(3,\)"):
+            engine.backward(model(*data(0)))
+    assert torch.equal(stray, torch.ones(3))

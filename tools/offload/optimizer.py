@@ -67,9 +67,11 @@ class HyperParams:
     """AdamW settings per tensor from the optimizer's param groups, read again at every step, so a
     torch.optim.lr_scheduler that changes a group's lr between steps is honoured."""
 
-    def __init__(self, groups: list[dict[str, Any]], group_of: dict[int, int]) -> None:
+    def __init__(self, groups: list[dict[str, Any]], group_of: dict[int, int],
+                 optimizer: torch.optim.Optimizer | None = None) -> None:
         self.groups = groups
         self.group_of = group_of
+        self.optimizer = optimizer
 
     @classmethod
     def fixed(cls, cfg: AdamConfig, ids: list[int]) -> HyperParams:
@@ -101,7 +103,20 @@ class HyperParams:
         if missing:
             raise UsageError(f"{len(missing)} trainable parameters are in no param group of the optimizer; "
                              f"freeze them (requires_grad=False) or add them")
-        return cls(optimizer.param_groups, group_of)
+        return cls(optimizer.param_groups, group_of, optimizer)
+
+    def step_done(self) -> None:
+        """The engine finished an optimizer step: call the torch optimizer's own step() with no gradient
+        set (the engine consumed them), which updates nothing but runs its step hooks and lets an
+        lr_scheduler see the step (torch warns "lr_scheduler.step() before optimizer.step()" otherwise)."""
+        if self.optimizer is None:
+            return
+        for gi, group in enumerate(self.groups):
+            for p in group["params"]:
+                if p.grad is not None:  # torch's step would apply it: a second, wrong update
+                    raise UsageError(f"param group {gi} holds a parameter of shape {tuple(p.shape)} with a "
+                                     f"gradient the engine did not consume (not a parameter of the model?)")
+        self.optimizer.step()
 
     def snapshot(self) -> dict[int, AdamConfig]:
         """The settings of this step, validated (a non-finite lr stops training)."""

@@ -71,6 +71,7 @@ class PlainAdamW:
         self.micro += 1
         if self.micro == self.accumulate:
             self._step()
+            self.hyper.step_done()
 
     def _step(self) -> None:
         sumsq = {i: float(torch.dot(self.g[i], self.g[i])) for i in self.got}
