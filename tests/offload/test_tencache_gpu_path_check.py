@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from mlsyskit.tools.offload.gpu_stats import DeviceFigures
 
@@ -89,3 +90,22 @@ def test_device_figures_report_memory_against_budget_utilisation_and_pcie():
 
 def test_device_figures_are_absent_without_nvml():
     assert DeviceFigures.open(0, nvml=FakeNvml(fail_init=True)) is None
+
+
+def test_engine_device_figures_use_its_device_budget_and_are_empty_when_emulated(small_cfg, small_profile):
+    from mlsyskit.tools.offload.engine import Budgets, OffloadEngine
+    from mlsyskit.tools.offload.model import build_model
+    from mlsyskit.tools.offload.optimizer import AdamConfig, HyperParams
+
+    model, masters = build_model(small_cfg.model, 0)
+    engine = OffloadEngine(model, masters, policy="tencache", profile=small_profile,
+                           hyper=HyperParams.fixed(AdamConfig(), list(range(len(masters)))),
+                           budgets=Budgets(small_cfg.device_mem, small_cfg.cpu_mem, small_cfg.opt_mem,
+                                           small_cfg.nvme_dir), device=torch.device("cpu"))
+    try:
+        assert engine.device_figures() == {}
+        engine._figures = DeviceFigures.open(0, nvml=FakeNvml())  # as on a GPU with NVML
+        row = engine.device_figures()
+        assert row["gpu_mem_budget"] == small_cfg.device_mem and row["gpu_mem_vs_budget"] == (300 << 20) / small_cfg.device_mem
+    finally:
+        engine.close()

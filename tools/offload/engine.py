@@ -27,6 +27,7 @@ from mlsyskit.core.config import format_size
 from mlsyskit.core.errors import UsageError
 from mlsyskit.core.filetier import FileTier
 from mlsyskit.core.memory import round_up
+from mlsyskit.tools.offload.gpu_stats import DeviceFigures
 from mlsyskit.tools.offload.grad_pipeline import GradStager, OptimizerWorker
 from mlsyskit.tools.offload.nvme_run import NvmeRun
 from mlsyskit.tools.offload.optimizer import HyperParams, NonFiniteError, OptimizerStateCache, adam_update
@@ -112,6 +113,8 @@ class OffloadEngine:
         self.signature = model_signature(model)  # before the parameters' storage moves into the tiers
         self.device = device or pick_device()
         self.emulated = self.device.type != "cuda"
+        self.device_budget = budgets.device
+        self._figures = None if self.emulated else DeviceFigures.open(self.device.index or 0)
         self.hyper = hyper
         self.adam_step = adam_step
         self.accumulate = accumulate
@@ -421,6 +424,11 @@ class OffloadEngine:
                 "device_pool_in_use": st.dev_pool.stats.bytes_in_use if st.dev_pool is not None else 0,
                 "grad_staging_capacity": self.stager.capacity_bytes,
                 "cpu_pool_in_use": st.cpu_pool.stats.bytes_in_use}
+
+    def device_figures(self) -> dict[str, float]:
+        """NVML columns for the step table on a GPU (device memory used vs the device budget, utilisation,
+        PCIe tx/rx; gpu_stats.DeviceFigures); empty on the emulated device or without NVML."""
+        return self._figures.sample(self.device_budget) if self._figures is not None else {}
 
     def allocations(self) -> int:
         st = self.store
