@@ -128,6 +128,11 @@ def _status_table(data_dir: Path, rows: list | None = None) -> None:
                           [[r["name"], r["endpoint"], r["pid"] or "-", "yes" if r["up"] else "NO",
                             r.get("role", "-"), r.get("epoch", "-"), r.get("state", "-"), r.get("commands", "-"),
                             r.get("keys", "-")] for r in rows]))
+    coord = processes.coordinator_status(data_dir)
+    if coord is not None:
+        emit_table(make_table("coordinator", ["endpoint", "pid", "up", "epoch", "state"],
+                              [[coord["endpoint"], coord["pid"] or "-", "yes" if coord["up"] else "NO",
+                                coord.get("epoch", "-"), coord.get("state", "-")]]))
 
 
 @app.command()

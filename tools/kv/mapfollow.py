@@ -1,5 +1,6 @@
 """A smart client that follows the shard map: on a sign that the map moved on, it fetches it again.
 
+A fenced refusal is recorded `fail`, not `info`: the node refused it before executing anything.
 The signs: a node refused as fenced (deposed, or without a lease), a write failed because the
 shard was reconfigured, or a node could not be reached or dropped the connection. The
 operation itself still fails (recorded as the base client records it: a refused or unreachable
@@ -13,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from mlsyskit.tools.kv.client import KVError, SmartClient
 from mlsyskit.tools.kv.controlets import controlet_class
+from mlsyskit.tools.kv.nodecontrol import FENCED
 from mlsyskit.tools.kv.shardmap import ShardMap
 
 MapSource = Callable[[], Awaitable[ShardMap | None]]
@@ -32,14 +34,26 @@ class FollowingClient(SmartClient):
         self.min_interval_s = min_interval_s
         self.last_fetch = -1e9
         self.refreshes = 0
+        self._held: tuple | None = None  # an `info` record waiting for its error (see _record)
 
     async def _following(self, operation):
+        self._held = None
         try:
             return await operation
         except (KVError, OSError, TimeoutError) as e:
+            if self._held is not None:  # a fenced node refused before executing: certainly not applied
+                kind, f, key, value = self._held
+                super()._record("fail" if isinstance(e, KVError) and FENCED in str(e) else kind, f, key, value)
+                self._held = None
             if means_new_map(e):
                 await self.refresh()
             raise
+
+    def _record(self, kind: str, f: str, key: bytes, value) -> None:
+        if kind == "info":  # decided in _following, which sees the error
+            self._held = (kind, f, key, value)
+        else:
+            super()._record(kind, f, key, value)
 
     async def get(self, key: bytes) -> bytes | None:
         return await self._following(super().get(key))

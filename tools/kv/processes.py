@@ -278,9 +278,16 @@ def status(data_dir: Path) -> list[dict[str, Any]]:
         except OSError:
             pass
         rows.append(row)
-    if record.get("coordinator"):
-        rows.append(coordproc.status_row(CoordinatorSpec.from_dict(record["coordinator"]), pids.get("coordinator:0")))
     return rows
+
+
+def coordinator_status(data_dir: Path) -> dict[str, Any] | None:
+    """The coordinator's line for `bespokv status` (None: the cluster runs without one)."""
+    record = load_record(Path(data_dir))
+    if not record.get("coordinator"):
+        return None
+    pids = {p["name"]: p["pid"] for p in record.get("processes", [])}
+    return coordproc.status_row(CoordinatorSpec.from_dict(record["coordinator"]), pids.get("coordinator:0"))
 
 
 def _node_state(info: dict[str, str]) -> str:
