@@ -27,8 +27,8 @@ class CheckedSimulator(Simulator):
             for node, gpus in rec.placement:
                 held[node] += gpus
         for node in range(spec.nodes):
-            assert 0 <= state.free.free[node] <= spec.gpus_per_node
-            assert held[node] + state.free.free[node] == spec.gpus_per_node
+            assert 0 <= state.free.free[node] <= spec.capacity(node)
+            assert held[node] + state.free.free[node] == spec.capacity(node)
             assert node in state.free.buckets[state.free.free[node]]
         assert spec.total_gpus - state.free.total == sum(held.values()) <= spec.total_gpus
 
@@ -54,6 +54,21 @@ def test_gpus_are_conserved_and_every_job_finishes(policy, nodes, gpn, raw, rest
         assert rec.done == rec.spec.work
         assert result.finish[rec.spec.job_id] >= rec.first_start >= rec.spec.arrival
     assert result.gpu_seconds_held <= spec.total_gpus * (result.makespan_end - result.makespan_start) + 1e-6
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.lists(st.sampled_from([2, 4, 6]), min_size=2, max_size=4).filter(lambda s: len(set(s)) > 1),
+       raw=jobs_strategy)
+def test_mixed_nodes_never_hold_more_than_their_own_gpus(policy, sizes, raw):
+    # Nodes of different sizes: after every decision each node holds at most its own GPUs. Jobs ask
+    # at most what the largest nodes hold together (exclusive whole-node policies use only those).
+    spec = ClusterSpec.of_nodes(sizes)
+    largest = spec.gpus_per_node * sizes.count(spec.gpus_per_node)
+    jobs = [job(i, app, min(g, largest), work, arrival) for i, (app, g, work, arrival) in enumerate(raw)]
+    opts = PolicyOptions(optimus_interval=300.0, tiresias_thresholds=(600.0, 6000.0))
+    result = CheckedSimulator(spec, create_policy(policy, MODEL, opts), MODEL, jobs, restart_cost=30.0).run()
+    assert len(result.finish) == len(jobs)
 
 
 def test_same_seed_same_json_and_another_seed_differs():

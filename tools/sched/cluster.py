@@ -1,4 +1,4 @@
-"""Cluster shape and per-node free GPUs.
+"""Cluster shape and per-node free GPUs (nodes may differ in GPU count: `ClusterSpec.node_gpus`).
 
 `FreeMap` keeps, besides the free count of every node, one bucket per free count (an insertion
 ordered dict used as an ordered set), so best-fit ("the node with the fewest free GPUs that still
@@ -19,35 +19,70 @@ MAX_NODES = 100_000   # per-node state is held in lists; more is not a cluster t
 
 @dataclass(frozen=True)
 class ClusterSpec:
+    """`nodes` nodes of `gpus_per_node` GPUs, or, with `node_gpus`, nodes of different sizes
+    (`gpus_per_node` is then the largest: policies lay shapes out for it, and best fit puts each
+    per-node count only on a node with that many GPUs free)."""
+
     nodes: int
     gpus_per_node: int
+    node_gpus: tuple[int, ...] = ()   # per-node GPU counts of a mixed cluster; () = all gpus_per_node
 
     def __post_init__(self) -> None:
         require(1 <= self.nodes <= MAX_NODES, f"a cluster has 1..{MAX_NODES:,} nodes, got {self.nodes:,}")
         require(1 <= self.gpus_per_node <= 64, f"gpus per node must be in 1..64, got {self.gpus_per_node}")
+        if self.node_gpus:
+            require(len(self.node_gpus) == self.nodes, f"node_gpus lists {len(self.node_gpus)} nodes, not {self.nodes}")
+            require(all(1 <= g <= 64 for g in self.node_gpus), "every node has 1..64 GPUs")
+            require(max(self.node_gpus) == self.gpus_per_node, "gpus_per_node must be the largest node's count")
+
+    @classmethod
+    def of_nodes(cls, gpus: tuple[int, ...] | list[int]) -> ClusterSpec:
+        """A cluster from per-node GPU counts (uniform ones give the plain NODESxGPUS spec)."""
+        gpus = tuple(gpus)
+        require(len(gpus) >= 1, "a cluster has at least one node")
+        if len(set(gpus)) == 1:
+            return cls(len(gpus), gpus[0])
+        return cls(len(gpus), max(gpus), gpus)
+
+    def capacity(self, node: int) -> int:
+        return self.node_gpus[node] if self.node_gpus else self.gpus_per_node
 
     @property
     def total_gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return sum(self.node_gpus) if self.node_gpus else self.nodes * self.gpus_per_node
 
     @classmethod
     def parse(cls, text: str) -> ClusterSpec:
-        """'16x6' = 16 nodes with 6 GPUs each."""
-        m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
-        if not m:
-            raise ValueError(f"cluster must look like NODESxGPUS (e.g. 16x6), got {text!r}")
-        return cls(int(m.group(1)), int(m.group(2)))
+        """'16x6' = 16 nodes with 6 GPUs each; '8x4+4x8' = 8 nodes of 4 and 4 of 8 (mixed)."""
+        parts = [re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", p) for p in text.split("+")]
+        if not all(parts):
+            raise ValueError(f"cluster must look like NODESxGPUS (e.g. 16x6) or NODESxGPUS+NODESxGPUS for mixed "
+                             f"nodes (e.g. 8x4+4x8), got {text!r}")
+        if len(parts) == 1:
+            return cls(int(parts[0].group(1)), int(parts[0].group(2)))
+        counts = [(int(m.group(1)), int(m.group(2))) for m in parts]
+        require(sum(n for n, _ in counts) <= MAX_NODES, f"a cluster has 1..{MAX_NODES:,} nodes")
+        return cls.of_nodes([g for n, g in counts for _ in range(n)])
 
     def __str__(self) -> str:
-        return f"{self.nodes}x{self.gpus_per_node}"
+        if not self.node_gpus:
+            return f"{self.nodes}x{self.gpus_per_node}"
+        runs: list[list[int]] = []
+        for g in self.node_gpus:
+            if runs and runs[-1][1] == g:
+                runs[-1][0] += 1
+            else:
+                runs.append([1, g])
+        return "+".join(f"{n}x{g}" for n, g in runs)
 
 
 class FreeMap:
     def __init__(self, spec: ClusterSpec) -> None:
         self.spec = spec
-        self.free = [spec.gpus_per_node] * spec.nodes
+        self.free = list(spec.node_gpus) if spec.node_gpus else [spec.gpus_per_node] * spec.nodes
         self.buckets: list[dict[int, None]] = [{} for _ in range(spec.gpus_per_node + 1)]
-        self.buckets[spec.gpus_per_node] = dict.fromkeys(range(spec.nodes))
+        for node, gpus in enumerate(self.free):
+            self.buckets[gpus][node] = None
         self.total = spec.total_gpus
 
     def copy(self) -> FreeMap:
@@ -60,8 +95,8 @@ class FreeMap:
 
     def _move(self, node: int, new_free: int) -> None:
         old = self.free[node]
-        if not 0 <= new_free <= self.spec.gpus_per_node:
-            raise ValueError(f"node {node} would have {new_free} free GPUs (of {self.spec.gpus_per_node})")
+        if not 0 <= new_free <= self.spec.capacity(node):
+            raise ValueError(f"node {node} would have {new_free} free GPUs (of {self.spec.capacity(node)})")
         del self.buckets[old][node]
         self.buckets[new_free][node] = None
         self.free[node] = new_free
@@ -85,6 +120,7 @@ class FreeMap:
         return 0
 
     def whole_free_nodes(self) -> int:
+        """Wholly free nodes of the largest size (exclusive whole-node allocation uses only those)."""
         return len(self.buckets[self.spec.gpus_per_node])
 
     def _pick(self, need: int, used: set[int], best_fit: bool) -> int | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from sortedcontainers import SortedList
 
-from mlsyskit.tools.sched.cluster import ClusterSpec, FreeMap, Placement
+from mlsyskit.tools.sched.cluster import FreeMap, Placement
 from mlsyskit.tools.sched.daemon.jobstore import ACTIVE, DONE, QUEUED, RUNNING, Job
 from mlsyskit.tools.sched.daemon.progress import Progress
 from mlsyskit.tools.sched.daemon.specs import ClusterConfig
@@ -91,7 +91,7 @@ def build_state(cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel,
                 queued: Mapping[int, JobView] | None = None) -> ClusterState:
     """The policy's view of the queued and GPU-holding `jobs`; `history` holds the finished ones.
     With `queued` (job id -> view, in submission order) those are the queue and queued `jobs` are ignored."""
-    spec = ClusterSpec(len(cluster.nodes), cluster.gpus_per_node)
+    spec = cluster.spec()
     state = ClusterState(spec, FreeMap(spec), now=now, by_end=SortedList(), restart_cost=0.0,
                          history=history if history is not None else WorkHistory())
     reports = reports or {}

@@ -77,7 +77,7 @@ class Scheduler:
     # ---- requests ----------------------------------------------------------------------------------
     def submit(self, request: JobRequest) -> Job:
         self.model.check_app(request.app)
-        total = len(self.cluster.nodes) * self.cluster.gpus_per_node
+        total = self.cluster.total_gpus
         for name, value in (("gpus", request.gpus), ("max_gpus", request.upper_gpus)):
             if value > total:  # as the simulator refuses: no policy could ever start it as asked
                 raise UsageError(f"{name}: {value} is more GPUs than the cluster has ({total})")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mlsyskit.core.config import ConfigError, from_dict, load_toml, require
+from mlsyskit.tools.sched.cluster import ClusterSpec
 
 MAX_NODES = 4096
 
@@ -105,13 +106,19 @@ class ClusterConfig:
         require(1 <= len(self.nodes) <= MAX_NODES, f"nodes: need 1..{MAX_NODES} nodes, got {len(self.nodes)}")
         names = [n.name for n in self.nodes]
         require(len(set(names)) == len(names), "nodes: node names repeat")
-        counts = {n.gpus for n in self.nodes}
-        # The policies plan on NODESxGPUS clusters (ClusterSpec); mixed nodes would need per-node capacities.
-        require(len(counts) == 1, f"nodes: every node needs the same GPU count (policies assume it), got {sorted(counts)}")
 
     @property
     def gpus_per_node(self) -> int:
-        return self.nodes[0].gpus
+        """The largest node's GPU count (nodes may differ: placement honours each node's own)."""
+        return max(n.gpus for n in self.nodes)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    def spec(self) -> ClusterSpec:
+        """The policies' view: per-node GPU counts in the order of `nodes`."""
+        return ClusterSpec.of_nodes([n.gpus for n in self.nodes])
 
     def devices(self, node: int, one_machine: bool) -> tuple[int, ...]:
         """CUDA ids of `node`: its own list; else 0..gpus-1, or, when every node lives on this one
@@ -119,7 +126,7 @@ class ClusterConfig:
         spec = self.nodes[node]
         if spec.devices:
             return spec.devices
-        base = node * spec.gpus if one_machine else 0
+        base = sum(n.gpus for n in self.nodes[:node]) if one_machine else 0
         return tuple(range(base, base + spec.gpus))
 
 
