@@ -226,8 +226,9 @@ class OffloadEngine:
         pos = self._position(label, phase)
         hits = sum(1 for e in entries if self.store.ready_on_device(e))
         t0 = time.perf_counter()
-        # every entry is settled by the policy (its own copy's event synchronised), so the compute stream
-        # needs no wait on the copy stream: a whole-stream wait would serialise every queued prefetch
+        # a prefetch still in flight is consumed on the compute stream by its own copy's event (the policy
+        # calls TierStore.ready_for_compute): no wait on the whole copy stream, which would serialise every
+        # queued prefetch behind this module
         self.policy.acquire(pos, entries)
         waited = time.perf_counter() - t0
         s = self.stats
