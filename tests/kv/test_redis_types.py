@@ -121,7 +121,8 @@ def test_wrong_type_and_syntax_errors_change_nothing() -> None:
     assert rmw.apply(rmw.Command([b"SADD", b"k", b"m"]), stored) == (stored, values.WRONGTYPE)
     assert queries.answer([b"HGET", b"k", b"f"], stored, 0) == values.WRONGTYPE
     assert rmw.apply(rmw.Command([b"SET", b"k", b"v"]), stored)[0] == b"v"  # SET replaces any kind
-    for bad in ([b"ZADD", b"k", b"nan", b"m"], [b"ZADD", b"k", b"NX", b"XX", b"1", b"m"], [b"HSET", b"k", b"f"],
+    assert queries.check([b"LRANGE", b"k", b"1_0", b"2"]).startswith(b"-ERR value is not an integer")
+    for bad in ([b"HINCRBY", b"k", b"f", b" 5"], [b"ZADD", b"k", b"nan", b"m"], [b"ZADD", b"k", b"NX", b"XX", b"1", b"m"], [b"HSET", b"k", b"f"],
                 [b"LPOP", b"k", b"-1"], [b"LPUSH", b"k"]):
         with pytest.raises(rmw.RmwSyntaxError):
             rmw.parse(bad)

@@ -27,10 +27,15 @@ class CommandError(ValueError):
 
 
 def _int(raw: bytes) -> int:
+    """A Redis integer argument: canonical decimal within int64 (Python's int() also takes
+    spaces, underscores and a plus sign, which Redis refuses)."""
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise CommandError("value is not an integer or out of range") from None
+    if raw != b"%d" % value or not -(2 ** 63) <= value < 2 ** 63:
+        raise CommandError("value is not an integer or out of range")
+    return value
 
 
 def _float(raw: bytes) -> float:
@@ -205,8 +210,8 @@ def _hincrby(cmd: list, entry: Entry | None, now: int):
     e = _of(entry, HASH, {})
     data = dict(e.data)
     try:
-        total = int(data.get(cmd[2], b"0")) + step
-    except ValueError:
+        total = _int(data.get(cmd[2], b"0")) + step
+    except CommandError:
         raise CommandError("hash value is not an integer") from None
     if not -(2 ** 63) <= total < 2 ** 63:
         raise CommandError("increment or decrement would overflow")
