@@ -132,3 +132,25 @@ def test_device_figures_from_nvml():
         pytest.skip("pynvml (the gpu extra: pip install nvidia-ml-py) is not installed")
     row = figures.sample(160 << 20)
     assert row["gpu_mem_used"] > 0 and 0 <= row["gpu_util_pct"] <= 100 and row["pcie_rx_MBps"] >= 0
+
+
+def test_cuda_batched_copy_orders_after_the_producer_and_returns_done_without_a_stream():
+    from mlsyskit.core.copy_kernels import batched_copy
+    from mlsyskit.core.memory import aligned_empty
+
+    sizes = (100, 5000, 70_000)
+    srcs = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in sizes]
+    torch.cuda._sleep(50_000_000)  # the fills below are still queued when the copies are issued
+    for i, s in enumerate(srcs):
+        s.fill_(i + 1)
+    side = torch.cuda.Stream()
+    on_device = [torch.empty_like(s) for s in srcs]
+    batched_copy(on_device, srcs, stream=side)  # the side stream waits for the producer (the fills)
+    side.synchronize()
+    assert [int(d.min().item()) for d in on_device] == [1, 2, 3]
+    torch.cuda._sleep(50_000_000)
+    for s in srcs:
+        s.fill_(9)
+    host = [aligned_empty(n, pin=True) for n in sizes]
+    batched_copy(host, srcs)  # no stream: the copies are complete when it returns
+    assert all(bool((h == 9).all()) for h in host)  # read on the host, no synchronize in between
