@@ -174,6 +174,8 @@ def test_damaged_records_answer_errors_and_expired_keys_are_not_listed() -> None
         assert r.get("stale") is None and r.exists("stale") == 0 and r.ttl("stale") == -2
         assert r.keys("*") == [b"bad"] and r.dbsize() == 1
         assert r.delete("bad") == 1 and r.ping()
+        info = r.execute_command("COMMAND", "INFO", "LPUSH", "ZRANGE", "TTL")  # COMMAND lists the typed commands
+        assert [info[n]["arity"] for n in ("lpush", "zrange", "ttl")] == [-3, -4, 2]
         assert rmw.apply(rmw.Command([rmw.REAP, b"x"], 10), values.MAGIC + b"l" + (5).to_bytes(8, "big") + b"\xc1") \
             == (None, b":1\r\n")  # an expired damaged record is still reaped (by its header)
         r.close()
