@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from mlsyskit.tools.offload.engine import Budgets, OffloadEngine, pick_device
+from mlsyskit.tools.offload.memory_accounting import pin_mmap_threshold, release_freed_heap
 from mlsyskit.tools.offload.optimizer import HyperParams
 from mlsyskit.tools.offload.profiler import Profile, named_tensors, profile_model
 
@@ -80,6 +81,7 @@ def offload(model: nn.Module, optimizer: torch.optim.Optimizer | None, budgets: 
             clip_norm: float | None = None) -> Iterator[OffloadEngine]:
     """Place `model`'s parameters and AdamW state across device, CPU and NVMe for the `with` block.
     `accumulate`: backward passes per optimizer step (one more raises); `clip_norm`: global-norm clipping."""
+    pin_mmap_threshold()  # freed weights go back to the kernel: host memory stays near the budgets
     device = device or pick_device()
     trainable = {id(p): i for i, (_, p) in enumerate(named_tensors(model)) if p.requires_grad}
     hyper = HyperParams.from_optimizer(optimizer, trainable)
@@ -89,6 +91,7 @@ def offload(model: nn.Module, optimizer: torch.optim.Optimizer | None, budgets: 
     engine = OffloadEngine(model, masters, policy=policy, budgets=budgets, profile=profile, hyper=hyper,
                            device=device, accumulate=accumulate, clip_norm=clip_norm)
     del masters
+    release_freed_heap()  # the model's own storage, now in the tiers
     try:
         yield engine
     finally:

@@ -83,7 +83,8 @@ def profile(model: str = typer.Option("gpt-tiny", help="Model preset (gpt-tiny .
         emit_json(summary)
         return
     emit_table(make_table(f"{model}: {summary['tensors']} tensors, {format_size(summary['bytes'])}, "
-                          f"order length {summary['order_length']}", ["size class", "count", "bytes"],
+                          f"order length {summary['order_length']}, activations {format_size(prof.activation_bytes)}",
+                          ["size class", "count", "bytes"],
                           [(format_size(s), c, format_size(s * c)) for s, c in prof.size_distribution.items()]))
     emit_table(make_table("largest tensors", ["tensor", "shape", "bytes"],
                           [(t["name"], str(tuple(t["shape"])), format_size(t["nbytes"])) for t in summary["largest"]]))
@@ -92,6 +93,7 @@ def profile(model: str = typer.Option("gpt-tiny", help="Model preset (gpt-tiny .
 def profile_summary(prof: Profile) -> dict:
     largest = sorted(prof.tensors, key=lambda t: -t.nbytes)[:5]
     return {"model": prof.model, "batch": prof.batch, "seq": prof.seq, "tensors": len(prof.tensors),
+            "activation_bytes": prof.activation_bytes,
             "bytes": sum(t.nbytes for t in prof.tensors), "order_length": len(prof.uses),
             "size_classes": {str(k): v for k, v in prof.size_distribution.items()},
             "largest": [{"name": t.name, "shape": list(t.shape), "nbytes": t.nbytes} for t in largest]}
@@ -175,7 +177,9 @@ def summary_table(s: dict) -> object:
             ("optimizer budget used", f"{s['optimizer_utilisation']:.1%}"),
             ("tensors on device / CPU / NVMe", " / ".join(format_size(occ[k]) for k in ("device", "cpu", "nvme"))),
             ("peak RSS", format_size(s["peak_rss"])), ("budgets (device + CPU + optimizer)", format_size(s["budgets"])),
+            ("activations (saved for backward, one step)", format_size(s.get("activations", 0))),
             ("runtime overhead (RSS before the model)", format_size(s.get("runtime_overhead_rss", 0))),
+            ("peak RSS / (budgets + activations + overhead)", f"{s.get('peak_rss_over_bound', float('nan')):.2f}"),
             ("final loss", s["final_loss"])]
     rows += [(f"moved {k} per step", format_size(v)) for k, v in s["bytes_moved_per_step"].items()]
     return make_table(f"tencache, policy {s['policy']}, on {s['model']} ({s['device']}, {s['measured_steps']} measured steps)",

@@ -60,6 +60,7 @@ class Profile:
     uses: list[Use]
     optimizer_order: list[int]
     rows: list[dict[str, Any]] = field(default_factory=list)
+    activation_bytes: int = 0  # storages autograd saved for backward in the profiled step (parameters excluded)
 
     @property
     def size_distribution(self) -> dict[int, int]:
@@ -77,7 +78,8 @@ class Profile:
         return {"schema": SCHEMA, "model": self.model, "signature": self.signature, "batch": self.batch,
                 "seq": self.seq, "tensors": [asdict(t) for t in self.tensors],
                 "uses": [asdict(u) for u in self.uses], "optimizer_order": self.optimizer_order,
-                "size_distribution": {str(k): v for k, v in self.size_distribution.items()}, "rows": self.rows}
+                "size_distribution": {str(k): v for k, v in self.size_distribution.items()}, "rows": self.rows,
+                "activation_bytes": self.activation_bytes}
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -107,7 +109,8 @@ class Profile:
                                            t.get("trainable", True))
                                 for t in data["tensors"]],
                        uses=[Use(u["module"], u["phase"], tuple(u["tensors"])) for u in data["uses"]],
-                       optimizer_order=list(data["optimizer_order"]), rows=data.get("rows", []))
+                       optimizer_order=list(data["optimizer_order"]), rows=data.get("rows", []),
+                       activation_bytes=int(data.get("activation_bytes", 0)))
         except (KeyError, TypeError) as e:
             raise ProfileError(f"{path}: malformed profile ({e})") from None
 
@@ -167,6 +170,7 @@ class _Recorder:
 
     def grad_ready(self, e: _Tensor) -> None:
         self.grad_order.append(e.idx)
+        e.param.grad = None  # recorded; dropping it keeps profiling from holding a gradient per parameter
 
     def updated(self, e: _Tensor) -> bool:
         return False
@@ -204,4 +208,5 @@ def profile_model(model: nn.Module, run_step: Callable[[], torch.Tensor], *, mod
     if missing:
         raise ProfileError(f"no gradient reached {len(missing)} trainable parameters (e.g. {missing[0]}): is "
                            f"every parameter used in the loss? (freeze unused ones with requires_grad=False)")
-    return Profile(model_name, model_signature(model), batch, seq, infos, rec.uses, rec.grad_order, rows)
+    return Profile(model_name, model_signature(model), batch, seq, infos, rec.uses, rec.grad_order, rows,
+                   activation_bytes=tracker.peak_saved_bytes)

@@ -121,6 +121,10 @@ class UseTracker:
         self._hooks: list[Any] = []
         self._mode: _FunctionalUses | None = None
         self._saved: Any = None
+        # activations: bytes of the storages autograd saves for backward (parameters excluded), per forward
+        self._saved_storages: dict[int, int] = {}
+        self.saved_bytes = 0  # of the last forward
+        self.peak_saved_bytes = 0  # the most of any forward since the tracker was installed
         self._install()
 
     # -- hooks ------------------------------------------------------------------------------------------
@@ -144,6 +148,7 @@ class UseTracker:
         """Enter the functional-use mode and the saved-tensor hooks for one forward pass."""
         if self._mode is not None:
             return
+        self._saved_storages = {}
         self._saved = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved.__enter__()
         self._mode = _FunctionalUses(self)
@@ -155,6 +160,9 @@ class UseTracker:
         self._mode.__exit__(None, None, None)
         self._saved.__exit__(None, None, None)
         self._mode, self._saved = None, None
+        self.saved_bytes = sum(self._saved_storages.values())
+        self.peak_saved_bytes = max(self.peak_saved_bytes, self.saved_bytes)
+        self._saved_storages = {}
         self._drop_transient()
 
     def end_backward(self) -> None:
@@ -279,6 +287,8 @@ class UseTracker:
             raise UnsupportedModelError("autograd saved a view of an offloaded parameter that no module or call "
                                         "holds (read through .data or a cached view?); it would be overwritten "
                                         "before backward")
+        # an activation: saved tensors live until backward, so their storages are distinct while counted
+        self._saved_storages[ptr] = t.untyped_storage().nbytes()
         return t
 
     def _unpack(self, ref: Any) -> torch.Tensor:

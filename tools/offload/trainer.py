@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import resource
 import statistics
 import time
 import warnings
@@ -28,6 +27,14 @@ from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.offload import checkpoint
 from mlsyskit.tools.offload.corpus import batch
 from mlsyskit.tools.offload.engine import Budgets, OffloadEngine, pick_device
+from mlsyskit.tools.offload.memory_accounting import (
+    MemoryBound,
+    current_rss,
+    peak_rss,
+    pin_mmap_threshold,
+    release_freed_heap,
+    warm_up_runtime,
+)
 from mlsyskit.tools.offload.model import PRESETS, build_model, preset
 from mlsyskit.tools.offload.nvme_run import NvmeRun
 from mlsyskit.tools.offload.optimizer import AdamConfig, HyperParams, adam_update
@@ -141,6 +148,7 @@ def build_engine(cfg: TrainConfig, profile: Profile | None = None, nvme_run: Nvm
     if cfg.policy == "tencache" and profile is None:
         on_phase("profiling")
         profile = run_profile(cfg)
+        release_freed_heap()  # the profiling model's tensors
     if profile is not None:
         profile.check_model(model, cfg.model)
     on_phase("populating tiers")
@@ -150,6 +158,7 @@ def build_engine(cfg: TrainConfig, profile: Profile | None = None, nvme_run: Nvm
                            profile=profile if cfg.policy == "tencache" else None,
                            hyper=hyper, device=pick_device(cfg.device), nvme_run=nvme_run)
     del masters
+    release_freed_heap()  # the model's own storage, now copied into the pools and the NVMe tier
     if cfg.resume:
         try:
             on_phase("loading checkpoint")
@@ -163,7 +172,9 @@ def build_engine(cfg: TrainConfig, profile: Profile | None = None, nvme_run: Nvm
 def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Telemetry | None = None,
           on_step: Callable[[dict[str, Any]], None] | None = None,
           on_phase: Callable[[str], None] = lambda _: None) -> TrainResult:
-    overhead = peak_rss()  # the runtime before any model or pool: interpreter, torch, allocator
+    pin_mmap_threshold()  # freed weights and gradients go back to the kernel (see memory_accounting)
+    # the runtime before any model or pool: interpreter, torch and what it imports on first use, allocator
+    overhead = warm_up_runtime(lambda: run_profile(TrainConfig(model="gpt-tiny", batch=1, seq=8)))
     nvme_run = preflight(cfg, profile)  # fail before the model is built, not when the first I/O is due
     try:
         engine = build_engine(cfg, profile, nvme_run, on_phase)
@@ -181,8 +192,7 @@ def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Teleme
                 if cfg.checkpoint_dir is not None and cfg.checkpoint_every and \
                         ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
                     save_checkpoint(engine, cfg, step + 1)
-            result.summary = summarize(result.steps, cfg, engine)
-            result.summary["runtime_overhead_rss"] = overhead
+            result.summary = summarize(result.steps, cfg, engine, overhead)
             tel.event("summary", **result.summary)
         finally:
             engine.close()
@@ -217,15 +227,13 @@ def one_step(engine: OffloadEngine, cfg: TrainConfig, step: int) -> dict[str, An
             "bytes_moved": {k: v for k, v in sorted(moved.items()) if v}, "allocations": engine.allocations() - before_alloc,
             "optimizer_miss_rate": misses / max(1, accesses), "optimizer_wait_s": opt.wait_s - before_opt[2],
             "optimizer_s": s.optimizer_s, "deviations": s.deviations, "occupancy": engine.occupancy(),
-            "peak_rss": peak_rss()}
+            "activation_bytes": engine.tracker.saved_bytes, "rss": current_rss(), "peak_rss": peak_rss()}
 
 
-def peak_rss() -> int:
-    """The process's peak resident set size so far, in bytes (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def summarize(steps: list[dict[str, Any]], cfg: TrainConfig, engine: OffloadEngine) -> dict[str, Any]:
+def summarize(steps: list[dict[str, Any]], cfg: TrainConfig, engine: OffloadEngine,
+              overhead: int | None = None) -> dict[str, Any]:
+    """Means over the measured steps; with `overhead` (the runtime's RSS before the model), peak RSS against
+    budgets + activations + overhead (memory_accounting.MemoryBound)."""
     measured = steps[cfg.warmup_steps:] if len(steps) > cfg.warmup_steps else steps
     n = len(measured)
     mean = lambda key: sum(r[key] for r in measured) / n  # noqa: E731
@@ -234,6 +242,10 @@ def summarize(steps: list[dict[str, Any]], cfg: TrainConfig, engine: OffloadEngi
         for k, v in r["bytes_moved"].items():
             moved[k] = moved.get(k, 0) + v / n
     occ = engine.occupancy()
+    budgets, peak = cfg.device_mem + cfg.cpu_mem + cfg.opt_mem, max(r["peak_rss"] for r in steps)
+    memory = {"budgets": budgets, "peak_rss": peak}
+    if overhead is not None:
+        memory = MemoryBound(budgets, max(r["activation_bytes"] for r in steps), overhead, peak).as_dict()
     return {"policy": cfg.policy, "model": cfg.model, "device": "emulated device" if engine.emulated else str(engine.device),
             "measured_steps": n, "step_s": mean("step_s"), "tokens_per_s": mean("tokens_per_s"),
             "step_s_median": statistics.median(r["step_s"] for r in measured),
@@ -243,8 +255,7 @@ def summarize(steps: list[dict[str, Any]], cfg: TrainConfig, engine: OffloadEngi
             "fetch_wait_p99_s": max(r["fetch_wait_p99_s"] for r in measured),
             "allocations_per_step": mean("allocations"), "optimizer_miss_rate": mean("optimizer_miss_rate"),
             "deviations_per_step": mean("deviations"), "bytes_moved_per_step": moved,
-            "optimizer_wait_s": mean("optimizer_wait_s"), "peak_rss": max(r["peak_rss"] for r in steps),
-            "budgets": cfg.device_mem + cfg.cpu_mem + cfg.opt_mem,
+            "optimizer_wait_s": mean("optimizer_wait_s"), **memory,
             "device_utilisation": occ["device_pool_in_use"] / cfg.device_mem if cfg.device_mem else 0.0,
             "cpu_utilisation": occ["cpu_pool_in_use"] / cfg.cpu_mem if cfg.cpu_mem else 0.0,
             "optimizer_utilisation": occ["optimizer_capacity"] / cfg.opt_mem if cfg.opt_mem else 0.0,
