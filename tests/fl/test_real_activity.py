@@ -44,22 +44,22 @@ def test_an_answer_after_the_deadline_is_wasted_work_counted_once():
     activity.timed(2, 7, {"local_s": 0.1}, 0.5)
     activity.round_closed(7, failed=[1, 2])  # 2 answered (and was rejected, say): only 1 is still computing
     assert activity.missed == {1: 7}
-    assert not activity.late(2, 7, {"cpu_time_s": 9.0})
-    assert not activity.late(1, 6, {"cpu_time_s": 9.0})  # another round's answer is not this one
-    assert activity.late(1, 7, {"cpu_time_s": 1.25, "train_time_s": -3.0})
+    assert activity.late(2, 7, {"cpu_time_s": 9.0}, 1.0) is None
+    assert activity.late(1, 6, {"cpu_time_s": 9.0}, 1.0) is None  # another round's answer is not this one
+    assert activity.late(1, 7, {"cpu_time_s": 1.25, "train_time_s": -3.0}, 4.5) == 4.5  # its true round trip
     assert activity.wasted == {"updates": 1, "cpu_s": 1.25, "train_s": 0.0}
-    assert not activity.late(1, 7, {"cpu_time_s": 1.25})  # replayed: counted once
+    assert activity.late(1, 7, {"cpu_time_s": 1.25}, 5.0) is None  # replayed: counted once
     assert activity.available([1], 1.0) == [1]
 
 
-def test_a_client_that_dropped_its_task_is_free_again_at_its_next_heartbeat():
+def test_a_late_client_stays_busy_through_heartbeats_until_it_answers_or_rejoins():
     activity = ClientActivity(every_s=1.0)
     activity.task_sent(4, 2, 0.0)
     activity.round_closed(2, failed=[4])
-    assert activity.available([4], 0.5) == []
-    activity.heartbeat(4, 3.0, {"cpu_percent": 1.0})  # heartbeats go out only while idle
-    assert activity.available([4], 3.0) == [4]
-    assert activity.late(4, 2, {}) and activity.wasted["updates"] == 1  # its answer, if it comes, is still late
+    activity.heartbeat(4, 3.0, {"cpu_percent": 1.0})  # sent before the task arrived, read after the deadline
+    assert activity.available([4], 3.0) == []
+    assert activity.late(4, 2, {}, 3.5) == 3.5 and activity.wasted["updates"] == 1
+    assert activity.available([4], 3.5) == [4]
     activity.task_sent(4, 3, 4.0)
     activity.joined(4)  # a new stream: the old task is gone
     assert activity.available([4], 4.0) == [4] and activity.missed == {}

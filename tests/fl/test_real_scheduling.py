@@ -64,3 +64,48 @@ def test_client_slowed_mid_run_is_re_tiered_by_the_scheduler_from_measured_laten
     assert after["tier"]["2"] == slowest > 0
     assert after["retiers"] > before["retiers"]
     assert after["latency_ema_s"]["2"] > max(after["latency_ema_s"]["0"], after["latency_ema_s"]["1"])
+
+
+def test_a_stopped_client_is_masked_by_its_missing_heartbeats_and_offered_again_when_resumed(proc_manager, tmp_path):
+    """SIGSTOP freezes client 2 between rounds: its connection stays up (gRPC keepalive would notice only after
+    ~40 s), but its heartbeats stop, so within 3 x 0.3 s rounds select among the other two without waiting for
+    it; after SIGCONT it is offered again. The job completes with all three processes."""
+    import os
+    import signal
+    import time
+
+    port = free_port()
+    run_dir = tmp_path / "run"
+    (tmp_path / "job.toml").write_text("[train]\nepochs = 1\nlocal_only_epochs = 1\n")
+    server = start_server(proc_manager, port, run_dir, "--config", str(tmp_path / "job.toml"), "--strategy",
+                          "fedavg", "--clients", "3", "--per-round", "3", "--rounds", "100", "--min-clients", "2",
+                          "--fill-timeout", "0", "--round-timeout", "5", "--heartbeat", "0.3", "--linger", "5")
+    clients = [start_client(proc_manager, port, cid, "--slowdown", "1:0.1") for cid in range(3)]
+    events = run_dir / "events.jsonl"
+
+    def starts() -> list[dict]:
+        lines = events.read_text().splitlines() if events.exists() else []
+        return [e for line in lines if (e := json.loads(line))["kind"] == "round_start"]
+
+    def wait_for(condition, what: str) -> dict:
+        deadline = time.monotonic() + 120
+        while True:
+            found = [e for e in starts() if condition(e)]
+            if found:
+                return found[0]
+            assert time.monotonic() < deadline and server.poll() is None, f"never saw {what}"
+            time.sleep(0.05)  # polling the event log for a condition, with a deadline
+
+    wait_for(lambda e: e["round"] >= 3 and e["available"] == [0, 1, 2], "round 3 with all three available")
+    os.kill(clients[2].pid, signal.SIGSTOP)
+    stopped_at = len(starts())
+    masked = wait_for(lambda e: e["round"] > stopped_at and 2 in e["connected"] and 2 not in e["available"],
+                      "a round that left the stopped client out while it was still connected")
+    assert 2 not in masked["selected"]
+    os.kill(clients[2].pid, signal.SIGCONT)
+    resumed_at = len(starts())
+    back = wait_for(lambda e: e["round"] > resumed_at and 2 in e["available"], "client 2 available again")
+    assert 2 in back["selected"]
+    code, stderr = finish(proc_manager, server, timeout=240)
+    assert code == 0, stderr
+    assert all(finish(proc_manager, c)[0] == 0 for c in clients)

@@ -4,8 +4,9 @@
   client that has sent heartbeats and then falls silent for `misses` x `every_s` (a stopped or
   frozen host) is not offered for selection until it is heard again. Clients that never send
   heartbeats (the `join` + `submit` API) are judged by their connection alone.
-* Tasks: a client sent a train task is busy until it answers (or, after missing the deadline, until
-  it sends a heartbeat: those go out only while it is idle); busy clients are not offered.
+* Tasks: a client sent a train task is busy until it answers (fl-client answers every task, late or
+  not) or rejoins; busy clients are not offered. (A heartbeat does not free it: one sent before the
+  task arrived can be read after the deadline.)
 * Timing: the round trip of each update on the server's clock (`received_s`) and the
   communication time `comm_time_s` = received_s - the client's own `local_s` (task in to update
   out). Both overwrite anything the client sent under these names.
@@ -42,8 +43,6 @@ class ClientActivity:
 
     def heartbeat(self, cid: int, now: float, message: dict) -> None:
         self.heard[cid] = now
-        if cid in self.missed:  # heartbeats go out only while idle: it gave up that task, it is free again
-            self.sent.pop(cid, None)
         self.resources[cid] = {k: float(v) for k in HEARTBEAT_FIELDS
                                if isinstance(v := message.get(k), int | float) and math.isfinite(v)}
 
@@ -78,14 +77,15 @@ class ClientActivity:
             if self.sent.get(cid, (None,))[0] == round_num:
                 self.missed[cid] = round_num
 
-    def late(self, cid: int, round_num: int, metrics: Any) -> bool:
-        """True (and counted as wasted) if this is the answer to a round whose deadline the client missed."""
+    def late(self, cid: int, round_num: int, metrics: Any, now: float) -> float | None:
+        """If this is the answer to a round whose deadline the client missed: counted as wasted, and its
+        round trip on the server's clock returned (the latency the deadline hid). Else None."""
         if self.missed.get(cid) != round_num:
-            return False
+            return None
         del self.missed[cid]
-        self.sent.pop(cid, None)
+        sent = self.sent.pop(cid, None)
         metrics = metrics if isinstance(metrics, dict) else {}
         self.wasted["updates"] += 1
         self.wasted["cpu_s"] += _seconds(metrics.get("cpu_time_s"))
         self.wasted["train_s"] += _seconds(metrics.get("train_time_s"))
-        return True
+        return now - sent[1] if sent is not None and sent[0] == round_num else None

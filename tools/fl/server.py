@@ -65,6 +65,14 @@ log = logging.getLogger("mlsyskit.fl.server")
 ENVELOPE_BYTES = 1 << 20  # room for the msgpack envelope and metrics around an update's arrays
 
 
+def observe_late(selector: Any, cid: int, received_s: float) -> None:
+    """A late answer's round trip, measured on the server's clock, teaches the scheduler's latency tiers what
+    the deadline hid (its report said only "at least the deadline"); re-tiering follows at the next round."""
+    tiers = getattr(getattr(selector, "scheduler", selector), "tiers", None)
+    if tiers is not None:
+        tiers.observe(cid, received_s)
+
+
 def scheduling_record(selector: Any) -> dict[str, Any]:
     """The scheduler's view after a round: tier and latency EMA per profiled client, re-tierings so far.
     Empty for selectors without tiers; a TIFF-gated scheduler is looked into."""
@@ -239,8 +247,10 @@ class FlServer:
     def _take_update(self, payload: Any) -> dict:
         cid = _field(payload, "client_id", int)
         round_num = _field(payload, "round", int)
-        if self.activity.late(cid, round_num, payload.get("metrics")):
-            self.telemetry.event("late_update", client=cid, round=round_num)
+        late = self.activity.late(cid, round_num, payload.get("metrics"), self.clock.now())
+        if late is not None:
+            observe_late(self.coordinator.strategy.selector, cid, late)
+            self.telemetry.event("late_update", client=cid, round=round_num, received_s=late)
             log.info("late update from client %d for round %d (after its deadline): wasted, not used", cid, round_num)
             self._poke()
             return {"accepted": False, "reason": f"late: round {round_num} closed at its deadline before this update "
@@ -278,17 +288,6 @@ class FlServer:
         """Connected clients that can take a task now: not busy with an earlier one, heartbeat fresh."""
         return self.activity.available(list(self._queues), self.clock.now())
 
-    def _deadline(self, plan) -> tuple[float, float]:
-        """(clock deadline, seconds): the job's round timeout, shortened by the scheduler's own deadline."""
-        start = plan.deadline - self.config.round_timeout_s
-        deadline_of = getattr(self.coordinator.strategy.selector, "round_deadline", None)
-        seconds = self.config.round_timeout_s
-        if deadline_of is not None and plan.selected:
-            scheduled = deadline_of(plan.selected)
-            if scheduled is not None:
-                seconds = min(seconds, float(scheduled))
-        return start + seconds, seconds
-
     async def _wait(self, condition, deadline: float | None) -> bool:
         """Wait until condition() holds (True) or the clock passes deadline (False)."""
         while not condition():
@@ -325,7 +324,8 @@ class FlServer:
             start = self.clock.now()
             available = self.available()
             plan = c.begin_round(available, start)
-            deadline, deadline_s = self._deadline(plan)
+            # the coordinator's deadline: the scheduler's round_deadline, capped by --round-timeout
+            deadline, deadline_s = plan.deadline, plan.deadline - start
             self._received = set()
             self.telemetry.event("round_start", round=plan.round, selected=plan.selected,
                                  connected=sorted(self._queues), available=available, deadline_s=deadline_s)
