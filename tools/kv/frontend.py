@@ -167,6 +167,15 @@ class ClientConnection(asyncio.Protocol):
                             fast_put(key, value)
                             out.append(ok)
                             continue
+                if not gated and type(cmd) is list and len(cmd) == 3 and cmd[0] == b"SET":
+                    key, value = cmd[1], cmd[2]  # a SET to replicate or forward: its request at once, no dispatch
+                    if type(key) is bytes and type(value) is bytes and len(key) <= max_key \
+                            and len(value) <= max_value and value[:1] != first:
+                        self.single(PUT, key, value)
+                        if self.transport is None:
+                            return
+                        fast_get, fast_put = node.fast_get, node.fast_put
+                        continue
                 if type(cmd) is list and cmd and cmd[0] == PEER_MESSAGE and self.peer is not None:
                     node.on_peer_message(self.peer, self.peer_bytes, cmd)  # authenticated: the replication path
                     fast_get, fast_put = node.fast_get, node.fast_put  # off while the replica catches up
