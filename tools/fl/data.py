@@ -21,6 +21,7 @@ from mlsyskit.tools.fl.plugins import is_target, load_dataset
 
 MIN_CLIENT_SAMPLES = 4
 DIRICHLET_TRIES = 200
+MNIST1D_PER_CLIENT = 20
 
 
 @dataclass(frozen=True)
@@ -87,11 +88,14 @@ def _breast_cancer() -> tuple[np.ndarray, np.ndarray]:
     return x.astype(np.float32), y.astype(np.int64)
 
 
-def _mnist1d(seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _mnist1d(seed: int, num_clients: int) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST-1D's 5,000 samples, or MNIST1D_PER_CLIENT per client when that is more (1,000 clients: 20,000),
+    so a many-client job still gives every client data to learn from (same generator, more draws)."""
     from mnist1d.data import get_dataset_args, make_dataset
 
     args = get_dataset_args()
     args.seed = seed
+    args.num_samples = max(args.num_samples, MNIST1D_PER_CLIENT * num_clients)
     state = np.random.get_state()  # make_dataset reseeds numpy's global RNG; leave it as we found it
     try:
         data = make_dataset(args)
@@ -181,7 +185,7 @@ def load_federated(spec: DataSpec) -> FederatedData:
     elif spec.dataset == "breast-cancer":
         x, y = _breast_cancer()
     else:
-        x, y = _mnist1d(seeds.seed("mnist1d") % (2**31))
+        x, y = _mnist1d(seeds.seed("mnist1d") % (2**31), spec.num_clients)
     x_pool, y_pool, x_held, y_held = _split_train_test(x, y, spec.test_fraction, seeds.numpy("global-split"))
     parts = partition_indices(y_pool, spec, seeds.numpy("partition"))
     split_rng = seeds.numpy("client-split")

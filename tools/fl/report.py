@@ -8,7 +8,8 @@ With a baseline run (the default strategy: random selection, equal pay) the per-
 are also given as ratios to the baseline's; a baseline of a different job (data, training,
 rounds, clients per round, seed) is refused, or compared with a warning when forced.
 Accuracy: the last round's model and the kept one (best on the server's validation split), both
-on the test split.
+on the test split. Scheduling figures (wall-clock, participation and CPU fairness, wasted work,
+per-client accuracy spread; sched_report.py) and their plots come with every run.
 """
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from typing import Any
 
 from mlsyskit.core.storage import MetaStore
 from mlsyskit.tools.fl.incentive.ledger import Ledger, account_client
+from mlsyskit.tools.fl.sched_report import plot_schedules, schedule_metrics
 
 DB_NAME = "fl.db"
-SIMULATION_KEY = "simulation"  # (ns "fl") written by the simulator: {"attacks": {client id: attack}}
+SIMULATION_KEY = "simulation"  # (ns "fl") written by the simulator: {"attacks": {client id: attack}, "scheduler"}
+CLIENT_ACCURACY_KEY = "client_accuracy"  # (ns "fl") the kept model's accuracy per evaluated client (simulator)
 SAME_JOB_KEYS = ("seed", "rounds", "per_round", "data", "train")  # what a baseline must share with the run
 
 
@@ -40,6 +43,16 @@ class RunData:
     reimbursements: list[dict[str, Any]]
     pay_rows: list[tuple[int, int, float]]  # (round, client, amount) of every provider payment
     simulated_attacks: dict[int, str] | None = None  # ground truth, only for simulations
+    scheduler: str = ""  # the simulation's --scheduler ("" : the strategy's own selector, or a real run)
+    client_accuracy: dict[int, float] | None = None  # the kept model per evaluated client (simulations)
+
+    @property
+    def population(self) -> int:
+        return int(self.config.get("data", {}).get("num_clients", len(self.clients)))
+
+    @property
+    def label(self) -> str:
+        return self.scheduler or str(self.config.get("strategy", "run"))
 
     @property
     def attackers_source(self) -> str:
@@ -71,7 +84,9 @@ def load_run(run_dir: str | Path) -> RunData:
                        {int(k): v for k, v in store.items("fl_clients")}, pay, ledger.balances(), ledger.total(),
                        [r for _, r in store.read_log("fl_reimbursements")],
                        [(rnd, account_client(payee), amount) for _, rnd, _, payee, amount, kind in ledger.rows()
-                        if kind == "pay"], _simulated(store.get("fl", SIMULATION_KEY, None)))
+                        if kind == "pay"], _simulated(store.get("fl", SIMULATION_KEY, None)),
+                       str((store.get("fl", SIMULATION_KEY, None) or {}).get("scheduler", "")),
+                       {int(k): float(v) for k, v in store.get("fl", CLIENT_ACCURACY_KEY, {}).items()} or None)
 
 
 def _simulated(record: dict | None) -> dict[int, str] | None:
@@ -115,6 +130,8 @@ def summarize(run: RunData, baseline: RunData | None = None, force: bool = False
         consumers = run.reimbursements[-1]["consumers"]
         out["consumers"] = {cid: {k: c[k] for k in ("paid", "refund", "trr", "uir")} for cid, c in consumers.items()}
         out["mean_trr"] = _mean([c["trr"] for c in consumers.values()])
+    out["scheduling"] = schedule_metrics(run.rounds, run.population, run.client_accuracy) | {
+        "scheduler": run.label}
     if warnings:
         out["warnings"] = warnings
     if baseline is not None:
@@ -169,4 +186,5 @@ def plot(run: RunData, out_dir: str | Path, baseline: RunData | None = None) -> 
     tokens_png = out / "tokens.png"
     fig.savefig(tokens_png, dpi=100, bbox_inches="tight")
     plt.close(fig)
-    return [accuracy_png, tokens_png]
+    labelled = {f"{r.label} ({name})": (r.rounds, r.population, r.client_accuracy or {}) for name, r in runs}
+    return [accuracy_png, tokens_png, *plot_schedules(labelled, out)]

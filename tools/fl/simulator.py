@@ -31,14 +31,13 @@ from mlsyskit.tools.fl.coordinator import Coordinator
 from mlsyskit.tools.fl.data import load_federated
 from mlsyskit.tools.fl.model import evaluate
 from mlsyskit.tools.fl.outcome import RoundOutcome
-from mlsyskit.tools.fl.report import SIMULATION_KEY
+from mlsyskit.tools.fl.report import CLIENT_ACCURACY_KEY, SIMULATION_KEY
 from mlsyskit.tools.fl.scheduling import make_scheduler
 from mlsyskit.tools.fl.scheduling.hetero import PRESETS, HeteroConfig
 from mlsyskit.tools.fl.selection.base import Selector
 from mlsyskit.tools.fl.sim_world import Fate, World, WorldConfig
 from mlsyskit.tools.fl.threads import single_threaded
 
-CLIENT_ACCURACY_KEY = "client_accuracy"  # (ns "fl") per-client accuracy of the kept model at the end
 LATE = "no update before the deadline"  # the coordinator's words for a late update (signals.py reads "deadline")
 
 
