@@ -63,9 +63,10 @@ class Scheduler:
         for job in store.jobs((DONE,)):
             adapter.learn(self.history, job, model)
         self._queued: dict[int, tuple[Job, JobView]] = {}
-        self._load_queue()
+        self.reload_queue()
 
-    def _load_queue(self) -> None:
+    def reload_queue(self) -> None:
+        """Read the queue from the table (at start; the benchmark's full-rescan peer calls it every step)."""
         self._queued = {j.id: (j, adapter.queued_view(j, self.model)) for j in self.store.jobs((QUEUED,))}
 
     def _enqueue(self, job_id: int) -> None:
