@@ -39,6 +39,8 @@ async def apply_map(cluster: LocalCluster, new_map, dead: set[str]) -> None:
         if nid not in dead:
             node.reconfigure(new_map)
     cluster.map = new_map
+    # a promoted origin polls the survivors first (a round trip); then every member serves
+    await wait_until(lambda: all(cluster.nodes[n].ready for n in new_map.nodes if n not in dead))
 
 
 @pytest.mark.parametrize("failed", ["s0r0", "s0r1", "s0r2"])
@@ -228,5 +230,38 @@ def test_a_deposed_node_and_a_node_without_lease_refuse_clients(tmp_path) -> Non
                 await following.get(b"k")  # refused by the deposed tail, then the map is fetched
             assert following.map.epoch == new.epoch and await following.get(b"k") == b"v1"
             await following.close()
+
+    run(body())
+
+
+def test_a_promoted_ms_ec_master_first_copies_from_a_survivor_that_is_ahead(tmp_path) -> None:
+    """The coordinator promotes s0r1 on stale progress counts while s0r2 had received one more of
+    the old master's writes: the new master polls the survivors and copies from s0r2 first, so
+    that acknowledged write is not lost."""
+    async def body() -> None:
+        smap = make_map("ms-ec", shards=1, replicas=3)
+        async with LocalCluster(smap, datalet_factory("memory", tmp_path)) as cluster:
+            client = SmartClient(smap)
+            for i in range(20):
+                await client.put(b"k%d" % i, b"v%d" % i)
+            await client.close()
+            await wait_until(lambda: all(cluster.nodes[n].controlet.applied == 20 for n in ("s0r1", "s0r2")))
+            await cluster.kill("s0r0")
+            # the old master's 21st write reached s0r2 only (as if its link to s0r1 had been slower)
+            conn = await peer_connection(cluster, "s0r2", "s0r0")
+            conn.send(hiredis.pack_command((b"BKV.MSG", smap.epoch, b"s0r0", b"REPL", 21, b"P", b"late", b"x")))
+            assert await conn.call(b"PING") == b"PONG"
+            await conn.close()
+            assert cluster.nodes["s0r2"].controlet.applied == 21
+            new = plan_failover(smap, ["s0r0"], {"s0r1": 20, "s0r2": 20})  # stale counts: s0r1 wins the tie
+            assert new.shards[0][0] == "s0r1"
+            await apply_map(cluster, new, {"s0r0"})
+            master = cluster.nodes["s0r1"]
+            await wait_until(lambda: master.ready and master.controlet.applied == 21)
+            assert master.datalet.get(b"late") == b"x" and master.controlet.syncs >= 1
+            after = SmartClient(new)
+            await after.put(b"next", b"y")
+            await wait_until(lambda: cluster.nodes["s0r2"].datalet.get(b"next") == b"y")
+            await after.close()
 
     run(body())

@@ -52,6 +52,7 @@ class ChainReplication(OrderedStream):
     topology = "ms"
     consistency = "strong"
     STREAM = b"CHAIN"
+    POLL_ON_PROMOTION = False  # each replica holds a prefix of its predecessor's stream
 
     def __init__(self, node_id: str, replicas: Sequence[str], epoch: int, options: Any = None,
                  incarnation: int = 0) -> None:

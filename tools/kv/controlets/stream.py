@@ -30,7 +30,9 @@ whose streams all start at replicas[0]) keeps the numbering: every survivor keep
 and tells its new downstream replicas where it stands, so a replica whose new upstream is
 ahead (the failed one had not forwarded everything) or behind (a promoted ms-ec replica that
 had not received the old master's last writes) resynchronises from it; equal positions in one
-numbering mean equal states, so nothing is copied when nothing was missed.
+numbering mean equal states, so nothing is copied when nothing was missed. A replica promoted to
+origin (ms-ec master, aa-sc sequencer) first polls the survivors' positions (POSQ/POS, within
+sync_timeout) and copies from one that is ahead of it before it serves.
 """
 from __future__ import annotations
 
@@ -50,8 +52,8 @@ from mlsyskit.tools.kv.controlets.base import (
     Snapshot,
 )
 
-READY, WAITING, RECEIVING, CONFIRMING = "ready", "waiting", "receiving", "confirming"
-SYNC_KINDS = (b"SYNCREQ", b"SYNCBUSY", b"SNAPBEGIN", b"SNAPDATA", b"SNAPEND", b"SEQAT")
+READY, WAITING, RECEIVING, CONFIRMING, POLLING = "ready", "waiting", "receiving", "confirming", "polling"
+SYNC_KINDS = (b"SYNCREQ", b"SYNCBUSY", b"SNAPBEGIN", b"SNAPDATA", b"SNAPEND", b"SEQAT", b"POSQ", b"POS")
 CATCHING_UP = f"{TRYAGAIN} replica is catching up; retry"
 
 
@@ -59,6 +61,10 @@ class OrderedStream(Controlet):
     """A replica that applies its upstream's numbered stream in order, catching up on any gap."""
 
     STREAM: ClassVar[bytes]  # the message kind that carries the numbered stream
+    # A replica promoted to origin by a failover first asks the survivors their positions and
+    # copies from one that is ahead of it (ms-ec: fewer writes lost; aa-sc: a slot some replica
+    # applied is not dropped). ms-sc needs no poll: a new head is ahead of everyone downstream.
+    POLL_ON_PROMOTION: ClassVar[bool] = True
 
     def __init__(self, node_id: str, replicas: Sequence[str], epoch: int, options: Any = None,
                  incarnation: int = 0) -> None:
@@ -75,6 +81,8 @@ class OrderedStream(Controlet):
         self.busy: set[str] = set()
         self.base = 0
         self.buffer: list[tuple[str, Sequence[Any]]] = []
+        self.positions: dict[str, int] = {}  # POLLING: survivors' positions so far
+        self.prefer: str | None = None  # the next catch-up asks this replica first
         self.sync_keys = 0  # pairs received in the current (or last) snapshot: catch-up progress
         self.sync_bytes = 0  # their key + value bytes
         self.sync_began = 0.0
@@ -129,6 +137,10 @@ class OrderedStream(Controlet):
         out = self.carry_pending(old)
         if old.mode is not READY:
             return out + self.begin_sync()
+        if self.POLL_ON_PROMOTION and self.upstream is None and old.upstream is not None and self.others:
+            self.mode, self.positions, self.token = POLLING, {}, self.token + 1
+            self.sync_deadline = self.now + self.options.sync_timeout
+            return out + [Send(n, b"POSQ", (self.token,)) for n in self.others]
         if type(old) is not type(self) and self.upstream is not None:
             # A live switch: the old protocol's replica may lag its origin (ms-ec answers before it
             # replicates), so serve nothing until the upstream confirms the same position.
@@ -146,7 +158,10 @@ class OrderedStream(Controlet):
         self.mode = WAITING
         self.syncs += 1
         self.buffer = []
-        self.sync_order = tuple(self.sync_sources())
+        order = tuple(self.sync_sources())
+        if self.prefer in order:
+            order = (self.prefer,) + tuple(n for n in order if n != self.prefer)
+        self.prefer, self.sync_order = None, order
         self.sync_next = 0
         self.busy = set()
         return out + self._ask_next()
@@ -169,6 +184,8 @@ class OrderedStream(Controlet):
             return []
         if self.mode is CONFIRMING:  # the upstream never said where it stands: copy its state
             return self.begin_sync()
+        if self.mode is POLLING:  # decide with the survivors that answered
+            return self._polled()
         if self.mode is RECEIVING:  # the source went silent mid-snapshot: start over
             return self.begin_sync()
         return self._ask_next()
@@ -196,7 +213,15 @@ class OrderedStream(Controlet):
             if self.mode is not READY:
                 return [Send(src, b"SYNCBUSY", (fields[0],))]
             return [Snapshot(src, int(fields[0]), self.applied)]
+        if kind == b"POSQ":
+            return [Send(src, b"POS", (fields[0], self.applied if self.mode is READY else -1))]
         token = int(fields[0])
+        if kind == b"POS":
+            if self.mode is POLLING and token == self.token and src in self.others:
+                self.positions[src] = int(fields[1])
+                if len(self.positions) == len(self.others):
+                    return self._polled()
+            return []
         if kind == b"SYNCBUSY":
             if self.mode is WAITING:
                 self.busy.add(src)
@@ -234,6 +259,15 @@ class OrderedStream(Controlet):
                 out.extend(self.on_stream(bsrc, bfields))
             return out
         return []
+
+    def _polled(self) -> list[Action]:
+        """The new origin heard the survivors: copy from the most advanced if it is ahead of us."""
+        best = max(self.positions, key=lambda n: (self.positions[n], -self.replicas.index(n)), default=None)
+        if best is not None and self.positions[best] > self.applied:
+            self.prefer = best
+            return self.begin_sync()
+        self.mode = READY
+        return self.on_synced()
 
     def refuse_if_catching_up(self, req: Any) -> list[Action] | None:
         return None if self.mode is READY else [Fail(req, CATCHING_UP)]
