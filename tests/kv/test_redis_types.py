@@ -128,6 +128,13 @@ def test_wrong_type_and_syntax_errors_change_nothing() -> None:
             rmw.parse(bad)
 
 
+def test_relayed_answers_keep_their_resp_types() -> None:
+    assert rmw.relayed([b"TYPE", b"k"], b"list") == b"+list\r\n"
+    assert rmw.relayed([b"GET", b"k"], b"OK") == b"$2\r\nOK\r\n"
+    assert rmw.relayed([b"LPOP", b"k", b"2"], [b"a", None]) == b"*2\r\n$1\r\na\r\n$-1\r\n"
+    assert rmw.relayed([b"SET", b"k", b"v", b"GET"], b"OK") == b"$2\r\nOK\r\n"
+
+
 def test_spop_is_decided_once_at_the_write_point() -> None:
     stored = values.encode(values.Entry(values.SET, 0, dict.fromkeys([b"a", b"b", b"c", b"d"])))
     first = rmw.apply(rmw.Command([b"SPOP", b"k"], 1000), stored)

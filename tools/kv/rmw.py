@@ -211,7 +211,7 @@ def apply(cmd: list[bytes], current: bytes | None) -> tuple[bytes | None, bytes]
     return values.encode(after), answer
 
 
-STATUS_ANSWERS = {b"SET", b"SETEX", b"PSETEX", b"LSET", b"LTRIM", b"HMSET"}
+STATUS_ANSWERS = {b"SET", b"SETEX", b"PSETEX", b"LSET", b"LTRIM", b"HMSET", b"TYPE"}  # +simple strings
 
 
 def relayed(cmd: list[bytes], value) -> bytes:
