@@ -98,7 +98,7 @@ def _sim_settings(config: Path | None, flags: dict) -> SimSettings:
 @app.command()
 def sim(
     workload: str | None = typer.Option(None, "--workload", "-w", help="workload-1..4, a Pollux/Philly CSV path, or synthetic:JOBS[@LOAD][/GPUS:WEIGHT,...] (Poisson arrivals at LOAD x cluster capacity, default 0.9; optional job-size mix)"),
-    cluster: str | None = typer.Option(None, help="NODESxGPUS_PER_NODE (default 16x6)"),
+    cluster: str | None = typer.Option(None, help="NODESxGPUS_PER_NODE (default 16x6), or nodes of mixed sizes: 8x4+4x8"),
     policies: str | None = typer.Option(None, help=f"comma-separated policies from: {', '.join(POLICIES.names())} (default fifo,backfill,optimus,tiresias,marble)"),
     seeds: int | None = typer.Option(None, help="how many seeds (seed, seed+1, ...; default 1)"),
     seed: int | None = seed_option(None, "first seed (default 0); every random choice derives from it"),
