@@ -156,9 +156,32 @@ def test_certificates_bind_ids_replays_and_reports_are_refused(tmp_path):
 
 
 def test_replayed_update_in_the_same_or_a_later_round_is_refused(tmp_path):
-    """Without mutual TLS too: an update sent twice in a round counts once; an old round's update is refused."""
-    config = JobConfig(strategy="fedavg", rounds=2, per_round=2, min_clients=2, round_timeout_s=3.0,
-                       data=DataSpec(num_clients=2))
+    """Without mutual TLS too: an update sent twice in a round counts once; an old round's update is refused.
+    Client 2 holds round 1 open until the replayer has both receipts, so the copy meets an open round whatever
+    the machine's load (without it, the round could close between the two messages)."""
+    config = JobConfig(strategy="fedavg", rounds=2, per_round=3, min_clients=3, round_timeout_s=6.0,
+                       data=DataSpec(num_clients=3))
+    both_receipts = asyncio.Event()
+
+    async def holder(address: str) -> None:
+        from mlsyskit.tools.fl.data import load_federated
+
+        samples = load_federated(config.data).clients[2].num_samples
+        async with RpcClient(address) as rpc:
+            session = rpc.bidi("session", timeout=60)
+            await session.send({"client_id": 2, "num_samples": samples, "local_only_accuracy": 0.5})
+            async for task in session:
+                if task["type"] == "train":
+                    if task["round"] == 1:
+                        await both_receipts.wait()
+                    weights = {k: np.asarray(v) + np.float32(0.001) for k, v in task["weights"].items()}
+                    await session.send({"client_id": 2, "round": task["round"], "weights": weights,
+                                        "metrics": dict(METRICS, num_samples=samples)})
+                elif task["type"] == "evaluate":
+                    await rpc.call("evaluate", {"client_id": 2, "accuracy": 0.5})
+                elif task["type"] == "done":
+                    session.cancel()
+                    return
 
     async def replayer(address: str, log: list) -> None:
         async with RpcClient(address) as rpc:
@@ -181,6 +204,8 @@ def test_replayed_update_in_the_same_or_a_later_round_is_refused(tmp_path):
                         await session.send(first)  # round 1's update in round 2
                 elif task["type"] == "receipt":
                     log.append(task)
+                    if len(log) == 2:
+                        both_receipts.set()
                 elif task["type"] == "evaluate":
                     await rpc.call("evaluate", {"client_id": 1, "accuracy": 0.5})
                 elif task["type"] == "done":
@@ -196,7 +221,7 @@ def test_replayed_update_in_the_same_or_a_later_round_is_refused(tmp_path):
         log: list = []
         try:
             await asyncio.gather(server.serve(60), FlClient(f"127.0.0.1:{port}", 0).run(),
-                                 replayer(f"127.0.0.1:{port}", log))
+                                 replayer(f"127.0.0.1:{port}", log), holder(f"127.0.0.1:{port}"))
         finally:
             await server.stop()
         store.close()
