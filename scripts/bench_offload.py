@@ -58,6 +58,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--device", default=None, help="cuda or cpu (emulated device); default: cuda if present")
     p.add_argument("--out", type=Path, default=Path("runs/bench_offload.json"))
+    p.add_argument("--peer", choices=("deepspeed",), default=None,
+                   help="also run scripts/bench_offload_deepspeed.py (DeepSpeed ZeRO-3 NVMe and CPU offload, each "
+                        "with a tencache run of the same placement, in their own processes) with this model, batch, "
+                        "seq and steps, and put every run in one table")
+    p.add_argument("--peer-json", type=Path, default=None,
+                   help="with --peer: the JSON of an earlier bench_offload_deepspeed.py run instead of a new run")
     return p.parse_args()
 
 
@@ -133,6 +139,38 @@ def dd_bandwidth(directory: Path, total: int) -> dict[str, float]:
     path.unlink()
     res.update({"tool": "dd", "block_bytes": 8 << 20, "direct": True})
     return res
+
+
+# -- the DeepSpeed peer ---------------------------------------------------------------------------------------
+def run_peer(args: argparse.Namespace) -> dict:
+    """The DeepSpeed side-by-side benchmark's JSON: loaded from --peer-json, or run now with this model."""
+    if args.peer_json is not None:
+        return json.loads(args.peer_json.read_text())
+    out = args.out.with_name(args.out.stem + "_deepspeed.json")
+    cmd = [sys.executable, str(Path(__file__).with_name("bench_offload_deepspeed.py")), "--model", args.model,
+           "--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps), "--out", str(out)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+def side_by_side(result: dict, peer: dict) -> None:
+    """One table: this run's policies (one process, engines interleaved) and the peer's runs (a process each)."""
+    rows = [(f"{p} (this run, in-process)", r["summary"]["step_s_median"], r["summary"]["cpu_s_median"], "-",
+             r["losses"][-1]) for p, r in result["policies"].items()]
+    rows += [(f"{c} ({peer['batch']}x{peer['seq']}, own process)", r["summary"]["step_s_median"],
+              r["summary"]["cpu_s_median"], format_size(r["summary"]["peak_rss"]), r["summary"]["final_loss"])
+             for c, r in peer["peers"].items()]
+    rows += [(c, "-", "-", "-", f"not run: {why}") for c, why in peer.get("skipped", {}).items()]
+    emit_table(make_table(f"{args_model(result)} with DeepSpeed {peer['deepspeed']} ZeRO-3 offload side by side",
+                          ["run", "median step s", "CPU s/step", "peak RSS", "final loss"], rows))
+    if peer.get("targets"):
+        emit_table(make_table("DeepSpeed targets (measured in the peer run)", ["target", "value", "goal", "met"],
+                              [(t["target"], t["value"], t["goal"], "yes" if t["met"] else "NO")
+                               for t in peer["targets"]]))
+
+
+def args_model(result: dict) -> str:
+    return f"{result['model']} batch {result['batch']} x seq {result['seq']}"
 
 
 # -- training runs ------------------------------------------------------------------------------------------
@@ -260,6 +298,10 @@ def main() -> int:
                            "wait p99 s", "allocs/step", "opt miss", "opt-state wait s"], rows))
     emit_table(make_table("targets (measured in this run)", ["target", "value", "goal", "met"],
                           [(t["target"], t["value"], t["goal"], "yes" if t["met"] else "NO") for t in result["targets"]]))
+    if args.peer == "deepspeed":
+        result["peer"] = run_peer(args)
+        args.out.write_text(json.dumps(result, indent=2, default=str))
+        side_by_side(result, result["peer"])
     err.print(f"wrote {args.out} ({result['total_s']:.0f} s)")
     return 0
 

@@ -1,0 +1,75 @@
+"""scripts/bench_offload_deepspeed.py without DeepSpeed: the plan it would run (--dry-run), its argument
+checks, and the summary and targets it computes from runs (DeepSpeed itself is never run in CI)."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_offload_deepspeed.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("bench_offload_deepspeed", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dry_run_plans_both_systems_with_the_same_model_seed_batches_and_steps(tmp_path):
+    out = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--model", "gpt-10m", "--batch", "2",
+                          "--seq", "32", "--steps", "3", "--seed", "7", "--nvme-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 4
+    for line in lines:
+        for flag in ("--model gpt-10m", "--batch 2", "--seq 32", "--steps 3", "--seed 7"):
+            assert flag in line, (flag, line)
+    assert "--offload nvme" in lines[1] and "--offload cpu" in lines[3] and "worker.py" in lines[1]
+    assert lines[0].split()[1] == "train" and "--opt-mem 128MiB" in lines[0]
+    # the CPU placement's budgets hold every bf16 parameter and its 16 bytes of fp32 optimizer state
+    from mlsyskit.core.config import parse_size
+    from mlsyskit.tools.offload.model import preset
+
+    words = lines[2].split()
+    n = preset("gpt-10m").n_params
+    assert parse_size(words[words.index("--cpu-mem") + 1]) >= 2 * n
+    assert parse_size(words[words.index("--opt-mem") + 1]) >= 16 * n
+
+
+@pytest.mark.parametrize("args", [["--steps", "1"], ["--configs", "tencache-gpu"], ["--rounds", "0"]])
+def test_bad_arguments_are_refused(args):
+    out = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", *args], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "error" in out.stderr
+
+
+def run(step_s, rss, losses=(5.0, 4.0, 3.0)):
+    steps = [{"step": i, "step_s": s, "cpu_s": s / 2, "loss": x}
+             for i, (s, x) in enumerate(zip(step_s, losses, strict=True))]
+    return {"steps": steps, "losses": list(losses), "peak_rss": rss}
+
+
+def test_summary_drops_each_runs_warm_up_step_and_targets_compare_medians():
+    bench = load_script()
+    tc = [run([9.0, 1.0, 1.2], 2 << 30), run([8.0, 1.1, 0.9], 3 << 30)]
+    ds = [run([20.0, 2.0, 1.8], 4 << 30), run([30.0, 1.6, 1.7], 4 << 30)]
+    s = bench.summarize(tc)
+    assert s["step_s_median"] == pytest.approx(1.05) and s["measured_steps"] == 4 and s["peak_rss"] == 3 << 30
+    peers = {"tencache-nvme": {"summary": s}, "deepspeed-nvme": {"summary": bench.summarize(ds)},
+             "tencache-cpu": {"summary": bench.summarize(ds)}, "deepspeed-cpu": {"summary": s}}
+    t = {x["target"]: x for x in bench.targets(peers)}
+    nvme = t["median step: ZeRO-3 nvme offload / tencache"]
+    assert nvme["value"] == pytest.approx(1.75 / 1.05) and nvme["met"]  # >= 1.5
+    cpu = t["median step: ZeRO-3 cpu offload / tencache"]
+    assert cpu["value"] == pytest.approx(1.05 / 1.75) and not cpu["met"]
+    assert t["peak RSS: ZeRO-3 nvme offload / tencache"]["met"] and not t["peak RSS: ZeRO-3 cpu offload / tencache"]["met"]
+
+
+def test_a_missing_peer_yields_no_target():
+    bench = load_script()
+    assert bench.targets({"tencache-nvme": {"summary": bench.summarize([run([1, 1, 1], 1)])}}) == []
