@@ -295,3 +295,47 @@ def test_a_server_that_breaks_every_session_does_not_keep_a_client_retrying_fore
 
     asyncio.run(asyncio.wait_for(main(), 60))
     assert len(opened) == MAX_BARREN_SESSIONS
+
+
+def test_tiff_gated_scheduler_over_grpc_resumes_with_its_memory_and_refuses_another_scheduler(tmp_path):
+    """`--strategy tiff --scheduler adaptive` on the real server: TIFF's trust gates the scheduler, every round_end
+    event names the scheduler's tiers, and a restart from the run directory resumes the scheduler's memory; a
+    restart with another scheduler is refused (its memory would not fit)."""
+    import json
+
+    from mlsyskit.core.telemetry import Telemetry
+    from mlsyskit.tools.fl.coordinator import JobMismatch
+    from mlsyskit.tools.fl.scheduling.gated import GatedScheduler
+
+    config = JobConfig(strategy="tiff", scheduler="adaptive", rounds=2, per_round=3, min_clients=3,
+                       round_timeout_s=30.0, data=DataSpec(num_clients=3))
+
+    async def main():
+        store = MetaStore(tmp_path / "fl.db")
+        telemetry = Telemetry(log_path=tmp_path / "events.jsonl")
+        server = FlServer(config, store, telemetry=telemetry, eval_timeout_s=10.0, heartbeat_s=0.5)
+        port = await server.start()
+        try:
+            await asyncio.gather(server.serve(60), *(FlClient(f"127.0.0.1:{port}", cid).run() for cid in range(3)))
+        finally:
+            await server.stop()
+            telemetry.close()
+        return server, store
+
+    server, store = asyncio.run(asyncio.wait_for(main(), 120))
+    try:
+        selector = server.coordinator.strategy.selector
+        assert isinstance(selector, GatedScheduler) and selector.scheduler.name == "adaptive"
+        ends = [e for line in (tmp_path / "events.jsonl").read_text().splitlines()
+                if (e := json.loads(line))["kind"] == "round_end"]
+        assert [e["round"] for e in ends] == [1, 2]
+        assert set(ends[-1]["scheduling"]["tier"]) == {"0", "1", "2"}  # every client measured and tiered
+        memory = selector.scheduler.state_dict()
+        resumed = FlServer(config, store)
+        assert resumed.coordinator.round == 2
+        assert resumed.coordinator.strategy.selector.scheduler.state_dict() == memory
+        with pytest.raises(JobMismatch, match="scheduler 'adaptive'"):
+            FlServer(JobConfig(strategy="tiff", scheduler="fast", rounds=2, per_round=3, min_clients=3,
+                               data=DataSpec(num_clients=3)), store)
+    finally:
+        store.close()
