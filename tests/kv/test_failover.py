@@ -51,11 +51,16 @@ def test_check_survives_a_coordinator_kill(tmp_path) -> None:
 
 
 @pytest.mark.skipif(not zk_local.available(), reason=zk_local.INSTALL_HINT)
-def test_check_with_zookeeper_failover(tmp_path) -> None:
+def test_check_with_zookeeper_failover_and_a_leader_kill(tmp_path) -> None:
+    """Nodes on their own ZooKeeper sessions; kill -9 of nodes (failed over, rejoined) and of the
+    leading coordinator process (the standby in the leader lock takes over)."""
     pytest.importorskip("kazoo", reason="needs kazoo: pip install kazoo")
     with zk_local.LocalZooKeeper(tmp_path / "zk") as zk:
-        out = cli("check", "--mode", "ms-sc", "--nemesis", "kill", "--coordinator",
+        out = cli("check", "--mode", "ms-sc", "--nemesis", "kill,coordinator-kill", "--coordinator",
                   f"zookeeper://{zk.hosts}/check", *SHORT[:-1], "0.4", "--out", str(tmp_path / "run"),
                   "--json", "-q")
     result = verdict(out)
     assert result["reconfigurations"] >= 2
+    logs = sorted((tmp_path / "run" / "cluster" / "logs").glob("coordinator-*.log"))
+    leading = [p.name for p in logs if "leading" in p.read_text()]
+    assert len(logs) >= 3 and len(leading) >= 2  # the first leader was killed; a standby led after it

@@ -66,20 +66,25 @@ def up(shards: int = typer.Option(None, "--shards", help="Number of shards S (de
                                             "zookeeper://HOST:PORT[,...]/ROOT, or none (no failover)."),
        heartbeat: float = typer.Option(None, "--heartbeat",
                                        help="Seconds between node heartbeats (0.5); failed over after 3 missed."),
+       hosts: Path = typer.Option(None, "--hosts", help="TOML file of [[host]] name, address, exec: places the "
+                                                       "nodes on several hosts (replicas of a shard apart)."),
+       host: str = typer.Option(None, "--host", help="Address of the proxy and coordinator (127.0.0.1); "
+                                                     "with --hosts, one every host reaches."),
        foreground: bool = typer.Option(False, "--foreground", help="Stay attached; Ctrl-C stops the cluster."),
        config: Path = config_option(), as_json: bool = json_option(),
        verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Start a cluster on loopback, wait until every process answers, print endpoints and status.
 
     Config file keys: shards, replicas, controlet (ms-sc, ms-ec, aa-sc, aa-ec), datalet, host,
-    base_port, data_dir, coordinator, heartbeat, misses."""
+    base_port, data_dir, coordinator, heartbeat, misses, hosts."""
     set_verbosity(verbose, quiet)
     controlet = None
     if topology is not None or consistency is not None:
         controlet = controlet_name(topology or "ms", consistency or "strong")
     spec = load_command_config(processes.ClusterSpec, config, {
         "shards": shards, "replicas": replicas, "controlet": controlet, "datalet": datalet,
-        "base_port": base_port, "data_dir": data_dir, "coordinator": coordinator, "heartbeat": heartbeat})
+        "base_port": base_port, "data_dir": data_dir, "coordinator": coordinator, "heartbeat": heartbeat,
+        "hosts": hosts, "host": host})
     log(f"starting {spec.shards}x{spec.replicas} {spec.controlet} cluster on the {spec.datalet} datalet ...")
     record = processes.up(spec)
     if as_json:

@@ -28,6 +28,7 @@ from mlsyskit.tools.kv.controlets import controlet_class
 from mlsyskit.tools.kv.controlplane import CoordinatorSpec
 from mlsyskit.tools.kv.datalets import DATALETS
 from mlsyskit.tools.kv.peerauth import load_or_create_secret
+from mlsyskit.tools.kv.placement import load_hosts, place
 from mlsyskit.tools.kv.shardmap import ShardMap, layout
 
 RECORD = "cluster.json"
@@ -43,6 +44,7 @@ class ClusterSpec:
     base_port: int = 7000
     data_dir: Path = Path(".bespokv")
     coordinator: str = "embedded"  # none | embedded | zookeeper://HOST:PORT[,...]/ROOT
+    hosts: Path | None = None  # TOML hosts file: nodes placed on several hosts (placement.py)
     heartbeat: float = 0.5  # seconds between a node's heartbeats; failed over after `misses` missed
     misses: int = 3
 
@@ -119,12 +121,22 @@ def alive(pid: int) -> bool:
 def plan(spec: ClusterSpec) -> dict[str, Any]:
     n = spec.shards * spec.replicas
     node_ports = [spec.base_port + 1 + i for i in range(n)]
-    smap = layout(spec.controlet, spec.datalet, spec.shards, spec.replicas, spec.host, node_ports)
+    hosts: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    if spec.hosts is not None:
+        if spec.datalet == "redis":
+            raise ConfigError("--hosts places memory and lmdb nodes; the redis datalet is not placed on hosts yet")
+        found = load_hosts(spec.hosts)
+        smap, where = place(spec.controlet, spec.datalet, spec.shards, spec.replicas, found, node_ports)
+        hosts = {h.name: {"address": h.address, "exec": list(h.exec)} for h in found}
+    else:
+        smap = layout(spec.controlet, spec.datalet, spec.shards, spec.replicas, spec.host, node_ports)
     node_ids = [nid for reps in smap.shards for nid in reps]
     redis = ({nid: spec.base_port + 1 + n + i for i, nid in enumerate(node_ids)}
              if spec.datalet == "redis" else {})
     return {"map": smap.to_dict(), "datalet": spec.datalet, "data_dir": str(Path(spec.data_dir).resolve()),
-            "proxy": {"host": spec.host, "port": spec.base_port}, "redis_ports": redis, "processes": []}
+            "proxy": {"host": spec.host, "port": spec.base_port}, "redis_ports": redis, "processes": [],
+            "hosts": hosts, "placement": where}
 
 
 def up(spec: ClusterSpec, clock: Clock | None = None, timeout: float = 30.0) -> dict[str, Any]:
@@ -138,7 +150,8 @@ def up(spec: ClusterSpec, clock: Clock | None = None, timeout: float = 30.0) -> 
     record = plan(spec)
     endpoints = _endpoints(record)
     redis_endpoints = [("redis", spec.host, p) for p in record["redis_ports"].values()]
-    busy = [f"{h}:{p}" for _, h, p in endpoints + redis_endpoints if not port_free(h, p)]
+    local = [e for e in endpoints + redis_endpoints if e[0] not in record["placement"]]  # others: not ours to probe
+    busy = [f"{h}:{p}" for _, h, p in local if not port_free(h, p)]
     if busy:
         raise ConfigError(f"ports already in use: {', '.join(busy)} (pick another --base-port)")
     if record["redis_ports"] and shutil.which("redis-server") is None:
@@ -166,7 +179,8 @@ def up(spec: ClusterSpec, clock: Clock | None = None, timeout: float = 30.0) -> 
         me = [sys.executable, "-m", "mlsyskit.tools.kv.cli"]
         for reps in record["map"]["shards"]:
             for nid in reps:
-                _spawn(record, f"node:{nid}", me + ["node", nid, "--data-dir", str(data_dir)], data_dir)
+                prefix = record["hosts"][record["placement"][nid]]["exec"] if nid in record["placement"] else []
+                _spawn(record, f"node:{nid}", prefix + me + ["node", nid, "--data-dir", str(data_dir)], data_dir)
         _spawn(record, "proxy", me + ["proxy", "--data-dir", str(data_dir)], data_dir)
         record_path(data_dir).write_text(json.dumps(record, indent=2))
         _wait_ready(record, endpoints, clock, timeout)

@@ -109,17 +109,23 @@ class ProcCluster:
             await self.settle()
 
     # -- the coordinator ------------------------------------------------------------
-    def start_coordinator(self, index: int = 0) -> None:
-        """Start the coordinator process (embedded: on a fixed free port, so a restart reuses it)."""
+    def start_coordinator(self) -> None:
+        """Start the coordinator process. Embedded: one, on a fixed free port, so a restart resumes
+        from its SQLite state there. ZooKeeper: a leader and a standby waiting in the leader lock
+        (a restart after a kill adds a new standby)."""
         if self.coord_spec is None:
             url = self.coordinator if self.coordinator != "embedded" else f"embedded://{HOST}:{free_ports(1)[0]}"
             self.coord_spec = parse_coordinator(url, self.heartbeat, self.misses)
             self.record["coordinator"] = self.coord_spec.to_dict()
-        argv = coordproc.coordinator_argv(self.coord_spec, self.data_dir / "coord", index)
-        self.coord_procs.append(coordproc.spawn(argv, self.data_dir / "logs" / f"coordinator-{index}.log"))
+        wanted = 2 if self.coord_spec.kind == "zookeeper" and not self.coord_procs else 1
+        for _ in range(wanted):
+            argv = coordproc.coordinator_argv(self.coord_spec, self.data_dir / "coord")
+            index = len(self.coord_procs) if self.coord_spec.kind == "zookeeper" else 0  # embedded: one log
+            log = self.data_dir / "logs" / f"coordinator-{index}.log"
+            self.coord_procs.append(coordproc.spawn(argv, log))
 
     async def kill_coordinator(self) -> None:
-        """kill -9 the coordinator (the leader: the first live one)."""
+        """kill -9 the coordinator: the first live one, which leads (the ZooKeeper lock is FIFO)."""
         for proc in self.coord_procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -290,7 +296,7 @@ class ProcCluster:
         for nid in list(self.paused):
             self.resume(nid)
         if self.coord_spec is not None and not self.coordinator_alive():
-            self.start_coordinator()
+            self.start_coordinator()  # embedded: the restart the nemesis would have made
         for nid in self.original or self.nodes:
             await self.start_node(nid)
         if self.coord_spec is not None:
