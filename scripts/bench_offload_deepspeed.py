@@ -42,16 +42,17 @@ CONFIGS = ("tencache-nvme", "deepspeed-nvme", "tencache-cpu", "deepspeed-cpu")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="gpt-125m")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--model", default="gpt-50m")
+    p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--steps", type=int, default=4, help="steps per run; the first is warm-up")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=3, help="steps per run; the first is warm-up")
+    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads of every run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--nvme-budgets", default="96MiB,64MiB,128MiB",
-                   help="tencache device,cpu,optimizer budgets for the NVMe placement")
+    p.add_argument("--nvme-budgets", default=None,
+                   help="tencache device,cpu,optimizer budgets for the NVMe placement (default: 15%% and 10%% of "
+                        "the bf16 parameters, 5%% of the fp32 optimizer state; the rest on NVMe)")
     p.add_argument("--cpu-budgets", default=None,
                    help="tencache device,cpu,optimizer budgets for the CPU placement (default: sized to hold "
                         "every parameter and optimizer state)")
@@ -120,11 +121,13 @@ def libaio_missing() -> str | None:
 # -- runs ---------------------------------------------------------------------------------------------------
 def budgets(args: argparse.Namespace, placement: str) -> list[str]:
     spec = args.nvme_budgets if placement == "nvme" else args.cpu_budgets
-    if spec is None:  # everything on the CPU: bf16 parameters and 16 bytes of fp32 state per parameter
+    if spec is None:  # bf16 parameters: 2 bytes each; fp32 master, m, v and gradient: 16 bytes each
         from mlsyskit.tools.offload.model import preset
 
         n = preset(args.model).n_params
-        spec = f"256MiB,{int(2 * n * 1.25) >> 20}MiB,{int(16 * n * 1.1) >> 20}MiB"
+        mib = lambda x: f"{max(1, int(x) >> 20)}MiB"  # noqa: E731
+        spec = (f"{mib(0.15 * 2 * n)},{mib(0.10 * 2 * n)},{mib(0.05 * 16 * n)}" if placement == "nvme" else
+                f"256MiB,{mib(1.25 * 2 * n)},{mib(1.1 * 16 * n)}")  # everything on the CPU
     device, cpu, opt = spec.split(",")
     return ["--device-mem", device, "--cpu-mem", cpu, "--opt-mem", opt]
 

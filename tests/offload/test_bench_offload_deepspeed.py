@@ -30,15 +30,18 @@ def test_dry_run_plans_both_systems_with_the_same_model_seed_batches_and_steps(t
         for flag in ("--model gpt-10m", "--batch 2", "--seq 32", "--steps 3", "--seed 7"):
             assert flag in line, (flag, line)
     assert "--offload nvme" in lines[1] and "--offload cpu" in lines[3] and "worker.py" in lines[1]
-    assert lines[0].split()[1] == "train" and "--opt-mem 128MiB" in lines[0]
-    # the CPU placement's budgets hold every bf16 parameter and its 16 bytes of fp32 optimizer state
+    assert lines[0].split()[1] == "train"
     from mlsyskit.core.config import parse_size
     from mlsyskit.tools.offload.model import preset
 
-    words = lines[2].split()
     n = preset("gpt-10m").n_params
-    assert parse_size(words[words.index("--cpu-mem") + 1]) >= 2 * n
-    assert parse_size(words[words.index("--opt-mem") + 1]) >= 16 * n
+    size = lambda words, flag: parse_size(words[words.index(flag) + 1])  # noqa: E731
+    # the NVMe placement leaves most parameters and optimizer states to NVMe ...
+    nvme = lines[0].split()
+    assert size(nvme, "--device-mem") + size(nvme, "--cpu-mem") < 2 * n and size(nvme, "--opt-mem") < 16 * n / 4
+    # ... the CPU placement's budgets hold every bf16 parameter and its 16 bytes of fp32 optimizer state
+    cpu = lines[2].split()
+    assert size(cpu, "--cpu-mem") >= 2 * n and size(cpu, "--opt-mem") >= 16 * n
 
 
 @pytest.mark.parametrize("args", [["--steps", "1"], ["--configs", "tencache-gpu"], ["--rounds", "0"]])
