@@ -64,6 +64,8 @@ def summarise(mode: str, runs: list[dict]) -> dict:
         "ops_fail": sum(r["outcomes"].get("fail", 0) for r in runs),
         "ops_info": sum(r["outcomes"].get("info", 0) for r in runs),
         "faults": sum(1 for r in runs for f in r["faults"] if f["phase"] == "start"),
+        "maps": sum(r.get("reconfigurations", 0) for r in runs),
+        "async_failover_losses": sum(r.get("async_failover_losses", 0) for r in runs),
         "failed_seeds": [r["spec"]["seed"] for r in runs if not r["valid"]],
     }
 
@@ -154,6 +156,9 @@ def main() -> int:
     ap.add_argument("--seed0", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("runs/kv_faults"), help="folder: bench_kv_faults.json, "
                                                                             "runs/MODE-seedS/ (histories)")
+    ap.add_argument("--coordinator", default="none", help="none (default), embedded or zookeeper://...: "
+                                                         "the checked clusters fail over (issue 15)")
+    ap.add_argument("--heartbeat", type=float, default=0.5, help="with --coordinator: heartbeat interval, s")
     ap.add_argument("--recovery", action="store_true", help="measure failover and catch-up instead")
     ap.add_argument("--switch", action="store_true", help="live switches under load instead (the 6 supported "
                                                           "transitions, checked)")
@@ -173,7 +178,8 @@ def main() -> int:
         for i in range(args.runs):
             seed = args.seed0 + i
             spec = CheckSpec(mode=mode, nemesis=nemesis, ops=args.ops, clients=args.clients, keys=args.keys,
-                             seed=seed, datalet=args.datalet)
+                             seed=seed, datalet=args.datalet, coordinator=args.coordinator,
+                             heartbeat=args.heartbeat)
             result = asyncio.run(run_check(spec, args.out / "runs" / f"{mode}-seed{seed}")).as_dict()
             result.pop("digests", None)
             per_mode.setdefault(mode, []).append(result)

@@ -4,6 +4,7 @@ each switch to a strong mode on (check/switchcheck.py), and the CLI's refusals."
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -46,6 +47,9 @@ def test_switch_cli_switches_a_cluster_and_refuses_what_it_cannot(tmp_path) -> N
         out = cli("switch", "--topology", "ms", "--consistency", "strong", "--data-dir", d, "--json")
         assert '"after": "ms-sc"' in out.stdout
         assert cli("get", "k", "--data-dir", d).stdout.strip() == "v"
+        rows = json.loads(cli("status", "--data-dir", d, "--json").stdout)
+        assert [(r["role"], r["epoch"], r["state"]) for r in rows] == [
+            ("head", "2", "ready"), ("tail", "2", "ready"), ("proxy", "2", "ready")]
         bad = cli("switch", "--topology", "aa", "--consistency", "eventual", "--data-dir", d, check=False)
         assert bad.returncode == 2 and "aa-ec keeps versioned values" in bad.stderr
         same = cli("switch", "--topology", "ms", "--consistency", "strong", "--data-dir", d, check=False)
