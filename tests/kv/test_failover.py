@@ -64,3 +64,33 @@ def test_check_with_zookeeper_failover_and_a_leader_kill(tmp_path) -> None:
     logs = sorted((tmp_path / "run" / "cluster" / "logs").glob("coordinator-*.log"))
     leading = [p.name for p in logs if "leading" in p.read_text()]
     assert len(logs) >= 3 and len(leading) >= 2  # the first leader was killed; a standby led after it
+
+
+@pytest.mark.skipif(not zk_local.available(), reason=zk_local.INSTALL_HINT)
+def test_up_on_zookeeper_fails_over_the_head(tmp_path) -> None:
+    """`bespokv up --coordinator zookeeper://...`: the map lives in ZooKeeper, nodes hold sessions;
+    kill -9 of the head gives a new map (through the proxy) and writes go on."""
+    import os
+    import time
+
+    from tests.kv.test_cli import cli as cli_checked
+    from tests.kv.test_cli import free_range
+
+    pytest.importorskip("kazoo", reason="needs kazoo: pip install kazoo")
+    d = str(tmp_path / "c")
+    with zk_local.LocalZooKeeper(tmp_path / "zk") as zk:
+        cli_checked("up", "--replicas", "3", "--base-port", str(free_range(4, seed=31)), "--data-dir", d,
+                    "--coordinator", f"zookeeper://{zk.hosts}/up", "-q", timeout=120)
+        try:
+            cli_checked("put", "a", "1", "--data-dir", d)
+            record = json.loads((tmp_path / "c" / "cluster.json").read_text())
+            os.kill(next(p["pid"] for p in record["processes"] if p["name"] == "node:s0r0"), 9)
+            deadline = time.monotonic() + 30
+            while (smap := json.loads(cli_checked("shardmap", "--data-dir", d).stdout))["epoch"] == 1:
+                assert time.monotonic() < deadline, "no failover"
+                time.sleep(0.1)
+            assert smap["shards"] == [["s0r1", "s0r2"]]
+            cli_checked("put", "b", "2", "--data-dir", d)
+            assert cli_checked("get", "a", "--data-dir", d).stdout.strip() == "1"
+        finally:
+            cli_checked("down", "--data-dir", d, check=False)

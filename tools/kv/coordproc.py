@@ -27,9 +27,13 @@ from mlsyskit.tools.kv.shardmap import ShardMap
 def coordinator_argv(spec: CoordinatorSpec, state_dir: Path, index: int = 0) -> list[str]:
     """The command line of coordinator number `index` (0 leads; others are standbys)."""
     if spec.kind == "zookeeper":
+        # A node's liveness is its session (timeout interval x misses): once its znode is gone the
+        # session has expired, so the watcher only rides out flaps (2 checks at half the interval).
+        # The node's lease assumes ZooKeeper grants the session timeout asked for: the server's
+        # maxSessionTimeout (20 x tickTime) must be at least interval x misses.
         hosts = ",".join(f"{h}:{p}" for h, p in spec.addrs)
         return [sys.executable, "-m", "mlsyskit.tools.kv.coord.zk_main", "--zk", hosts, "--root", spec.root,
-                "--interval", str(spec.interval_s / 2), "--misses", str(2 * spec.misses),
+                "--interval", str(spec.interval_s / 2), "--misses", "2",
                 "--session-timeout", str(max(spec.timeout_s, 2.0)), "-q"]
     host, port = spec.addrs[index]
     return [sys.executable, "-m", "mlsyskit.tools.kv.coord.server", "--state-dir", str(state_dir),
