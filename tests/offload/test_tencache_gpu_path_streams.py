@@ -51,6 +51,7 @@ class FakeStreams:
         self.lock = threading.RLock()
         self._ids = itertools.count()
         self.host_waits = 0
+        self.copy_sizes: list[int] = []  # tensors per enqueued copy (a batched launch has several)
 
     # -- StreamOps ---------------------------------------------------------------------------------------
     def record(self, stream: str) -> FakeEvent:
@@ -74,6 +75,7 @@ class FakeStreams:
 
     def copy(self, stream: str, dsts, srcs) -> None:
         with self.lock:
+            self.copy_sizes.append(len(dsts))
             self._enqueue(stream, ("copy", list(dsts), list(srcs)))
 
     # -- test side -------------------------------------------------------------------------------------
@@ -302,6 +304,7 @@ def test_engine_on_fake_streams_trains_bit_identically_with_overlapped_copies(sm
             waits = [i for what, s, k, i in fake.log if what == "enqueue" and s == "compute" and k == "wait"]
             assert len(waits) > 0
             assert fake.host_waits < len(waits)  # some copies had already run: overlap, not a wait per tensor
+            assert max(fake.copy_sizes) > 1  # small tensors went several to a launch
     assert losses["fake"] == losses["thread"]
 
 

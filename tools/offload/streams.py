@@ -146,8 +146,8 @@ class Mover:
 
 
 class QueuedCopy:
-    """A copy waiting for the next batched launch (`flush` launches every queued copy and sets `copy`);
-    launched on first query if nobody flushed."""
+    """A copy waiting for the next batched launch (`flush` launches every queued copy and sets `copy`).
+    Not done while queued; waiting on it (`result`, `consume`) launches the batch first."""
 
     def __init__(self, flush: Callable[[], None]) -> None:
         self.flush = flush
@@ -159,7 +159,7 @@ class QueuedCopy:
         return self.copy
 
     def done(self) -> bool:
-        return self._launched().done()
+        return self.copy is not None and self.copy.done()
 
     def result(self) -> None:
         self._launched().result()

@@ -96,6 +96,7 @@ class TierStore:
         self.stats = MoveStats()
         self.inflight: set[Entry] = set()
         self._queued: list[tuple[QueuedCopy, torch.Tensor, torch.Tensor]] = []  # small copies for the next batch
+        self.queued_idx: list[int] = []  # the entries whose copies are queued, in order
         self._writes: dict[str, Future] = {}  # block key -> its latest write still (maybe) in flight
         self._staging: dict[int, list[torch.Tensor]] = {}  # free pinned staging buffers per size (device->NVMe)
         # device->NVMe writes through streams (a GPU) wait for their device->host copy first: off this thread
@@ -183,6 +184,7 @@ class TierStore:
     def flush_copies(self) -> None:
         """Launch the queued small copies, grouped by copy_kernels.plan_batches (one launch per batch)."""
         queued, self._queued = self._queued, []
+        self.queued_idx = []
         if not queued:
             return
         for batch in plan_batches([d.numel() for _, d, _ in queued], max_segments=BATCH_SEGMENTS,
@@ -266,6 +268,7 @@ class TierStore:
         if e.nbytes <= SMALL_COPY:
             queued = QueuedCopy(self.flush_copies)
             self._queued.append((queued, dst, data))
+            self.queued_idx.append(e.idx)
             self._start(e, DEVICE, queued, release)
         else:
             self._start(e, DEVICE, self.mover.copy([dst], [data]), release)

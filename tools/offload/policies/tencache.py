@@ -30,7 +30,9 @@ class TenCachePolicy(SyncFetch):
     prefetches = True
 
     def __init__(self, *, device_ahead: int = 24, nvme_ahead: int = 96, max_spills: int = 4,
-                 max_evictions: int = 8) -> None:
+                 max_evictions: int = 8, batch_copies: int = 32, flush_ahead: int = 8) -> None:
+        self.batch_copies = batch_copies
+        self.flush_ahead = flush_ahead
         self.max_evictions = max_evictions
         self.device_ahead = device_ahead
         self.nvme_ahead = nvme_ahead
@@ -102,7 +104,11 @@ class TenCachePolicy(SyncFetch):
                 free[e.nbytes] -= 1  # nearer tensors still on their way from NVMe keep their claim
                 if e.where == CPU and e.pending is None:
                     st.cpu_to_device(e, st.dev_pool.acquire(e.nbytes, e.idx, exact=True))
-        st.flush_copies()  # the small tensors' copies queued above: one batched launch
+        # small tensors' copies wait in the store's queue and go in one batched launch once the batch is big
+        # or one of them is needed within `flush_ahead` uses (a consumer launches it anyway if it comes first)
+        if len(st.queued_idx) >= self.batch_copies or any(
+                self.distance(st.entries[t], pos) <= self.flush_ahead for t in st.queued_idx):
+            st.flush_copies()
         if st.nvme is not None:
             self._read_ahead(pos)
 
