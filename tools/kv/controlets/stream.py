@@ -23,7 +23,9 @@ SYNCBUSY in one round (a whole shard starting together) does the first replica i
 order declare itself ready with what it holds; a silent replica (paused, partitioned) never
 counts, so a restarted replica cannot overrule live ones that merely answer slowly.
 A replica that becomes ready tells its downstream replicas its position (SEQAT) so that a
-downstream replica holding a different position resynchronises at once.
+downstream replica holding a different position resynchronises at once; so does a replica whose
+stream has been idle for BEACON_S (once per position), so that writes lost just before a quiet
+period are not missed until the next write.
 
 Reconfiguration (a new epoch, take_over; also a live switch between these three protocols,
 whose streams all start at replicas[0]) keeps the numbering: every survivor keeps its position
@@ -55,6 +57,7 @@ from mlsyskit.tools.kv.controlets.base import (
 READY, WAITING, RECEIVING, CONFIRMING, POLLING = "ready", "waiting", "receiving", "confirming", "polling"
 SYNC_KINDS = (b"SYNCREQ", b"SYNCBUSY", b"SNAPBEGIN", b"SNAPDATA", b"SNAPEND", b"SEQAT", b"POSQ", b"POS")
 CATCHING_UP = f"{TRYAGAIN} replica is catching up; retry"
+BEACON_S = 1.0  # an origin or relay idle this long tells its downstream replicas its position once
 
 
 class OrderedStream(Controlet):
@@ -82,6 +85,7 @@ class OrderedStream(Controlet):
         self.base = 0
         self.buffer: list[tuple[str, Sequence[Any]]] = []
         self.positions: dict[str, int] = {}  # POLLING: survivors' positions so far
+        self.beacon_at, self.beacon_seq, self.beaconed = 0.0, -1, -1
         self.prefer: str | None = None  # the next catch-up asks this replica first
         self.sync_keys = 0  # pairs received in the current (or last) snapshot: catch-up progress
         self.sync_bytes = 0  # their key + value bytes
@@ -180,7 +184,9 @@ class OrderedStream(Controlet):
         return [Send(self.sync_source, b"SYNCREQ", (self.token,))]
 
     def tick_sync(self, now: float) -> list[Action]:
-        if self.mode is READY or now <= self.sync_deadline:
+        if self.mode is READY:
+            return self._beacon(now)
+        if now <= self.sync_deadline:
             return []
         if self.mode is CONFIRMING:  # the upstream never said where it stands: copy its state
             return self.begin_sync()
@@ -259,6 +265,19 @@ class OrderedStream(Controlet):
                 out.extend(self.on_stream(bsrc, bfields))
             return out
         return []
+
+    def _beacon(self, now: float) -> list[Action]:
+        """Once the stream has been idle for BEACON_S: SEQAT to the downstream replicas. A gap is
+        otherwise found only by the next stream message, so the last writes before a quiet period
+        (lost with a link that gave up) would leave a replica behind until the next write."""
+        if now < self.beacon_at:
+            return []
+        self.beacon_at = now + BEACON_S
+        idle, self.beacon_seq = self.applied == self.beacon_seq, self.applied
+        if not idle or self.beaconed == self.applied:
+            return []
+        self.beaconed = self.applied
+        return [Send(n, b"SEQAT", (self.applied,)) for n in self.downstream()]
 
     def _polled(self) -> list[Action]:
         """The new origin heard the survivors: copy from the most advanced if it is ahead of us."""
