@@ -248,21 +248,28 @@ def main(argv: list[str] | None = None) -> int:
                 steps = ", ".join(f"{s['step_s']:.2f}" for s in result["steps"])
                 log(f"round {r}: {config} steps [{steps}] s, peak RSS {result['peak_rss'] / 2**30:.2f} GiB, "
                     f"losses {[round(x, 4) for x in result['losses']]} ({time.perf_counter() - t0:.0f} s)")
-    peers = {c: {"summary": summarize(rs), "losses": rs[0]["losses"], "runs": rs} for c, rs in runs.items() if rs}
-    result = {"bench": "offload-deepspeed", "model": args.model, "batch": args.batch, "seq": args.seq,
-              "steps_per_run": args.steps, "rounds": args.rounds, "threads": args.threads, "seed": args.seed,
-              "lr": args.lr, "deepspeed": args.deepspeed_version, "device": "cpu (no GPU: emulated device / "
-              "DeepSpeed CPU accelerator)", "tencache_budgets": {"nvme": budgets(args, "nvme"),
-                                                                 "cpu": budgets(args, "cpu")},
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
-                          "load_avg": os.getloadavg()},
-              "peers": peers, "skipped": skipped, "targets": targets(peers),
-              "total_s": time.perf_counter() - t_start}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+                write_result(args, runs, skipped, r + 1, time.perf_counter() - t_start)  # kept if stopped later
+    result = write_result(args, runs, skipped, args.rounds, time.perf_counter() - t_start)
     print_table(result)
     log(f"wrote {args.out} ({result['total_s']:.0f} s)")
     return 0
+
+
+def write_result(args: argparse.Namespace, runs: dict[str, list[dict]], skipped: dict[str, str], rounds: int,
+                 total_s: float) -> dict:
+    """The JSON of the rounds so far (written after every run, so an interrupted benchmark keeps them)."""
+    peers = {c: {"summary": summarize(rs), "losses": rs[0]["losses"], "runs": rs} for c, rs in runs.items() if rs}
+    result = {"bench": "offload-deepspeed", "model": args.model, "batch": args.batch, "seq": args.seq,
+              "steps_per_run": args.steps, "rounds": args.rounds, "rounds_reached": rounds, "threads": args.threads,
+              "seed": args.seed, "lr": args.lr, "deepspeed": args.deepspeed_version,
+              "device": "cpu (no GPU: emulated device / DeepSpeed CPU accelerator)",
+              "tencache_budgets": {"nvme": budgets(args, "nvme"), "cpu": budgets(args, "cpu")},
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
+                          "load_avg": os.getloadavg()},
+              "peers": peers, "skipped": skipped, "targets": targets(peers), "total_s": total_s}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    return result
 
 
 def print_table(result: dict) -> None:
