@@ -50,15 +50,21 @@ def test_check_survives_a_coordinator_kill(tmp_path) -> None:
     assert all(line.split()[-1] != "None" for line in restarted[1:])  # each resumed at its stored epoch
 
 
-@pytest.mark.skipif(not zk_local.available(), reason=zk_local.INSTALL_HINT)
-def test_check_with_zookeeper_failover_and_a_leader_kill(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def zk(tmp_path_factory):
+    if not zk_local.available():
+        pytest.skip(zk_local.INSTALL_HINT)
+    pytest.importorskip("kazoo", reason="needs kazoo: pip install kazoo")
+    with zk_local.LocalZooKeeper(tmp_path_factory.mktemp("zk")) as server:
+        yield server
+
+
+def test_check_with_zookeeper_failover_and_a_leader_kill(zk, tmp_path) -> None:
     """Nodes on their own ZooKeeper sessions; kill -9 of nodes (failed over, rejoined) and of the
     leading coordinator process (the standby in the leader lock takes over)."""
-    pytest.importorskip("kazoo", reason="needs kazoo: pip install kazoo")
-    with zk_local.LocalZooKeeper(tmp_path / "zk") as zk:
-        out = cli("check", "--mode", "ms-sc", "--nemesis", "kill,coordinator-kill", "--coordinator",
-                  f"zookeeper://{zk.hosts}/check", *SHORT[:-1], "0.4", "--out", str(tmp_path / "run"),
-                  "--json", "-q")
+    out = cli("check", "--mode", "ms-sc", "--nemesis", "kill,coordinator-kill", "--coordinator",
+              f"zookeeper://{zk.hosts}/check", *SHORT[:-1], "0.4", "--out", str(tmp_path / "run"),
+              "--json", "-q")
     result = verdict(out)
     assert result["reconfigurations"] >= 2
     logs = sorted((tmp_path / "run" / "cluster" / "logs").glob("coordinator-*.log"))
@@ -66,8 +72,7 @@ def test_check_with_zookeeper_failover_and_a_leader_kill(tmp_path) -> None:
     assert len(logs) >= 3 and len(leading) >= 2  # the first leader was killed; a standby led after it
 
 
-@pytest.mark.skipif(not zk_local.available(), reason=zk_local.INSTALL_HINT)
-def test_up_on_zookeeper_fails_over_the_head(tmp_path) -> None:
+def test_up_on_zookeeper_fails_over_the_head(zk, tmp_path) -> None:
     """`bespokv up --coordinator zookeeper://...`: the map lives in ZooKeeper, nodes hold sessions;
     kill -9 of the head gives a new map (through the proxy) and writes go on."""
     import os
@@ -76,21 +81,19 @@ def test_up_on_zookeeper_fails_over_the_head(tmp_path) -> None:
     from tests.kv.test_cli import cli as cli_checked
     from tests.kv.test_cli import free_range
 
-    pytest.importorskip("kazoo", reason="needs kazoo: pip install kazoo")
     d = str(tmp_path / "c")
-    with zk_local.LocalZooKeeper(tmp_path / "zk") as zk:
-        cli_checked("up", "--replicas", "3", "--base-port", str(free_range(4, seed=31)), "--data-dir", d,
-                    "--coordinator", f"zookeeper://{zk.hosts}/up", "-q", timeout=120)
-        try:
-            cli_checked("put", "a", "1", "--data-dir", d)
-            record = json.loads((tmp_path / "c" / "cluster.json").read_text())
-            os.kill(next(p["pid"] for p in record["processes"] if p["name"] == "node:s0r0"), 9)
-            deadline = time.monotonic() + 30
-            while (smap := json.loads(cli_checked("shardmap", "--data-dir", d).stdout))["epoch"] == 1:
-                assert time.monotonic() < deadline, "no failover"
-                time.sleep(0.1)
-            assert smap["shards"] == [["s0r1", "s0r2"]]
-            cli_checked("put", "b", "2", "--data-dir", d)
-            assert cli_checked("get", "a", "--data-dir", d).stdout.strip() == "1"
-        finally:
-            cli_checked("down", "--data-dir", d, check=False)
+    cli_checked("up", "--replicas", "3", "--base-port", str(free_range(4, seed=31)), "--data-dir", d,
+                "--coordinator", f"zookeeper://{zk.hosts}/up", "-q", timeout=120)
+    try:
+        cli_checked("put", "a", "1", "--data-dir", d)
+        record = json.loads((tmp_path / "c" / "cluster.json").read_text())
+        os.kill(next(p["pid"] for p in record["processes"] if p["name"] == "node:s0r0"), 9)
+        deadline = time.monotonic() + 30
+        while (smap := json.loads(cli_checked("shardmap", "--data-dir", d).stdout))["epoch"] == 1:
+            assert time.monotonic() < deadline, "no failover"
+            time.sleep(0.1)
+        assert smap["shards"] == [["s0r1", "s0r2"]]
+        cli_checked("put", "b", "2", "--data-dir", d)
+        assert cli_checked("get", "a", "--data-dir", d).stdout.strip() == "1"
+    finally:
+        cli_checked("down", "--data-dir", d, check=False)
