@@ -36,6 +36,15 @@ from mlsyskit.tools.fl.simulator import Simulation, choose_attackers
 
 ATTACKS = ("label-flip", "noisy-labels", "random-update", "free-rider", "quality-liar", "sign-flip")
 TUNING_DATASETS = ("digits",)
+TUNING = {  # recorded in the JSON: which constants were chosen where
+    "tuning_split": "the digits cells (part: tuning); mnist1d and breast-cancer cells are held out (part: held-out)",
+    "constants": {
+        "verify.NORM_RATIO_MIN/NORM_RATIO_MAX/MIN_ALIGNMENT": "digits, MLP, Dirichlet 0.5 and 1.0, rounds 1-15, seed 0",
+        "EconomyConfig.quality_floor = 0.25": "digits",
+        "trusted_random.TRUST_FRACTION = 0.5 (also tiff_tokens.PRE_CHANCE_FLOOR)": "digits",
+        "tiff.CHANCE_MARGIN = 0.1": "digits"},
+    "rules_without_constants": ["earned pot (incentive/earned_pot.py)",
+                                "selection in FedAvg's random order (selection/trusted_random.py)"]}
 MALICIOUS_MAX, HONEST_MIN, ACCURACY_SLACK = 0.80, 1.07, 1.0  # x default, x default, points below default
 
 
@@ -171,6 +180,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="keep the cells already in --out")
     p.add_argument("--budget-s", type=float, default=0.0, help="start no new cell after this many seconds (0: none); "
                    "the cells not run are listed in the JSON")
+    p.add_argument("--merge", type=Path, nargs="*", default=[], help="also keep the cells of these JSONs (the same "
+                   "sweep run on some of the datasets by another process)")
     p.add_argument("--workers", type=int, default=1, help="cells run in this many processes at once")
     p.add_argument("--out", type=Path, default=Path("runs/bench_fl_tiff.json"))
     args = p.parse_args(argv)
@@ -182,14 +193,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    setting = {k: v for k, v in vars(args).items() if k not in ("out", "resume", "budget_s", "workers")} | {
+    setting = {k: v for k, v in vars(args).items() if k not in ("out", "resume", "budget_s", "workers", "merge")} | {
         "tuning_datasets": list(TUNING_DATASETS)}
     done: dict = {}
     if args.resume and args.out.is_file():
         previous = json.loads(args.out.read_text())
         if previous.get("setting") == setting:
             done = previous["cells"]
-    result = {"setting": setting, "cells": done}
+    for other in args.merge:  # cells of a run of the same sweep on other datasets (another process)
+        previous = json.loads(other.read_text())
+        if {k: v for k, v in previous["setting"].items() if k != "datasets"} != \
+                {k: v for k, v in setting.items() if k != "datasets"}:
+            raise SystemExit(f"error: {other} is a different sweep (its setting differs beyond the datasets)")
+        done |= {k: c for k, c in previous["cells"].items() if k not in done and c["dataset"] in args.datasets}
+    result = {"setting": setting, "tuning": TUNING, "cells": done}
     todo = cells(args)
     result["not_run"] = []
     deadline = time.time() + args.budget_s if args.budget_s else None
