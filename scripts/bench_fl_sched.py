@@ -98,6 +98,9 @@ def cell_targets(means: dict[str, dict]) -> dict[str, dict]:
         out["adaptive_tta_vs_best_knob<=1.1"] = {"value": ratio, "met": ratio <= 1.1}
         beats = tta("adaptive") < tta("oort") or means["adaptive"]["final_accuracy"] > means["oort"]["final_accuracy"]
         out["adaptive_beats_oort(tta or final)"] = {"value": beats, "met": beats}
+    for check in out.values():  # JSON has no inf/NaN: a ratio against a run that never reached the target is None
+        if isinstance(check["value"], float) and not math.isfinite(check["value"]):
+            check["value"] = None
     return out
 
 
@@ -118,8 +121,9 @@ def mean_metrics(runs: list[dict]) -> dict:
     return out
 
 
-def bench_cells(args) -> list[dict]:
-    cells = []
+def bench_cells(args, save) -> list[dict]:
+    """Every cell; `save(cells)` after each seed, so an interrupted run keeps what finished."""
+    cells: list[dict] = []
     for dataset in args.datasets:
         for clients in args.clients:
             for per_round in args.per_round:
@@ -137,6 +141,9 @@ def bench_cells(args) -> list[dict]:
                     for name, run in runs.items():
                         per_scheduler[name].append(schedule_metrics(run["records"], clients, run["client_accuracy"],
                                                                     target) | {"seed": seed})
+                    partial = {name: runs for name, runs in per_scheduler.items() if runs}
+                    save([*cells, {"dataset": dataset, "clients": clients, "per_round": per_round, "partial": True,
+                                   "seeds_done": len(partial.get("random", [])), "runs": partial}])
                     if args.plots:
                         plot_schedules({n: (r["records"], clients, r["client_accuracy"]) for n, r in runs.items()},
                                        args.plots, prefix=f"{dataset}-{clients}-{per_round}-s{seed}-")
@@ -241,14 +248,18 @@ def main() -> None:
     if args.scale_child is not None:
         scale_child(args.scale_child, args.per_round[0])
         return
-    cells = [] if args.scale_only else bench_cells(args)
+    def save(cells: list[dict], scale: list[dict] | None = None) -> None:
+        doc = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+               "target_fraction": TARGET_FRACTION, "train": train_spec(args).__dict__, "cells": cells,
+               "scale": scale or []}
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(doc, indent=1, default=str))
+
+    cells = [] if args.scale_only else bench_cells(args, save)
     with tempfile.TemporaryDirectory(prefix="bench-fl-sched-") as tmp:
         scale = bench_scale(args.scale, args.per_round[0], Path(tmp)) if args.scale else []
     print_tables(cells, scale)
-    doc = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-           "target_fraction": TARGET_FRACTION, "train": train_spec(args).__dict__, "cells": cells, "scale": scale}
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(doc, indent=1, default=str))
+    save(cells, scale)
     log(f"wrote {args.json_out}")
 
 
