@@ -64,7 +64,8 @@ def run_one(config: JobConfig, scheduler: str, args) -> dict:
     started = time.process_time()
     with MetaStore(":memory:") as store:
         sim = Simulation(config, store, options=SimulationOptions(scheduler, world=world(args),
-                                                                  eval_clients=args.eval_clients))
+                                                                  eval_clients=args.eval_clients,
+                                                                  time_budget_s=args.time_budget))
         sim.run()
         records = [r for _, r in store.read_log("fl_rounds")]
     return {"records": records, "client_accuracy": sim.result.client_accuracy, "cpu_s": time.process_time() - started}
@@ -228,7 +229,9 @@ def main() -> None:
     ap.add_argument("--datasets", type=lambda s: s.split(","), default=["synthetic", "mnist1d"])
     ap.add_argument("--seeds", type=ints, default=[0, 1, 2, 3, 4])
     ap.add_argument("--schedulers", type=lambda s: s.split(","), default=list(SCHEDULERS))
-    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=40, help="rounds (with --time-budget: the most rounds)")
+    ap.add_argument("--time-budget", type=float, default=None,
+                    help="simulated seconds every scheduler gets (instead of a number of rounds)")
     ap.add_argument("--availability", default="synthetic")
     ap.add_argument("--mean-on", type=float, default=300.0, help="synthetic availability: mean online period, s")
     ap.add_argument("--mean-off", type=float, default=100.0, help="... and mean offline period, s")

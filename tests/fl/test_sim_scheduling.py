@@ -126,3 +126,12 @@ def test_free_weights_and_bad_names_are_checked():
         SimulationOptions(scheduler="oort", weights={"fast": 1.0}).make_scheduler()
     with pytest.raises(KeyError, match="choose from"):
         SimulationOptions(scheduler="fastest").make_scheduler()
+
+
+def test_a_simulated_time_budget_ends_the_job_at_the_first_round_past_it():
+    unlimited = simulate(job(rounds=6), scheduler="random")
+    ends = [sum(o.duration_s for o in unlimited.result.outcomes[:i + 1]) for i in range(6)]
+    budget = (ends[2] + ends[3]) / 2  # inside round 4
+    limited = simulate(job(rounds=6), scheduler="random", time_budget_s=budget)
+    assert [o.selected for o in limited.result.outcomes] == [o.selected for o in unlimited.result.outcomes[:4]]
+    assert len(limited.result.client_accuracy) == 10  # the job still ends with its evaluation

@@ -56,6 +56,7 @@ class SimulationOptions:
     deadline_s: float | None = None  # None: the scheduler's round_deadline (capped by round_timeout_s)
     world: WorldConfig = field(default_factory=WorldConfig)
     eval_clients: int = 1000  # per-client accuracy at the end: all clients up to this many, else a sample
+    time_budget_s: float | None = None  # stop after the first round that ends at or past this simulated time
 
     def make_scheduler(self) -> Selector | None:
         if self.scheduler is None:
@@ -203,7 +204,8 @@ class Simulation:
         self.result.outcomes.append(outcome)
         if self._on_round:
             self._on_round(outcome)
-        if not self.coordinator.done:
+        budget = self.options.time_budget_s
+        if not self.coordinator.done and (budget is None or self.loop.now() < budget):
             self.loop.schedule(0.0, self._begin_round)
 
     # -- end of job ----------------------------------------------------------------------------------
