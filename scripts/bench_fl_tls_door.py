@@ -69,14 +69,15 @@ def main() -> None:
     if args.rounds < 4 or args.repeats < 1:
         parser.error("--rounds must be >= 4 and --repeats >= 1")
     single_threaded()
-    work = Path(tempfile.mkdtemp(prefix="bench-tls-door-"))
-    files = issue_certs(work / "certs", client_ids=[str(c) for c in range(CLIENTS)])
-    tls = ServerTls.from_files(files.server_cert, files.server_key, client_ca=files.ca)
     runs: dict[str, list[dict]] = {"door": [], "direct": []}
-    for i in range(args.repeats):
-        for name in ("door", "direct"):
-            runs[name].append(one_run(name == "door", args.rounds, work, files, tls, i))
-            log(f"{name} run {i + 1}: {runs[name][-1]}")
+    with tempfile.TemporaryDirectory(prefix="bench-tls-door-") as folder:
+        work = Path(folder)
+        files = issue_certs(work / "certs", client_ids=[str(c) for c in range(CLIENTS)])
+        tls = ServerTls.from_files(files.server_cert, files.server_key, client_ca=files.ca)
+        for i in range(args.repeats):
+            for name in ("door", "direct"):
+                runs[name].append(one_run(name == "door", args.rounds, work, files, tls, i))
+                log(f"{name} run {i + 1}: {runs[name][-1]}")
     medians = {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for name, rs in runs.items()}
     ratio = medians["door"]["server_cpu_ms_per_round"] / medians["direct"]["server_cpu_ms_per_round"]
     emit_table(make_table(f"mutual TLS, {CLIENTS} client processes, {args.rounds} rounds, median of {args.repeats}",
