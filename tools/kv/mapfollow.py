@@ -18,7 +18,7 @@ from mlsyskit.tools.kv.nodecontrol import FENCED
 from mlsyskit.tools.kv.shardmap import ShardMap
 
 MapSource = Callable[[], Awaitable[ShardMap | None]]
-HINTS = ("fenced:", "reconfigured", "catching up", "link", "forward")
+HINTS = ("fenced:", "reconfigured", "catching up", "link", "forward", "CLUSTERDOWN")
 
 
 def means_new_map(error: BaseException) -> bool:
