@@ -43,11 +43,17 @@ def stop_all(sched, clock) -> None:
     step_until(sched, settled, "every job to stop")
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
+def group_alive(pgid: int) -> bool:
+    """Any live (non-zombie) process in process group `pgid`."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                return True
+    return False
 
 
 def test_tiresias_preempts_a_real_job_which_restarts_with_its_service_kept(tmp_path):
@@ -65,7 +71,7 @@ def test_tiresias_preempts_a_real_job_which_restarts_with_its_service_kept(tmp_p
     assert sched.store.get(a).state == "preempting" and sched.store.get(b).state == "queued"
     # SIGTERM to the group; once it is gone job 1 is queued again with its service and a restart
     step_until(sched, lambda: sched.store.get(b).state in ("running", "done"), "job 2 to start on the freed GPUs")
-    assert not pid_alive(first_pid)
+    assert not group_alive(first_pid)
     again = sched.store.get(a)
     assert again.restarts == 1 and abs(again.attained - 200.0) < 1e-6
     assert any("restart 1" in line for line in logged)
@@ -93,10 +99,11 @@ def test_a_job_that_ignores_sigterm_is_killed_after_the_grace_and_still_requeued
     sched.step()
     assert sched.store.get(a).state == "preempting"
     sched.step()
-    assert sched.store.get(a).state == "preempting" and pid_alive(pid)   # SIGTERM ignored: still holds its GPUs
+    # the wrapper dies of the SIGTERM, the command ignores it: the group lives and holds its GPUs
+    assert sched.store.get(a).state == "preempting" and group_alive(pid)
     clock.advance(6.0)                                                    # past the 5 s grace: SIGKILL
     step_until(sched, lambda: sched.store.get(a).state == "queued", "job 1 to be requeued")
-    assert not pid_alive(pid) and sched.store.get(a).restarts == 1
+    assert not group_alive(pid) and sched.store.get(a).restarts == 1
     stop_all(sched, clock)
 
 
@@ -127,3 +134,37 @@ def test_in_memory_queue_follows_the_job_table(tmp_path):
             assert (view.app, view.gpus, view.batch_size, view.arrival, view.attained, view.restarts) == \
                    (want.app, want.gpus, want.batch_size, want.arrival, want.attained, want.restarts)
     stop_all(sched, clock)
+
+
+def test_a_job_that_finished_as_it_was_preempted_is_done_not_run_again(tmp_path):
+    # The exit status decides: 0 written before the group died means the work is done; a job
+    # killed by the preemption (no exit status, or non-zero) is queued again.
+    from test_daemon_scheduler import FakeExecutor
+
+    from mlsyskit.tools.sched.executors.base import EXITED, GONE, Status
+
+    class Restartable(FakeExecutor):
+        restartable = True
+
+    ex = Restartable()
+    cluster = ClusterConfig((NodeConfig("n0", 2, logical=True),))
+    clock = VirtualClock(0.0)
+    sched = Scheduler(cluster, JobStore(tmp_path / "jobs.db"), ex,
+                      create_policy("tiresias", MODEL, PolicyOptions(tiresias_thresholds=(10.0,))), MODEL, clock, tmp_path)
+    for ending, want in ((Status(EXITED, exit_code=0), "done"), (Status(GONE, reason="killed"), "queued")):
+        old = sched.submit(JobRequest(cmd="x", app="ncf", gpus=2)).id
+        sched.step()
+        clock.advance(100.0)
+        sched.submit(JobRequest(cmd="y", app="ncf", gpus=2))
+        sched.step()
+        assert sched.store.get(old).state == "preempting" and (old, False) in ex.signals
+        ex.status[sched.store.get(old).handle] = ending
+        sched.step()
+        assert sched.store.get(old).state == want, ending
+        assert ex.launched.count(old) == 1
+        for job in sched.store.jobs(("queued", "running")):   # a clean slate for the next case
+            if job.state == "queued":
+                sched.cancel(job.id)
+            else:
+                ex.status[job.handle] = Status(EXITED, exit_code=0)
+        sched.step()

@@ -146,6 +146,10 @@ class Scheduler:
                 if job.state == CANCELLING:
                     self.store.finish(job.id, CANCELLED, now, status.exit_code, "cancelled by request")
                     self.log(f"job {job.id} cancelled")
+                elif status.kind == EXITED and status.exit_code == 0:
+                    # it finished before the preemption took effect: done, never run again (a job
+                    # that checkpoints on SIGTERM exits non-zero to be requeued)
+                    self._finish_exited(job, status, now)
                 else:
                     self._requeue_preempted(job, now)
             elif now >= self._cancel_deadline.setdefault(job.id, now + self.cancel_grace_s):
@@ -154,15 +158,18 @@ class Scheduler:
         if status.kind == EXEC_RUNNING:
             return
         if status.kind == EXITED:
-            state = DONE if status.exit_code == 0 else FAILED
-            report = read_progress(self.launch_of(job).run_dir / "progress")
-            self.store.finish(job.id, state, now, status.exit_code, "" if state == DONE else
-                              f"exit status {status.exit_code}", report.s_last if report else None)
-            adapter.learn(self.history, self.store.get(job.id), self.model)
-            self.log(f"job {job.id} {state} (exit {status.exit_code})")
+            self._finish_exited(job, status, now)
         else:
             self.store.finish(job.id, LOST, now, None, status.reason)
             self.log(f"job {job.id} lost: {status.reason}")
+
+    def _finish_exited(self, job: Job, status, now: float) -> None:
+        state = DONE if status.exit_code == 0 else FAILED
+        report = read_progress(self.launch_of(job).run_dir / "progress")
+        self.store.finish(job.id, state, now, status.exit_code, "" if state == DONE else
+                          f"exit status {status.exit_code}", report.s_last if report else None)
+        adapter.learn(self.history, self.store.get(job.id), self.model)
+        self.log(f"job {job.id} {state} (exit {status.exit_code})")
 
     def _preempt(self, job_id: int, now: float) -> None:
         if self.store.mark_preempting(job_id):
