@@ -76,6 +76,7 @@ class ProcCluster:
         self.coordinator, self.heartbeat, self.misses = coordinator, heartbeat, misses
         self.coord_spec: CoordinatorSpec | None = None
         self.coord_procs: list[subprocess.Popen] = []
+        self.coord_logs: list[Path] = []  # each process's log: the leader says `leading`/`serving` there
         self.original: list[str] = []  # every node id of the first map: the nemesis' victims, healed back
 
     # -- lifecycle -------------------------------------------------------------
@@ -123,10 +124,15 @@ class ProcCluster:
             index = len(self.coord_procs) if self.coord_spec.kind == "zookeeper" else 0  # embedded: one log
             log = self.data_dir / "logs" / f"coordinator-{index}.log"
             self.coord_procs.append(coordproc.spawn(argv, log))
+            self.coord_logs.append(log)
 
     async def kill_coordinator(self) -> None:
-        """kill -9 the coordinator: the first live one, which leads (the ZooKeeper lock is FIFO)."""
-        for proc in self.coord_procs:
+        """kill -9 the leading coordinator (the live one whose log says it leads; else the first live)."""
+        live = [(proc, log) for proc, log in zip(self.coord_procs, self.coord_logs, strict=True)
+                if proc.poll() is None]
+        leading = [(proc, log) for proc, log in live if self.coord_spec.kind == "embedded"
+                   or "leading" in log.read_text(errors="replace")]
+        for proc, _ in leading[-1:] or live[:1]:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 await asyncio.to_thread(proc.wait)
