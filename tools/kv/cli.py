@@ -46,6 +46,9 @@ DEFAULT_DATA_DIR = Path(".bespokv")
 DATA_DIR = typer.Option(None, "--data-dir", help="Where the cluster record, logs and data live (default .bespokv).")
 HOST = typer.Option(None, "--host", help="Any node or the proxy; needs --port.")
 PORT = typer.Option(None, "--port", help="Port of --host (default host 127.0.0.1).")
+PASSWORD_ENV = "MLSYSKIT_BESPOKV_PASSWORD"
+PASSWORD = typer.Option(None, "--password", envvar=PASSWORD_ENV, show_envvar=False,
+                        help=f"The cluster's requirepass (or ${PASSWORD_ENV}; default: <data-dir>/requirepass).")
 
 
 def _data_dir(data_dir: Path | None) -> Path:
@@ -71,12 +74,17 @@ def up(shards: int = typer.Option(None, "--shards", help="Number of shards S (de
        host: str = typer.Option(None, "--host", help="Address of the proxy and coordinator (127.0.0.1); "
                                                      "with --hosts, one every host reaches."),
        foreground: bool = typer.Option(False, "--foreground", help="Stay attached; Ctrl-C stops the cluster."),
+       requirepass: str = typer.Option(None, "--requirepass",
+                                       help="Clients must AUTH with this password (proxy and nodes; off by "
+                                            "default). Kept in <data-dir>/requirepass, mode 0600, never on a "
+                                            "node's command line; prefer the config key or "
+                                            "$MLSYSKIT_BESPOKV_UP_REQUIREPASS to keep it out of `ps`."),
        config: Path = config_option(), as_json: bool = json_option(),
        verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Start a cluster on loopback, wait until every process answers, print endpoints and status.
 
     Config file keys: shards, replicas, controlet (ms-sc, ms-ec, aa-sc, aa-ec), datalet, host,
-    base_port, data_dir, coordinator, heartbeat, misses, hosts."""
+    base_port, data_dir, coordinator, heartbeat, misses, hosts, requirepass."""
     set_verbosity(verbose, quiet)
     controlet = None
     if topology is not None or consistency is not None:
@@ -84,7 +92,7 @@ def up(shards: int = typer.Option(None, "--shards", help="Number of shards S (de
     spec = load_command_config(processes.ClusterSpec, config, {
         "shards": shards, "replicas": replicas, "controlet": controlet, "datalet": datalet,
         "base_port": base_port, "data_dir": data_dir, "coordinator": coordinator, "heartbeat": heartbeat,
-        "hosts": hosts, "host": host})
+        "hosts": hosts, "host": host, "requirepass": requirepass})
     log(f"starting {spec.shards}x{spec.replicas} {spec.controlet} cluster on the {spec.datalet} datalet ...")
     record = processes.up(spec)
     if as_json:
@@ -160,7 +168,8 @@ def switch(topology: str = typer.Option(..., "--topology", help="ms (master-slav
         raise UsageError("this cluster runs without a coordinator (up --coordinator none): nothing can switch it")
     target = controlet_name(topology, consistency)
     log(f"switching to {target} ...")
-    result = live_switch(CoordinatorSpec.from_dict(record["coordinator"]), target, timeout=timeout)
+    result = live_switch(CoordinatorSpec.from_dict(record["coordinator"]), target, timeout=timeout,
+                         password=processes.read_password(_data_dir(data_dir)))
     if as_json:
         emit_json(result.as_dict())
     else:
@@ -191,19 +200,30 @@ def cluster_address(data_dir: Path | None, host: str | None, port: int | None) -
     return proxy["host"], proxy["port"]
 
 
-def fetch_map(host: str, port: int) -> ShardMap:
+def cluster_password(data_dir: Path | None, password: str | None) -> bytes | None:
+    """--password (or its env var), else the password file of --data-dir (or ./.bespokv)."""
+    if password is not None:
+        return password.encode()
+    return processes.read_password(_data_dir(data_dir))
+
+
+def fetch_map(host: str, port: int, password: bytes | None = None) -> ShardMap:
     debug(f"fetching the shard map from {host}:{port}")
     try:
-        return ShardMap.from_json(processes.sync_call(host, port, "BKV.SHARDMAP"))
+        return ShardMap.from_json(processes.sync_call(host, port, "BKV.SHARDMAP", password=password))
     except OSError as e:
+        if str(e).startswith(("NOAUTH", "WRONGPASS")):
+            raise RuntimeFailure(f"bespokv at {host}:{port} refused: {e} (give --password or "
+                                 f"${PASSWORD_ENV}, or --data-dir of the cluster)") from None
         raise RuntimeFailure(f"cannot reach bespokv at {host}:{port}: {e}") from None
 
 
-def _kv(fn, data_dir: Path | None, host: str | None, port: int | None):
-    smap = fetch_map(*cluster_address(data_dir, host, port))
+def _kv(fn, data_dir: Path | None, host: str | None, port: int | None, password: str | None):
+    secret = cluster_password(data_dir, password)
+    smap = fetch_map(*cluster_address(data_dir, host, port), password=secret)
 
     async def body():
-        client = SmartClient(smap, timeout=10.0)
+        client = SmartClient(smap, timeout=10.0, password=secret)
         try:
             return await fn(client)
         finally:
@@ -220,11 +240,11 @@ def _kv(fn, data_dir: Path | None, host: str | None, port: int | None):
 
 
 @app.command()
-def get(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT, as_json: bool = json_option(),
-        verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+def get(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT, password: str = PASSWORD,
+        as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Print the value of KEY (exit 1 if it does not exist)."""
     set_verbosity(verbose, quiet)
-    value = _kv(lambda c: c.get(key.encode()), data_dir, host, port)
+    value = _kv(lambda c: c.get(key.encode()), data_dir, host, port, password)
     text = None if value is None else value.decode(errors="backslashreplace")
     if as_json:
         emit_json({"key": key, "value": text})
@@ -236,10 +256,10 @@ def get(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT,
 
 @app.command()
 def put(key: str, value: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT,
-        as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+        password: str = PASSWORD, as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Set KEY to VALUE."""
     set_verbosity(verbose, quiet)
-    _kv(lambda c: c.put(key.encode(), value.encode()), data_dir, host, port)
+    _kv(lambda c: c.put(key.encode(), value.encode()), data_dir, host, port, password)
     if as_json:
         emit_json({"key": key, "ok": True})
     else:
@@ -247,11 +267,11 @@ def put(key: str, value: str, data_dir: Path = DATA_DIR, host: str = HOST, port:
 
 
 @app.command("del")
-def delete(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT, as_json: bool = json_option(),
-           verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+def delete(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT, password: str = PASSWORD,
+           as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Delete KEY; prints 1 if it existed, else 0."""
     set_verbosity(verbose, quiet)
-    existed = _kv(lambda c: c.delete(key.encode()), data_dir, host, port)
+    existed = _kv(lambda c: c.delete(key.encode()), data_dir, host, port, password)
     if as_json:
         emit_json({"key": key, "existed": existed})
     else:
@@ -259,11 +279,12 @@ def delete(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PO
 
 
 @app.command()
-def shardmap(data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT,
+def shardmap(data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT, password: str = PASSWORD,
              verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Print the shard map (epoch, controlet, datalet, replicas per shard, node addresses) as JSON."""
     set_verbosity(verbose, quiet)
-    typer.echo(json.dumps(fetch_map(*cluster_address(data_dir, host, port)).to_dict(), indent=2))
+    typer.echo(json.dumps(fetch_map(*cluster_address(data_dir, host, port),
+                                     password=cluster_password(data_dir, password)).to_dict(), indent=2))
 
 
 @app.command()

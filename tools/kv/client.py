@@ -30,8 +30,12 @@ class KVError(RuntimeError):
 
 # Errors a node answers before touching any state (front-end validation): a write that got
 # one of these certainly did not happen. Any other error after a send is ambiguous.
+# A node fenced by a newer epoch refuses before it executes anything ("TRYAGAIN fenced: ..."),
+# so that refusal is a definite fail too; a plain TRYAGAIN (a write timed out waiting for a
+# replica) is not: the write may have been applied.
 REFUSED_BEFORE_EXECUTION = ("wrong number of arguments", "syntax error", "key too long", "value too large",
-                            "unknown command", "too many arguments", "Protocol error", "only database 0")
+                            "unknown command", "too many arguments", "Protocol error", "only database 0",
+                            "TRYAGAIN fenced:")
 
 
 def certainly_not_applied(message: str) -> bool:
@@ -41,8 +45,9 @@ def certainly_not_applied(message: str) -> bool:
 
 class SmartClient:
     def __init__(self, shard_map: ShardMap, seed: int = 0, history: History | None = None,
-                 process: int = 0, timeout: float | None = None) -> None:
+                 process: int = 0, timeout: float | None = None, password: bytes | None = None) -> None:
         self.map = shard_map
+        self.password = password  # sent with AUTH on every new connection (clusters with requirepass)
         self.timeout = timeout  # per recorded operation; None waits for ever
         self.cls = controlet_class(shard_map.controlet)
         self.rng = random.Random(seed)
@@ -57,6 +62,8 @@ class SmartClient:
     async def connect(cls, host: str, port: int, **kwargs) -> SmartClient:
         seed_conn = await RespConnection.connect(host, port)
         try:
+            if kwargs.get("password") is not None:
+                await seed_conn.call(b"AUTH", kwargs["password"])
             text = await seed_conn.call(b"BKV.SHARDMAP")
         finally:
             await seed_conn.close()
@@ -72,7 +79,14 @@ class SmartClient:
         if conn is not None and not conn.closed:
             return conn
         addr = self.map.nodes[node_id]
-        conn = self.conns[node_id] = await RespConnection.connect(addr.host, addr.port)
+        conn = await RespConnection.connect(addr.host, addr.port)
+        if self.password is not None:
+            try:
+                await conn.call(b"AUTH", self.password)
+            except hiredis.ReplyError as e:  # refused before any command: nothing was applied
+                await conn.close()
+                raise KVError(str(e)) from None
+        self.conns[node_id] = conn
         return conn
 
     def target(self, key: bytes, write: bool) -> str:
@@ -88,7 +102,7 @@ class SmartClient:
             conn = self.conns.get(node)
             if conn is None or conn.closed:
                 conn = await self._conn(node)
-        except (TimeoutError, OSError):  # nothing was sent
+        except (TimeoutError, OSError, KVError):  # nothing was sent (KVError: AUTH refused)
             self._record("fail", f, key, value)
             raise
         try:

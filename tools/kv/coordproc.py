@@ -104,7 +104,8 @@ def spec_for_up(url: str, host: str, heartbeat: float, misses: int, data_dir: Pa
     return parse_coordinator(url, heartbeat, misses)
 
 
-def wait_leases(endpoints: list[tuple[str, str, int]], clock: Clock, timeout: float, where: str) -> None:
+def wait_leases(endpoints: list[tuple[str, str, int]], clock: Clock, timeout: float, where: str,
+                password: bytes | None = None) -> None:
     """Until every node's first heartbeat under the stored map was answered (it serves only then)."""
     from mlsyskit.tools.kv.processes import parse_info, sync_call
 
@@ -114,7 +115,7 @@ def wait_leases(endpoints: list[tuple[str, str, int]], clock: Clock, timeout: fl
             continue
         while True:
             try:
-                lease = parse_info(sync_call(host, port, "INFO", timeout=0.5)).get("lease_s", "-")
+                lease = parse_info(sync_call(host, port, "INFO", timeout=0.5, password=password)).get("lease_s", "-")
                 if lease != "-" and float(lease) > 0:
                     break
             except OSError:

@@ -18,7 +18,7 @@ from mlsyskit.tools.kv.controlplane import ControlAgent, CoordinatorSpec, make_b
 from mlsyskit.tools.kv.coord.aclient import CoordUnavailable
 from mlsyskit.tools.kv.node import Node
 from mlsyskit.tools.kv.peerauth import load_or_create_secret
-from mlsyskit.tools.kv.processes import load_record
+from mlsyskit.tools.kv.processes import load_record, read_password
 from mlsyskit.tools.kv.server import start_node
 from mlsyskit.tools.kv.shardmap import ShardMap
 
@@ -33,12 +33,13 @@ def serve_node(data_dir: Path, node_id: str | None) -> None:
         redis = {"host": record["proxy"]["host"], "port": record["redis_ports"].get(node_id, 6379)}
         datalet = node_datalet(record["datalet"], node_id, Path(record["data_dir"]), redis)
     secret = load_or_create_secret(Path(data_dir))
+    requirepass = read_password(Path(data_dir))  # from the 0600 file, never from argv
     routes = {dst: (h, int(p)) for dst, (h, p) in record.get("routes", {}).get(node_id or "", {}).items()}
     proxy = record["proxy"]
     addr = (proxy["host"], proxy["port"]) if node_id is None else (None, None)
 
     def make(current: ShardMap) -> Node:
-        node = Node(current, node_id, datalet, secret=secret)
+        node = Node(current, node_id, datalet, secret=secret, requirepass=requirepass)
         node.routes = routes
         return node
     coordinator = record.get("coordinator")

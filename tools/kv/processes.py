@@ -32,6 +32,7 @@ from mlsyskit.tools.kv.placement import load_hosts, place
 from mlsyskit.tools.kv.shardmap import ShardMap, layout
 
 RECORD = "cluster.json"
+PASSWORD_FILE = "requirepass"
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,13 @@ class ClusterSpec:
     hosts: Path | None = None  # TOML hosts file: nodes placed on several hosts (placement.py)
     heartbeat: float = 0.5  # seconds between a node's heartbeats; failed over after `misses` missed
     misses: int = 3
+    requirepass: str | None = None  # clients must AUTH; kept in <data-dir>/requirepass (0600), never in argv
 
     def __post_init__(self) -> None:
         require(self.coordinator in ("none", "embedded") or self.coordinator.startswith("zookeeper://"),
                 f"--coordinator must be none, embedded or zookeeper://HOST:PORT/ROOT, got {self.coordinator!r}")
+        require(self.requirepass is None or (0 < len(self.requirepass) <= 512 and "\n" not in self.requirepass),
+                "--requirepass must be 1..512 characters on one line")
         require(self.heartbeat > 0 and self.misses >= 1, "--heartbeat must be positive, misses at least 1")
         require(1 <= self.shards <= 64, f"--shards must be 1..64, got {self.shards}")
         require(1 <= self.replicas <= 9, f"--replicas must be 1..9, got {self.replicas}")
@@ -61,19 +65,53 @@ class ClusterSpec:
                 f"--base-port {self.base_port} leaves no room for {n} nodes below 65536")
 
 
-def sync_call(host: str, port: int, *parts: bytes | str | int, timeout: float = 1.0) -> Any:
-    """One blocking RESP request (for status checks from the command line)."""
+def sync_call(host: str, port: int, *parts: bytes | str | int, timeout: float = 1.0,
+              password: bytes | None = None) -> Any:
+    """One blocking RESP request (for status checks from the command line); AUTH first when
+    the cluster has a password (both leave in one send)."""
     reader = hiredis.Reader()
+    wire = hiredis.pack_command(parts)
+    if password is not None:
+        wire = hiredis.pack_command((b"AUTH", password)) + wire
+    replies = []
     with socket.create_connection((host, port), timeout=timeout) as s:
-        s.sendall(hiredis.pack_command(parts))
-        while (reply := reader.gets()) is False:
-            data = s.recv(65536)
-            if not data:
-                raise ConnectionError(f"{host}:{port} closed the connection")
-            reader.feed(data)
-    if isinstance(reply, hiredis.ReplyError):
-        raise ConnectionError(str(reply))
-    return reply
+        s.sendall(wire)
+        while len(replies) < (2 if password is not None else 1):
+            while (reply := reader.gets()) is False:
+                data = s.recv(65536)
+                if not data:
+                    raise ConnectionError(f"{host}:{port} closed the connection")
+                reader.feed(data)
+            replies.append(reply)
+    for reply in replies:
+        if isinstance(reply, hiredis.ReplyError):
+            raise ConnectionError(str(reply))
+    return replies[-1]
+
+
+def password_path(data_dir: Path) -> Path:
+    return Path(data_dir) / PASSWORD_FILE
+
+
+def write_password(data_dir: Path, password: str | None) -> None:
+    """<data-dir>/requirepass, mode 0600 from creation (replaced atomically); removed without one."""
+    path = password_path(data_dir)
+    if password is None:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_name(f".{PASSWORD_FILE}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(password)
+    os.replace(tmp, path)
+
+
+def read_password(data_dir: Path) -> bytes | None:
+    """The cluster's client password (None: the cluster has none)."""
+    try:
+        return password_path(data_dir).read_bytes()
+    except FileNotFoundError:
+        return None
 
 
 def parse_info(text: bytes) -> dict[str, str]:
@@ -160,6 +198,7 @@ def up(spec: ClusterSpec, clock: Clock | None = None, timeout: float = 30.0) -> 
         (data_dir / "logs").mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"cannot use --data-dir {data_dir}: {e.strerror}") from None
+    password = spec.requirepass.encode() if spec.requirepass is not None else None
     coord = coordproc.spec_for_up(spec.coordinator, spec.host, spec.heartbeat, spec.misses, data_dir)
     try:
         if coord is not None:
@@ -173,8 +212,9 @@ def up(spec: ClusterSpec, clock: Clock | None = None, timeout: float = 30.0) -> 
             _spawn(record, f"redis:{nid}", ["redis-server", "--port", str(port), "--bind", spec.host,
                                              "--dir", str(rdir), "--save", "", "--appendonly", "yes",
                                              "--daemonize", "no"], data_dir)
-        _wait_ready(record, redis_endpoints, clock, timeout)
+        _wait_ready(record, redis_endpoints, clock, timeout, None)  # redis datalets: no password
         record_path(data_dir).write_text(json.dumps(record, indent=2))
+        write_password(data_dir, spec.requirepass)  # before the nodes start: they read it
         load_or_create_secret(data_dir)  # the nodes' peer-authentication secret, mode 0600
         me = [sys.executable, "-m", "mlsyskit.tools.kv.cli"]
         for reps in record["map"]["shards"]:
@@ -183,10 +223,10 @@ def up(spec: ClusterSpec, clock: Clock | None = None, timeout: float = 30.0) -> 
                 _spawn(record, f"node:{nid}", prefix + me + ["node", nid, "--data-dir", str(data_dir)], data_dir)
         _spawn(record, "proxy", me + ["proxy", "--data-dir", str(data_dir)], data_dir)
         record_path(data_dir).write_text(json.dumps(record, indent=2))
-        _wait_ready(record, endpoints, clock, timeout)
+        _wait_ready(record, endpoints, clock, timeout, password)
         if coord is not None:
             coordproc.initialize(coord, ShardMap.from_dict(record["map"]), clock, timeout)
-            coordproc.wait_leases(_endpoints(record), clock, timeout, record['data_dir'])
+            coordproc.wait_leases(_endpoints(record), clock, timeout, record['data_dir'], password)
     except BaseException:
         down(data_dir)
         raise
@@ -208,15 +248,17 @@ def _spawn(record: dict[str, Any], name: str, argv: list[str], data_dir: Path) -
     record["processes"].append({"name": name, "pid": proc.pid})
 
 
-def _wait_ready(record: dict[str, Any], endpoints: list, clock: Clock, timeout: float) -> None:
+def _wait_ready(record: dict[str, Any], endpoints: list, clock: Clock, timeout: float,
+                password: bytes | None) -> None:
     """Wait until every endpoint answers PING and every node has caught up (INFO catching_up:0)."""
     deadline = clock.now() + timeout
     for name, host, port in endpoints:
         while True:
             try:
-                if sync_call(host, port, "PING", timeout=0.5) == b"PONG" and (
+                if sync_call(host, port, "PING", timeout=0.5, password=password) == b"PONG" and (
                         name.startswith("redis") or name == "proxy"
-                        or parse_info(sync_call(host, port, "INFO", timeout=0.5)).get("catching_up", "0") == "0"):
+                        or parse_info(sync_call(host, port, "INFO", timeout=0.5, password=password)
+                                      ).get("catching_up", "0") == "0"):
                     break
             except OSError:
                 pass
@@ -280,13 +322,14 @@ def _running(pid: int) -> bool:
 
 def status(data_dir: Path) -> list[dict[str, Any]]:
     record = load_record(Path(data_dir))
+    password = read_password(Path(data_dir))
     pids = {p["name"]: p["pid"] for p in record.get("processes", [])}
     rows = []
     for name, host, port in _endpoints(record):
         row: dict[str, Any] = {"name": name, "endpoint": f"{host}:{port}",
                                "pid": pids.get(f"node:{name}", pids.get(name)), "up": False}
         try:
-            info = parse_info(sync_call(host, port, "INFO"))
+            info = parse_info(sync_call(host, port, "INFO", password=password))
             row.update(up=True, role=info.get("role", "proxy"), commands=int(info.get("total_commands", 0)),
                        keys=info.get("keys", "-"), epoch=info.get("epoch", "-"), state=_node_state(info))
         except OSError:

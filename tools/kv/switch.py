@@ -79,14 +79,14 @@ def commit_switch(spec: CoordinatorSpec, controlet: str) -> tuple[ShardMap, Shar
         store.close()
 
 
-def wait_settled(new: ShardMap, clock: Clock, timeout: float) -> None:
+def wait_settled(new: ShardMap, clock: Clock, timeout: float, password: bytes | None = None) -> None:
     """Until every node of `new` answers at its epoch (or later) and is not catching up."""
     deadline = clock.now() + timeout
     waiting = dict(new.nodes)
     while waiting:
         for nid, addr in list(waiting.items()):
             try:
-                info = parse_info(sync_call(addr.host, addr.port, "INFO", timeout=0.5))
+                info = parse_info(sync_call(addr.host, addr.port, "INFO", timeout=0.5, password=password))
             except OSError:
                 continue
             if int(info.get("epoch", -1)) >= new.epoch and info.get("catching_up", "0") == "0":
@@ -98,11 +98,12 @@ def wait_settled(new: ShardMap, clock: Clock, timeout: float) -> None:
             clock.sleep(0.02)
 
 
-def switch(spec: CoordinatorSpec, controlet: str, clock: Clock | None = None, timeout: float = 30.0) -> SwitchResult:
+def switch(spec: CoordinatorSpec, controlet: str, clock: Clock | None = None, timeout: float = 30.0,
+           password: bytes | None = None) -> SwitchResult:
     clock = clock or RealClock()
     start = clock.now()
     before, new = commit_switch(spec, controlet)
     committed = clock.now()
-    wait_settled(new, clock, timeout)
+    wait_settled(new, clock, timeout, password)
     return SwitchResult(before.controlet, new.controlet, new.epoch, round(committed - start, 4),
                         round(clock.now() - start, 4))
