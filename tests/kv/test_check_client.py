@@ -18,6 +18,7 @@ def run(coro, timeout: float = 30):
 def test_only_front_end_refusals_are_certain() -> None:
     assert certainly_not_applied("ERR wrong number of arguments for 'set' command")
     assert certainly_not_applied("value too large (5000000 > 4194304 bytes)")
+    assert certainly_not_applied("TRYAGAIN fenced: s0r2 has no current lease from the coordinator; retry")
     for ambiguous in ("forward failed: connection lost", "TRYAGAIN write timed out", "CLUSTERDOWN",
                       "datalet error: OOM", "anything new"):
         assert not certainly_not_applied(ambiguous)
@@ -65,6 +66,7 @@ async def outcome(behaviour: str | None, op: str) -> str:
     ("reset", "put", "info"),  # sent, then the connection died: may have been applied
     ("silent", "put", "info"),  # timed out
     ("-TRYAGAIN write timed out\r\n", "put", "info"),
+    ("-TRYAGAIN fenced: s0r0 is not in the shard map (epoch 3); refresh the map\r\n", "put", "fail"),
     ("-ERR forward failed: connection lost\r\n", "del", "info"),
     ("-ERR value too large (9 > 8 bytes)\r\n", "put", "fail"),  # refused before execution
     (None, "put", "fail"),  # connection refused: nothing was sent

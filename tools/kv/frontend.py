@@ -30,6 +30,7 @@ import hiredis
 from mlsyskit.tools.kv import admin, resp, values
 from mlsyskit.tools.kv.commands import HANDLERS
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, FLUSH, GET, PUT, WRITES
+from mlsyskit.tools.kv.nodecontrol import FENCED, LeaseExpired
 from mlsyskit.tools.kv.requests import PEER_MESSAGE, Ready, Request
 
 if TYPE_CHECKING:
@@ -147,7 +148,11 @@ class ClientConnection(asyncio.Protocol):
                     if n == 2 and fast_get is not None and cmd[0] == b"GET":
                         key = cmd[1]
                         if type(key) is bytes and len(key) <= max_key and (all_mine or owns(key)):
-                            v = fast_get(key)
+                            try:
+                                v = fast_get(key)
+                            except LeaseExpired:  # deposed or paused past its lease: a retriable refusal
+                                out.append(self.lease_refusal())
+                                continue
                             if v is None:
                                 out.append(b"$-1\r\n")
                                 continue
@@ -222,7 +227,15 @@ class ClientConnection(asyncio.Protocol):
         handler = HANDLERS.get(name)
         if handler is None:
             return self.reply(resp.error(f"unknown command '{cmd[0][:64].decode(errors='replace')}'"))
-        handler(self, cmd)
+        try:
+            handler(self, cmd)
+        except LeaseExpired:  # a handler's local read (GET, GETRANGE...) found the lease lapsed
+            self.reply(self.lease_refusal())
+
+    def lease_refusal(self) -> bytes:
+        """-TRYAGAIN fenced: the read was refused before it ran (the client refreshes and retries)."""
+        self.node.stats["fenced"] += 1
+        return resp.error(self.node.fenced() or f"{FENCED} {self.node.node_id} has no current lease; retry")
 
     def _inline_commands(self, data: bytes) -> bytes:
         """Redis's inline form (`PING\\r\\n`, as redis-cli pipes and redis-benchmark's PING_INLINE send):
