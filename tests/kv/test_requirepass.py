@@ -69,6 +69,9 @@ def test_requirepass_cluster_refuses_until_auth_and_the_cli_authenticates(cluste
     assert cli("get", "city", "--data-dir", d).stdout.strip() == "Lyon"
     status = json.loads(cli("status", "--data-dir", d, "--json").stdout)
     assert len(status) == 3 and all(row["up"] for row in status)
+    bench = json.loads(cli("bench", "--keys", "50", "--ops", "200", "--clients", "2", "--data-dir", d,
+                           "--json").stdout)
+    assert bench["errors"] == 0 and bench["ops_per_s"] > 0
     # ... or takes --password / the env var when it finds the cluster by address.
     addr = ["--host", "127.0.0.1", "--port", str(base), "--data-dir", str(cluster_dir.parent / "elsewhere")]
     assert cli("get", "city", *addr, env={"MLSYSKIT_BESPOKV_PASSWORD": PASSWORD}).stdout.strip() == "Lyon"

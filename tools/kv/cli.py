@@ -301,7 +301,7 @@ def bench(workload: str = typer.Option(None, "--workload", help="ycsb-a (default
           wait: int = typer.Option(0, "--wait", help="With --redis: WAIT for this many replicas after writes."),
           primary_reads: bool = typer.Option(False, "--primary-reads",
                                              help="With --redis: read at the primary only (default: spread)."),
-          data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT,
+          data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT, password: str = PASSWORD,
           config: Path = config_option(), as_json: bool = json_option(),
           verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """YCSB-style load: throughput and p50/p99/p999 latency (load phase, then the measured run).
@@ -317,10 +317,11 @@ def bench(workload: str = typer.Option(None, "--workload", help="ycsb-a (default
         endpoints = [parse_addr(e, "--redis") for e in redis.split(",")]
         make, target = ycsb.redis_target_factory(endpoints, wait, not primary_reads), f"redis {redis}"
     else:
-        smap = fetch_map(*cluster_address(data_dir, host, port))
+        secret = cluster_password(data_dir, password)
+        smap = fetch_map(*cluster_address(data_dir, host, port), password=secret)
 
         async def make(s: int):
-            return await ycsb.bespokv_target(smap, s)
+            return await ycsb.bespokv_target(smap, s, secret)
         target = f"bespokv {smap.controlet}/{smap.datalet} {len(smap.shards)}x{len(smap.shards[0])}"
     with reporter() as rep:
         rep.start(f"{w.name} on {target}", total=w.ops, unit="op")

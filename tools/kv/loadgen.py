@@ -28,6 +28,7 @@ class Router:
     """Where one client sends an operation: (endpoint index, frame, replies the frame produces)."""
 
     endpoints: list[tuple[str, int]]
+    password: bytes | None = None  # sent with AUTH on each connection before any operation
 
     def read(self, key: bytes) -> tuple[int, bytes, int]: ...
     def write(self, key: bytes, value: bytes) -> tuple[int, bytes, int]: ...
@@ -140,9 +141,33 @@ async def connect_client(router: Router) -> list[OpConnection]:
     loop = asyncio.get_running_loop()
     conns = []
     for host, port in router.endpoints:
-        _, conn = await asyncio.wait_for(loop.create_connection(OpConnection, host, port), 5)
+        if router.password is None:
+            _, conn = await asyncio.wait_for(loop.create_connection(OpConnection, host, port), 5)
+        else:
+            sock = await asyncio.to_thread(authenticated_socket, host, port, router.password)
+            _, conn = await loop.create_connection(OpConnection, sock=sock)
         conns.append(conn)
     return conns
+
+
+def authenticated_socket(host: str, port: int, password: bytes, timeout: float = 5.0) -> socket.socket:
+    """A connected socket past AUTH (its reply consumed), handed to asyncio non-blocking."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        sock.sendall(hiredis.pack_command((b"AUTH", password)))
+        reader = hiredis.Reader()
+        while (reply := reader.gets()) is False:
+            data = sock.recv(4096)
+            if not data:
+                raise ConnectionError(f"{host}:{port} closed the connection during AUTH")
+            reader.feed(data)
+        if isinstance(reply, hiredis.ReplyError):
+            raise ConnectionError(f"{host}:{port} refused AUTH: {reply}")
+    except BaseException:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
 
 
 async def drive(run: Run, clients: list[tuple[Router, list[OpConnection]]], window: int) -> float:

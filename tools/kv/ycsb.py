@@ -86,8 +86,9 @@ def get_frame(key: bytes) -> bytes:
 class BespokvRouter(Router):
     """The smart client's routing (shard map; write target, seeded choice among read targets)."""
 
-    def __init__(self, shard_map: ShardMap, seed: int) -> None:
-        self.client = SmartClient(shard_map, seed=seed)
+    def __init__(self, shard_map: ShardMap, seed: int, password: bytes | None = None) -> None:
+        self.client = SmartClient(shard_map, seed=seed)  # its routing only; connections are loadgen's
+        self.password = password
         names = list(shard_map.nodes)
         self.index = {n: i for i, n in enumerate(names)}
         self.endpoints = [(shard_map.nodes[n].host, shard_map.nodes[n].port) for n in names]
@@ -120,8 +121,8 @@ class RedisRouter(Router):
         return 0, set_frame(key, value), 1
 
 
-async def bespokv_target(shard_map: ShardMap, seed: int) -> Router:
-    return BespokvRouter(shard_map, seed)
+async def bespokv_target(shard_map: ShardMap, seed: int, password: bytes | None = None) -> Router:
+    return BespokvRouter(shard_map, seed, password)
 
 
 def redis_target_factory(endpoints: list[tuple[str, int]], wait: int,
