@@ -14,7 +14,7 @@ from mlsyskit.core.config import ConfigError
 from mlsyskit.tools.kv.processes import ClusterSpec, read_password, sync_call
 from tests.kv.test_cli import cli, free_range
 
-PASSWORD = "s3cret-pass"
+PASSWORD = "s3cret pass-é"  # a space and a non-ASCII letter: bytes on the wire as in the file
 
 
 def raw(port: int, *commands: tuple[bytes, ...]) -> list:
@@ -85,7 +85,7 @@ def test_requirepass_cluster_refuses_until_auth_and_the_cli_authenticates(cluste
 
 def test_requirepass_config_key_and_validation(tmp_path) -> None:
     config = tmp_path / "cluster.toml"
-    config.write_text(f'requirepass = "{PASSWORD}"\nreplicas = 2\n')
+    config.write_text(f'requirepass = "{PASSWORD}"\nreplicas = 2\n', encoding="utf-8")
     spec = load_command_config(ClusterSpec, config, {"requirepass": None})
     assert spec.requirepass == PASSWORD and spec.replicas == 2
     for bad in ("", "two\nlines", "x" * 513):

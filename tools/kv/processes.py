@@ -101,8 +101,8 @@ def write_password(data_dir: Path, password: str | None) -> None:
         return
     tmp = path.with_name(f".{PASSWORD_FILE}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(password)
+    with os.fdopen(fd, "wb") as f:
+        f.write(password.encode())  # UTF-8 whatever the locale, as the CLI sends it
     os.replace(tmp, path)
 
 
