@@ -50,9 +50,9 @@ class Coordinator:
     def __init__(self, config: JobConfig, store: MetaStore, clock: Clock | None = None,
                  scheduler: Selector | None = None,
                  local_only: Callable[[list[int]], dict[int, float]] | None = None) -> None:
-        """`scheduler` (issue 12) picks the round's clients instead of the strategy's selector, or among the
-        clients that selector trusts when it has an opinion (TIFF's trust: GatedScheduler). `local_only`
-        computes consumers' local-only baselines that registered without one (None), when first needed."""
+        """`scheduler`: a configured instance of `config.scheduler` (free weights), else one is made by name.
+        `local_only` computes consumers' local-only baselines that registered without one (None), when first
+        needed (a simulation's lazy clients)."""
         self.config = config
         self.clock = clock  # only times the phases of finish_round (None: not timed)
         self.store = store
@@ -74,14 +74,12 @@ class Coordinator:
         validation = Validation(ClientData(-1, data.x_val, data.y_val, data.x_val[:0], data.y_val[:0]),
                                 data.num_features, data.num_classes, val_accuracy)
         self.strategy = STRATEGIES.get(config.strategy)(config, evaluator, validation)
-        self.scheduler_name = scheduler.name if scheduler is not None else ""
-        if scheduler is not None:  # a selector that only draws at random has no opinion worth keeping
-            own = self.strategy.selector
-            self.strategy.selector = scheduler if isinstance(own, RandomSelector) else GatedScheduler(own, scheduler)
         self._local_only = local_only
         self._round_opened_at = 0.0
+        if scheduler is not None and scheduler.name != config.scheduler:
+            raise ValueError(f"the scheduler given ({scheduler.name}) is not the job's ({config.scheduler or 'none'})")
         if config.scheduler:  # before _resume, which restores the selector's memory
-            self.strategy.selector = scheduled_selector(config.scheduler, self.strategy.selector)
+            self.strategy.selector = scheduled_selector(config.scheduler, self.strategy.selector, scheduler)
         self.weights = init_weights(self.num_features, self.num_classes, config.train.hidden,
                                     sub_seed(config.seed, "model-init"), config.train.model)
         self.round = 0  # last committed round
@@ -103,10 +101,7 @@ class Coordinator:
         stored = self.store.get(NS, "config", None)
         if stored is None:
             self.store.put(NS, "config", self.config.to_dict())
-            self.store.put(NS, "scheduler", self.scheduler_name)
             return
-        if self.store.get(NS, "scheduler", "") != self.scheduler_name:
-            raise JobMismatch(f"{self.store.path} holds a job with a different scheduler; use a fresh run directory")
         mine = self.config.to_dict()
         for key in ("strategy", "seed", "data", "train", "selection", "economy"):
             if stored.get(key) != mine.get(key):
@@ -326,13 +321,12 @@ class Coordinator:
             self._checkpoint()
 
 
-def scheduled_selector(name: str, own: Selector) -> Selector:
+def scheduled_selector(name: str, own: Selector, scheduler: Selector | None = None) -> Selector:
     """`--scheduler NAME`: the scheduler replaces plain random selection; any other selector (TIFF's trust)
     stays as the gate that narrows the pool the scheduler picks from."""
     from mlsyskit.tools.fl.scheduling import make_scheduler
-    from mlsyskit.tools.fl.scheduling.gated import GatedScheduler
 
-    scheduler = make_scheduler(name)
+    scheduler = scheduler or make_scheduler(name)
     return scheduler if isinstance(own, RandomSelector) else GatedScheduler(own, scheduler)
 
 

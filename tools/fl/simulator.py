@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlsyskit.core.sim import EventHandle, EventLoop, Seeds, sub_seed
@@ -50,7 +50,7 @@ def choose_attackers(num_clients: int, fraction: float, attack: str, seed: int) 
 
 @dataclass(frozen=True)
 class SimulationOptions:
-    scheduler: str | None = None  # None: the strategy's own selector
+    scheduler: str | None = None  # None: the job's (JobConfig.scheduler; "" = the strategy's own selector)
     weights: dict[str, float] = field(default_factory=dict)  # free knob weights for fast|rfair|afair|perf|adaptive
     scheduler_config: Any = None  # the scheduler's own config dataclass (overrides `weights`)
     deadline_s: float | None = None  # None: the scheduler's round_deadline (capped by round_timeout_s)
@@ -87,11 +87,14 @@ class Simulation:
                  dropout: float = 0.0, backend: TrainingBackend | None = None,
                  options: SimulationOptions | None = None) -> None:
         single_threaded()  # many tiny models: threads cost more than they give
+        options = options or SimulationOptions()
+        if options.scheduler is not None:  # the job's scheduler: stored with the run, checked on resume
+            config = replace(config, scheduler=options.scheduler)
         self.config = config
         self.attacks = attacks or {}
         self.dropout = dropout
         self.backend = backend or InProcessBackend()
-        self.options = options or SimulationOptions()
+        self.options = options
         self.loop = EventLoop()
         self.data = load_federated(config.data)
         self.world = World(self.options.world, config.seed)
@@ -131,7 +134,7 @@ class Simulation:
         phase = on_phase or (lambda _: None)
         # the attackers are known here, and only here: the report marks them as ground truth
         self.coordinator.store.put("fl", SIMULATION_KEY, {"attacks": {str(c): a for c, a in self.attacks.items()},
-                                                          "scheduler": self.options.scheduler or "",
+                                                          "scheduler": self.config.scheduler,
                                                           "population": self.config.data.num_clients})
         phase(f"registering {self.config.data.num_clients} clients (one transaction)")
         self._register_all()
