@@ -125,3 +125,21 @@ def test_resume_refuses_settings_that_change_the_data_stream(tmp_path):
     losses = [json.loads(r.stdout[r.stdout.index("{"):])["losses"] for r in (first, resumed, full)]
     assert losses[0] + losses[1] == losses[2]
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-2", "step-3"]
+
+
+def test_nvml_figures_are_step_table_rows_when_the_engine_has_them(tmp_path, monkeypatch):
+    """On a GPU, engine.device_figures() (NVML) is recorded per step and its means are rows of the step table;
+    a fake stands in for NVML here. On the emulated device the figures are empty and no row appears."""
+    from mlsyskit.tools.offload.engine import OffloadEngine
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    plain = invoke("train", *SMALL_ARGS, "--steps", "2", "--nvme-dir", str(nvme))
+    assert plain.exit_code == 0, plain.output
+    assert "NVML" not in plain.stdout
+    monkeypatch.setattr(OffloadEngine, "device_figures", lambda self: {"gpu_util_pct": 50.0, "pcie_tx_MBps": 200.0})
+    r = invoke("train", *SMALL_ARGS, "--steps", "3", "--nvme-dir", str(nvme), "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout[r.stdout.index("{"):])
+    assert out["summary"]["gpu"] == {"gpu_util_pct": 50.0, "pcie_tx_MBps": 200.0}
+    table = invoke("train", *SMALL_ARGS, "--steps", "2", "--nvme-dir", str(nvme))
+    assert "GPU utilisation (%) (NVML, mean)" in table.stdout and "PCIe tx (MB/s) (NVML, mean)" in table.stdout

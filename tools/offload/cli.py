@@ -164,6 +164,11 @@ def train(model: str = typer.Option(None, help="Model preset (gpt-tiny, gpt-smal
     emit_table(summary_table(result.summary))
 
 
+GPU_LABELS = {"gpu_mem_used": "device memory used (bytes)", "gpu_mem_budget": "device budget (bytes)",
+              "gpu_mem_vs_budget": "device memory used / budget", "gpu_util_pct": "GPU utilisation (%)",
+              "pcie_tx_MBps": "PCIe tx (MB/s)", "pcie_rx_MBps": "PCIe rx (MB/s)"}
+
+
 def summary_table(s: dict) -> object:
     occ = s["occupancy"]["bytes"]
     rows = [("device", s["device"]), ("step time, mean (s)", s["step_s"]), ("step time, median (s)", s["step_s_median"]),
@@ -182,6 +187,7 @@ def summary_table(s: dict) -> object:
             ("peak RSS / (budgets + activations + overhead)", f"{s.get('peak_rss_over_bound', float('nan')):.2f}"),
             ("final loss", s["final_loss"])]
     rows += [(f"moved {k} per step", format_size(v)) for k, v in s["bytes_moved_per_step"].items()]
+    rows += [(f"{GPU_LABELS.get(k, k)} (NVML, mean)", v) for k, v in s.get("gpu", {}).items()]
     return make_table(f"tencache, policy {s['policy']}, on {s['model']} ({s['device']}, {s['measured_steps']} measured steps)",
                       ["metric", "value"], rows)
 

@@ -227,7 +227,8 @@ def one_step(engine: OffloadEngine, cfg: TrainConfig, step: int) -> dict[str, An
             "bytes_moved": {k: v for k, v in sorted(moved.items()) if v}, "allocations": engine.allocations() - before_alloc,
             "optimizer_miss_rate": misses / max(1, accesses), "optimizer_wait_s": opt.wait_s - before_opt[2],
             "optimizer_s": s.optimizer_s, "deviations": s.deviations, "occupancy": engine.occupancy(),
-            "activation_bytes": engine.tracker.saved_bytes, "rss": current_rss(), "peak_rss": peak_rss()}
+            "activation_bytes": engine.tracker.saved_bytes, "rss": current_rss(), "peak_rss": peak_rss(),
+            "gpu": engine.device_figures()}
 
 
 def summarize(steps: list[dict[str, Any]], cfg: TrainConfig, engine: OffloadEngine,
@@ -246,6 +247,8 @@ def summarize(steps: list[dict[str, Any]], cfg: TrainConfig, engine: OffloadEngi
     memory = {"budgets": budgets, "peak_rss": peak}
     if overhead is not None:
         memory = MemoryBound(budgets, max(r["activation_bytes"] for r in steps), overhead, peak).as_dict()
+    gpu_keys = sorted({k for r in measured for k in r.get("gpu", {})})
+    gpu = {k: statistics.fmean(r["gpu"][k] for r in measured if k in r.get("gpu", {})) for k in gpu_keys}
     return {"policy": cfg.policy, "model": cfg.model, "device": "emulated device" if engine.emulated else str(engine.device),
             "measured_steps": n, "step_s": mean("step_s"), "tokens_per_s": mean("tokens_per_s"),
             "step_s_median": statistics.median(r["step_s"] for r in measured),
@@ -259,7 +262,8 @@ def summarize(steps: list[dict[str, Any]], cfg: TrainConfig, engine: OffloadEngi
             "device_utilisation": occ["device_pool_in_use"] / cfg.device_mem if cfg.device_mem else 0.0,
             "cpu_utilisation": occ["cpu_pool_in_use"] / cfg.cpu_mem if cfg.cpu_mem else 0.0,
             "optimizer_utilisation": occ["optimizer_capacity"] / cfg.opt_mem if cfg.opt_mem else 0.0,
-            "occupancy": occ, "final_loss": steps[-1]["loss"] if steps else float("nan")}
+            "occupancy": occ, "final_loss": steps[-1]["loss"] if steps else float("nan"),
+            "gpu": gpu}  # NVML means over the measured steps (engine.device_figures); empty without a GPU
 
 
 # -- checkpoints ------------------------------------------------------------------------------------
