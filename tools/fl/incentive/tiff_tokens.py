@@ -25,7 +25,6 @@ from mlsyskit.tools.fl.incentive.base import Incentive
 from mlsyskit.tools.fl.incentive.ledger import ESCROW, POOL, Transfer, client_account
 from mlsyskit.tools.fl.outcome import RoundOutcome
 
-
 PRE_CHANCE_FLOOR = 0.5  # x median, before the model beats chance: the selector's trust bar (TRUST_FRACTION)
 
 
