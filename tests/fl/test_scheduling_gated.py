@@ -9,6 +9,7 @@ from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
 from mlsyskit.tools.fl.scheduling import make_scheduler
 from mlsyskit.tools.fl.scheduling.gated import GatedScheduler
 from mlsyskit.tools.fl.scheduling.harness import HarnessConfig, run
+from mlsyskit.tools.fl.scheduling.hetero import HeteroConfig
 from mlsyskit.tools.fl.selection.trusted_random import TrustedRandomSelector
 
 ATTACKERS = set(range(5))  # also the fastest clients: a speed-only scheduler loves them
@@ -20,9 +21,9 @@ def outcome(round_num, selected):
     return RoundOutcome(round_num, list(selected), reports, {"accuracy": 0.5})
 
 
-def gated():
+def gated(fast_pool=3.0):
     gate = TrustedRandomSelector(SelectionConfig(epsilon=0.0, epsilon_min=0.0))
-    return GatedScheduler(gate, make_scheduler("fast"), pool_factor=3)
+    return GatedScheduler(gate, make_scheduler("fast", HeteroConfig(preset="fast", fast_pool=fast_pool)), pool_factor=3)
 
 
 def drive(selector, rounds):
@@ -35,9 +36,10 @@ def drive(selector, rounds):
 
 
 def test_fast_inside_tiff_trust_avoids_distrusted_fast_clients():
-    plain = drive(make_scheduler("fast"), 30)
-    assert sum(c in ATTACKERS for chosen in plain[-10:] for c in chosen) >= 20  # fast alone picks them
-    composed = gated()
+    # fast_pool 0: only the very fastest score 1, so fast alone keeps picking the fast attackers
+    plain = drive(make_scheduler("fast", HeteroConfig(preset="fast", fast_pool=0.0)), 30)
+    assert sum(c in ATTACKERS for chosen in plain[-10:] for c in chosen) >= 20
+    composed = gated(fast_pool=0.0)  # the fastest of TIFF's pool, not a rotation among them
     trace = drive(composed, 30)
     picks = [c for chosen in trace for c in chosen if c in ATTACKERS]
     assert len(picks) == len(set(picks))  # TIFF tries an unseen client once, then distrusts it

@@ -2,7 +2,8 @@
 
 `observe` turns each round's reports into: a latency EMA and a tier per client (tiering.py),
 participation counts and client CPU-seconds, the latest accuracy per client, per-tier accuracy
-(the mean of its members' latest accuracies) with its slope, and the global accuracy for the
+(the mean of its members' latest accuracies) with its slope, the round each client's accuracy was
+reported in (its staleness), and the global accuracy for the
 plateau detector. Selection is left to subclasses. Everything is plain data in `state_dict`, so a
 restarted server resumes with the same memory; randomness comes only from `select`'s rng.
 """
@@ -32,6 +33,7 @@ class TrackingConfig:
     plateau_min_gain: float = 0.005
     deadline_slack: float = 1.5  # x the slowest expected latency among the selected
     fallback_deadline_s: float = 600.0  # for a round of unprofiled clients only
+    deadline_profiled_only: bool = False  # True: explored (unprofiled) clients do not stretch the deadline
 
     def __post_init__(self) -> None:
         require(self.num_tiers >= 1 and self.retier_every >= 1, "num_tiers and retier_every must be >= 1")
@@ -51,6 +53,8 @@ class TrackingScheduler(Selector):
         self.participation: dict[int, int] = {}
         self.cpu_s: dict[int, float] = {}
         self.accuracy: dict[int, float] = {}
+        self.accuracy_round: dict[int, int] = {}  # the round each client's accuracy was reported in
+        self.latest_round = 0
         self.seen: set[int] = set()  # every client ever offered as available: the fairness population
 
     # --- selection helpers -------------------------------------------------------------------------
@@ -63,7 +67,7 @@ class TrackingScheduler(Selector):
     def round_deadline(self, selected: Sequence[int]) -> float:
         t = self.tracking
         return round_deadline((self.tiers.expected_latency(c) for c in selected), t.deadline_slack,
-                              t.fallback_deadline_s)
+                              t.fallback_deadline_s, t.deadline_profiled_only)
 
     def participation_jain(self) -> float:
         return jain_index(self.participation.get(c, 0) for c in self.seen)
@@ -73,6 +77,7 @@ class TrackingScheduler(Selector):
 
     # --- learning ----------------------------------------------------------------------------------
     def observe(self, outcome: RoundOutcome) -> None:
+        self.latest_round = max(self.latest_round, outcome.round)
         for cid in outcome.selected:
             self.participation[cid] = self.participation.get(cid, 0) + 1
         for s in signals(outcome):
@@ -81,6 +86,7 @@ class TrackingScheduler(Selector):
             self.cpu_s[s.client_id] = self.cpu_s.get(s.client_id, 0.0) + s.cpu_s
             if s.accuracy is not None:
                 self.accuracy[s.client_id] = s.accuracy
+                self.accuracy_round[s.client_id] = outcome.round
         self.tiers.maybe_retier(outcome.round)
         members: dict[int, list[float]] = {}
         for cid, accuracy in self.accuracy.items():
@@ -97,7 +103,9 @@ class TrackingScheduler(Selector):
                 "plateau": self.plateau.state_dict(),
                 "participation": {str(k): v for k, v in self.participation.items()},
                 "cpu_s": {str(k): v for k, v in self.cpu_s.items()},
-                "accuracy": {str(k): v for k, v in self.accuracy.items()}, "seen": sorted(self.seen)}
+                "accuracy": {str(k): v for k, v in self.accuracy.items()},
+                "accuracy_round": {str(k): v for k, v in self.accuracy_round.items()},
+                "latest_round": self.latest_round, "seen": sorted(self.seen)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tiers.load_state_dict(state["tiers"])
@@ -106,4 +114,9 @@ class TrackingScheduler(Selector):
         self.participation = {int(k): int(v) for k, v in state["participation"].items()}
         self.cpu_s = {int(k): float(v) for k, v in state["cpu_s"].items()}
         self.accuracy = {int(k): float(v) for k, v in state["accuracy"].items()}
+        # runs saved before per-client staleness was tracked: their accuracies count as fresh
+        self.latest_round = int(state.get("latest_round", 0))
+        self.accuracy_round = {int(k): int(v) for k, v in state.get("accuracy_round", {}).items()}
+        for cid in self.accuracy:
+            self.accuracy_round.setdefault(cid, self.latest_round)
         self.seen = {int(c) for c in state["seen"]}

@@ -4,14 +4,23 @@ From the BigData'22 abstract: adapt selection to the accuracy trend and to each 
 changing resources and availability, with knobs for resource-efficient fast training, resource
 fairness, accuracy fairness and model performance. Its scoring is not public; this one is ours
 (docs/fl-scheduling.md). Each available client i in tier t(i) gets four terms in [0, 1]:
-  fast   min EMA latency among available / EMA latency of i           (unprofiled: 0.5)
+  fast   min(1, L* / EMA latency of i), L* = the q-quantile (nearest rank) of the available
+         profiled clients' EMA latencies, q = `fast_pool` x k / available clients: about the
+         fast_pool x k fastest of the population tie at 1 and the random tie-break rotates among
+         them, so fast training still covers that many clients' data (the profiled clients stand
+         for the population; fast_pool 0: only the fastest scores 1)   (unprofiled: 0.5)
   rfair  1 - (0.75 participation_i / max + 0.25 cpu_s_i / max)        (maxima over the population;
          0.25 is `rfair_cpu_share`: equal CPU-seconds means fast clients take part more often, so
          the two goals pull apart and participation gets the larger share)
-  afair  (best tier accuracy - accuracy of t(i)) / (best - worst)      (unknown: 0.5)
+  afair  (1 - s) x tier term + s x client term, s = `afair_client_share`:
+         tier term   (best tier accuracy - accuracy of t(i)) / (best - worst)     (unknown: 0.5)
+         client term 0.5 + (raw_i - 0.5) x decay^age_i, raw_i = (best client accuracy - acc_i) /
+                     (best - worst) over every client's latest reported accuracy, age_i = rounds
+                     since i reported it, decay = `afair_staleness_decay`: an old reading says
+                     less about the current model, so it fades to the unknown value   (unknown: 0.5)
   perf   normalised gain of t(i): EMA of the global accuracy change of rounds it took part in,
          weighted by its share of the round                            (unknown: 0.5)
-score_i = sum of weight x term; the top k by score are chosen, except `explore` x k slots drawn
+score_i = sum of weight x term; the top k by score are chosen, except ceil(`explore` x k) slots drawn
 at random (unprofiled clients first), so new and changed clients get measured. Ties are broken
 by a per-round random key; clients never selected share one score (FRESH_TERMS) and rank after
 known clients of equal score, in random order. `adaptive` starts as `fast`; each time the plateau detector fires (at
@@ -55,6 +64,9 @@ class HeteroConfig:
     afair_gap: float = 0.05  # adaptive: tier accuracy gap that makes fairness the target
     rfair_target: float = 0.5  # adaptive: participation Jain's index below which rfair gets weight
     rfair_cpu_share: float = 0.25  # rfair: weight of CPU-seconds against participation counts
+    fast_pool: float = 3.0  # fast: how many times k of the fastest clients count as equally fast
+    afair_client_share: float = 0.7  # afair: weight of the client's own accuracy against its tier's
+    afair_staleness_decay: float = 0.9  # afair: per round, how much of an accuracy reading's signal stays
 
     def __post_init__(self) -> None:
         require(self.preset in PRESETS, f"preset must be one of {', '.join(PRESETS)}")
@@ -63,7 +75,9 @@ class HeteroConfig:
         require(0 <= self.explore <= 1 and 0 < self.gain_beta <= 1 and 0 < self.shift <= 1,
                 "explore in [0, 1], gain_beta and shift in (0, 1]")
         require(0 <= self.rfair_cpu_share <= 1, "rfair_cpu_share must be in [0, 1]")
-        require(self.temperature >= 0, "temperature must be >= 0")
+        require(0 <= self.afair_client_share <= 1 and 0 <= self.afair_staleness_decay <= 1,
+                "afair_client_share and afair_staleness_decay must be in [0, 1]")
+        require(self.temperature >= 0 and self.fast_pool >= 0, "temperature and fast_pool must be >= 0")
 
     def initial_weights(self) -> dict[str, float]:
         chosen = dict(self.weights) if self.weights else dict(PRESETS[self.preset])
@@ -84,7 +98,8 @@ class HeteroScheduler(TrackingScheduler):
     preset = "adaptive"
 
     def __init__(self, config: HeteroConfig | None = None, tracking: TrackingConfig | None = None) -> None:
-        super().__init__(config or HeteroConfig(preset=self.preset), tracking)
+        # ours: explorers must fit the round the profiled clients set (tiering.round_deadline)
+        super().__init__(config or HeteroConfig(preset=self.preset), tracking or TrackingConfig(deadline_profiled_only=True))
         self.weights = self.config.initial_weights()
         self.adaptive = self.config.preset == "adaptive" and not self.config.weights
         self.tier_gain: dict[int, float] = {}
@@ -92,29 +107,52 @@ class HeteroScheduler(TrackingScheduler):
         self.last_shift = 0
         self.shifts: list[tuple[int, str]] = []
 
-    def terms(self, ids: Sequence[int]) -> dict[str, dict[int, float]]:
+    def terms(self, ids: Sequence[int], k: int = 1, available: int | None = None) -> dict[str, dict[int, float]]:
         latency = {c: v for c in ids if (v := self.tiers.expected_latency(c)) is not None}
-        fastest = min(latency.values(), default=1.0)
+        ordered = sorted(latency.values())
+        quantile = min(1.0, self.config.fast_pool * k / max(available or len(ids), 1))
+        rank = max(1, math.ceil(quantile * len(ordered) - 1e-9))
+        pool_latency = ordered[min(rank, len(ordered)) - 1] if ordered else 1.0
         max_part = max(self.participation.values(), default=0) or 1
         max_cpu = max(self.cpu_s.values(), default=0.0) or 1.0
         tier_acc = self.tier_accuracies()
         gap = _normalise({t: -a for t, a in tier_acc.items()})  # worst accuracy -> 1
         gain = _normalise(self.tier_gain)
+        client_term = self.client_accuracy_terms(ids)
+        share = self.config.afair_client_share
         out: dict[str, dict[int, float]] = {k: {} for k in KNOBS}
         for c in ids:
             tier = self.tiers.tier_of(c)
-            out["fast"][c] = fastest / latency[c] if c in latency and latency[c] > 0 else 0.5
+            out["fast"][c] = min(1.0, pool_latency / latency[c]) if c in latency and latency[c] > 0 else 0.5
             cpu_share = self.config.rfair_cpu_share
             out["rfair"][c] = 1 - ((1 - cpu_share) * self.participation.get(c, 0) / max_part
                                    + cpu_share * self.cpu_s.get(c, 0.0) / max_cpu)
-            out["afair"][c] = gap.get(tier, 0.5) if tier is not None else 0.5
+            tier_term = gap.get(tier, 0.5) if tier is not None else 0.5
+            out["afair"][c] = (1 - share) * tier_term + share * client_term.get(c, 0.5)
             out["perf"][c] = gain.get(tier, 0.5) if tier is not None else 0.5
+        return out
+
+    def client_accuracy_terms(self, ids: Sequence[int]) -> dict[int, float]:
+        """Per-client afair term: the worst latest accuracy -> 1, faded to 0.5 with the reading's age."""
+        if not self.accuracy:
+            return {}
+        best, worst = max(self.accuracy.values()), min(self.accuracy.values())
+        decay = self.config.afair_staleness_decay
+        out = {}
+        for c in ids:
+            if c not in self.accuracy:
+                continue
+            raw = (best - self.accuracy[c]) / (best - worst) if best > worst else 0.5
+            age = max(0, self.latest_round - self.accuracy_round.get(c, self.latest_round))
+            out[c] = 0.5 + (raw - 0.5) * decay ** age
         return out
 
     def select(self, round_num: int, available: Sequence[int], k: int, rng: random.Random) -> list[int]:
         ids = self.offer(available)
         k = min(k, len(ids))
-        n_explore = min(k, round(self.config.explore * k))
+        # rounded up: with k = 5 and explore 0.1, round() gives no slot at all, and a scheduler that
+        # never explores can stay on the clients it happened to measure first
+        n_explore = min(k, math.ceil(self.config.explore * k - 1e-9))
         unprofiled = [c for c in ids if c not in self.tiers.ema]
         explore = rng.sample(unprofiled, min(n_explore, len(unprofiled)))
         taken = set(explore)
@@ -128,7 +166,7 @@ class HeteroScheduler(TrackingScheduler):
         known_set = set(known)
         fresh = [c for c in ids if c not in taken and c not in known_set]
         fresh_score = sum(self.weights[knob] * FRESH_TERMS[knob] for knob in KNOBS)
-        terms = self.terms(known)
+        terms = self.terms(known, k, len(ids))
         score = {c: sum(self.weights[knob] * terms[knob][c] for knob in KNOBS) for c in known}
         need = k - len(explore)
         if self.config.temperature == 0:

@@ -94,11 +94,17 @@ class LatencyTiers:
         self.tiered_count = int(state["tiered_count"])
 
 
-def round_deadline(expected_latencies: Iterable[float | None], slack: float, fallback_s: float) -> float:
+def round_deadline(expected_latencies: Iterable[float | None], slack: float, fallback_s: float,
+                   profiled_only: bool = False) -> float:
     """A round's deadline: `slack` x the slowest expected latency among the selected clients.
 
-    Unprofiled clients count as `fallback_s`; with nobody profiled the deadline is `fallback_s`.
+    Unprofiled clients count as `fallback_s`, or, with `profiled_only`, not at all: an explored client
+    must then fit the round the profiled ones set, and if it is late it is measured as late (so a slow
+    newcomer costs one round's wasted work, not one round stretched to `fallback_s`). With nobody
+    profiled the deadline is `fallback_s`.
     """
     require(slack >= 1 and fallback_s > 0, "deadline slack must be >= 1 and fallback positive")
-    known = [fallback_s if v is None else v for v in expected_latencies]
+    latencies = list(expected_latencies)
+    known = [v for v in latencies if v is not None] if profiled_only else \
+        [fallback_s if v is None else v for v in latencies]
     return slack * max(known) if known else fallback_s
