@@ -79,3 +79,10 @@ def test_staleness_survives_a_restart_and_old_state_loads():
 def test_afair_constants_are_checked(bad):
     with pytest.raises(ConfigError):
         HeteroConfig(preset="afair", **bad)
+
+
+def test_ours_cut_a_slow_explorer_at_the_profiled_clients_deadline():
+    fast = make_scheduler("fast")
+    fast.observe(outcome(1, [0, 1, 2]))  # latencies 1, 2, 3 s
+    assert fast.round_deadline([0, 2, 30]) == pytest.approx(1.5 * 3.0)  # 30 is unprofiled
+    assert make_scheduler("tifl").round_deadline([30]) == make_scheduler("oort").round_deadline([30]) == 1.5 * 600.0  # the baselines keep the fallback

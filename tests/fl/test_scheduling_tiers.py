@@ -60,6 +60,9 @@ def test_round_deadline_uses_the_slowest_expected_selected_client():
     assert round_deadline([10.0, 20.0], 1.5, 600.0) == 30.0
     assert round_deadline([10.0, None], 1.5, 600.0) == 900.0
     assert round_deadline([], 2.0, 60.0) == 60.0
+    # profiled_only: an explored client does not stretch the round to the fallback
+    assert round_deadline([10.0, None], 1.5, 600.0, profiled_only=True) == 15.0
+    assert round_deadline([None, None], 1.5, 600.0, profiled_only=True) == 600.0
     with pytest.raises(ConfigError):
         round_deadline([1.0], 0.5, 60.0)
 
