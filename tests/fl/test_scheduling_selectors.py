@@ -147,8 +147,8 @@ def test_fast_prefers_the_fastest_clients_and_rfair_rotates():
     late = Counter(c for chosen in narrow[-10:] for c in chosen)
     assert sum(n for c, n in late.items() if c < 10) >= 4 * 10
     assert sorted(late.most_common(4)) == [(0, 10), (1, 10), (2, 10), (3, 10)]
-    # the default pool (3 x k fastest profiled clients tie): still fast clients, rotated for coverage
-    pooled = drive(make_scheduler("fast"), 30, k=5)
+    # a pool (3 x k fastest profiled clients tie): still fast clients, rotated for coverage
+    pooled = drive(HeteroScheduler(HeteroConfig(preset="fast", fast_pool=3.0)), 30, k=5)
     late = Counter(c for chosen in pooled[-10:] for c in chosen)
     assert sum(n for c, n in late.items() if c < 25) >= 4 * 10  # the fast 60% of a population of 40
     assert max(late.values()) <= 6 and len(late) >= 15

@@ -11,6 +11,7 @@ from mlsyskit.core.storage import MetaStore
 from mlsyskit.tools.fl.config import DataSpec, JobConfig, TrainSpec
 from mlsyskit.tools.fl.coordinator import JobMismatch
 from mlsyskit.tools.fl.scheduling.gated import GatedScheduler
+from mlsyskit.tools.fl.scheduling.hetero import HeteroConfig
 from mlsyskit.tools.fl.scheduling.resources import Slowdown
 from mlsyskit.tools.fl.sim_world import WorldConfig
 from mlsyskit.tools.fl.simulator import Simulation, SimulationOptions
@@ -36,7 +37,9 @@ def latencies(sim: Simulation) -> list[float]:
 
 
 def test_reports_carry_measured_times_and_fast_picks_faster_clients_than_random():
-    fast, rand = simulate(job(rounds=8), scheduler="fast"), simulate(job(rounds=8), scheduler="random")
+    # explore 0: one explored slot in 4 would be a random client; this checks the choice by score
+    fast = simulate(job(rounds=8), scheduler="fast", scheduler_config=HeteroConfig(preset="fast", explore=0.0))
+    rand = simulate(job(rounds=8), scheduler="random")
     for sim in (fast, rand):
         for o in sim.result.outcomes:
             assert o.global_metrics["deadline_s"] > 0
