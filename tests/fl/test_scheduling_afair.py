@@ -87,3 +87,11 @@ def test_deadline_profiled_only_cuts_a_slow_explorer_at_the_profiled_clients_dea
     fast.observe(outcome(1, [0, 1, 2]))  # latencies 1, 2, 3 s
     assert fast.round_deadline([0, 2, 30]) == pytest.approx(1.5 * 3.0)  # 30 is unprofiled
     assert make_scheduler("fast").round_deadline([0, 30]) == 1.5 * 600.0  # the default: the fallback counts
+
+
+@pytest.mark.parametrize("name, pool, profiled_only", [("fast", 0.0, False), ("afair", 3.0, True),
+                                                        ("adaptive", 0.0, True), ("rfair", 0.0, False)])
+def test_presets_carry_their_tuned_pool_and_deadline_rule_unless_overridden(name, pool, profiled_only):
+    scheduler = make_scheduler(name)
+    assert (scheduler.config.pool(), scheduler.tracking.deadline_profiled_only) == (pool, profiled_only)
+    assert HeteroConfig(preset=name, fast_pool=1.5).pool() == 1.5

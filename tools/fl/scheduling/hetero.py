@@ -51,6 +51,10 @@ PRESETS: dict[str, dict[str, float]] = {
     "perf": {"perf": 0.8, "fast": 0.2},
     "adaptive": {"fast": 1.0},  # the start; it moves from there
 }
+# (fast_pool, TrackingConfig.deadline_profiled_only) per preset, chosen on bench_fl_sched's seeds 0-1
+# (synthetic, 100 clients, 10/round, 600 s; docs/fl-scheduling.md "Round 3"): fast by time to target,
+# afair by per-client accuracy spread, adaptive by time to target. Others: not tuned.
+PRESET_TUNED: dict[str, tuple[float, bool]] = {"afair": (3.0, True), "adaptive": (0.0, True)}
 
 
 @dataclass(frozen=True)
@@ -64,9 +68,8 @@ class HeteroConfig:
     afair_gap: float = 0.05  # adaptive: tier accuracy gap that makes fairness the target
     rfair_target: float = 0.5  # adaptive: participation Jain's index below which rfair gets weight
     rfair_cpu_share: float = 0.25  # rfair: weight of CPU-seconds against participation counts
-    # fast: how many times k of the fastest clients count as equally fast. 0 chosen on the bench's seeds
-    # 0-1 (synthetic, 600 s): 3 reached the target 9% later (it gained final accuracy; docs/fl-scheduling.md)
-    fast_pool: float = 0.0
+    # fast: how many times k of the fastest clients count as equally fast; None: the preset's (PRESET_TUNED)
+    fast_pool: float | None = None
     afair_client_share: float = 0.7  # afair: weight of the client's own accuracy against its tier's
     afair_staleness_decay: float = 0.9  # afair: per round, how much of an accuracy reading's signal stays
 
@@ -79,7 +82,11 @@ class HeteroConfig:
         require(0 <= self.rfair_cpu_share <= 1, "rfair_cpu_share must be in [0, 1]")
         require(0 <= self.afair_client_share <= 1 and 0 <= self.afair_staleness_decay <= 1,
                 "afair_client_share and afair_staleness_decay must be in [0, 1]")
-        require(self.temperature >= 0 and self.fast_pool >= 0, "temperature and fast_pool must be >= 0")
+        require(self.temperature >= 0 and (self.fast_pool is None or self.fast_pool >= 0),
+                "temperature and fast_pool must be >= 0")
+
+    def pool(self) -> float:
+        return PRESET_TUNED.get(self.preset, (0.0, False))[0] if self.fast_pool is None else self.fast_pool
 
     def initial_weights(self) -> dict[str, float]:
         chosen = dict(self.weights) if self.weights else dict(PRESETS[self.preset])
@@ -100,7 +107,9 @@ class HeteroScheduler(TrackingScheduler):
     preset = "adaptive"
 
     def __init__(self, config: HeteroConfig | None = None, tracking: TrackingConfig | None = None) -> None:
-        super().__init__(config or HeteroConfig(preset=self.preset), tracking)
+        config = config or HeteroConfig(preset=self.preset)
+        profiled_only = PRESET_TUNED.get(config.preset, (0.0, False))[1]
+        super().__init__(config, tracking or TrackingConfig(deadline_profiled_only=profiled_only))
         self.weights = self.config.initial_weights()
         self.adaptive = self.config.preset == "adaptive" and not self.config.weights
         self.tier_gain: dict[int, float] = {}
@@ -111,7 +120,7 @@ class HeteroScheduler(TrackingScheduler):
     def terms(self, ids: Sequence[int], k: int = 1, available: int | None = None) -> dict[str, dict[int, float]]:
         latency = {c: v for c in ids if (v := self.tiers.expected_latency(c)) is not None}
         ordered = sorted(latency.values())
-        quantile = min(1.0, self.config.fast_pool * k / max(available or len(ids), 1))
+        quantile = min(1.0, self.config.pool() * k / max(available or len(ids), 1))
         rank = max(1, math.ceil(quantile * len(ordered) - 1e-9))
         pool_latency = ordered[min(rank, len(ordered)) - 1] if ordered else 1.0
         max_part = max(self.participation.values(), default=0) or 1
