@@ -90,3 +90,19 @@ def test_budget_bounded_run_peak_rss_within_budgets_activations_and_overhead(tmp
     # ... and the run holds no more than it may: nothing materialises the model or its fp32 state whole
     # (gpt-10m's fp32 master + m + v alone are 89 MiB, more than the whole slack)
     assert s["peak_rss"] <= SLACK * s["rss_bound"], s
+
+
+def test_peak_rss_of_a_run_started_from_a_large_parent_is_its_own():
+    """getrusage's ru_maxrss survives fork + exec, so a run started from a large process (pytest late in the
+    suite, a launcher) reported the parent's size as its own peak; peak_rss reads this program's own mark."""
+    code = "from mlsyskit.tools.offload.memory_accounting import peak_rss; print(peak_rss())"
+
+    def child_peak() -> int:
+        return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                  timeout=120).stdout)
+    alone = child_peak()  # torch's import is most of it
+    ballast = bytearray(600 * 2**20)
+    for page in range(0, len(ballast), 4096):  # touch every page so the parent really holds them
+        ballast[page] = 1
+    assert alone > 0 and child_peak() < alone + 100 * 2**20
+    del ballast

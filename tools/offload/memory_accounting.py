@@ -35,8 +35,17 @@ def current_rss() -> int:
 
 
 def peak_rss() -> int:
-    """The process's peak resident set size so far, in bytes. The kernel folds the current RSS into its
-    high-water mark only when the RSS shrinks, so the current RSS can be above the reported peak."""
+    """The process's peak resident set size so far, in bytes. On Linux this is VmHWM, the high-water mark
+    of this program's own memory: getrusage's ru_maxrss survives exec, so a run started from a large
+    parent (pytest, a launcher) would report the parent's size at fork. The kernel folds the current RSS
+    into the mark lazily, so the current RSS can be above it."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return max(int(line.split()[1]) * 1024, current_rss())
+    except OSError:
+        pass
     return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, current_rss())
 
 
