@@ -109,6 +109,7 @@ async def run_switches(modes: list[str], out_dir: Path, seed: int = 0, clients: 
         await final_reads(cluster, history, keys_all, every_replica=False, timeout=2.5)
     finally:
         await cluster.stop()
+        history.write_jsonl(Path(out_dir) / "history.jsonl")  # so a failed verdict can be replayed and read
     return _verdict(modes, history, switches, load, end)
 
 
