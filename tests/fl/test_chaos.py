@@ -10,6 +10,7 @@ that can land mid-commit. The replay seed is printed on failure: CHAOS_SEED=<n> 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import random
@@ -98,6 +99,9 @@ class Chaos:
         ended = {e["round"] for e in log if e["kind"] == "round_end"}
         return starts[-1]["selected"] if starts and starts[-1]["round"] not in ended else []
 
+    def mid_round_victims(self) -> list[int]:
+        return sorted(set(self.open_round_selected()) - {c for c, r in self.trained if r == self.rounds_started()})
+
     def rounds_ended(self) -> int:
         return max((e["round"] for e in events(self.run_dir / "events.jsonl") if e["kind"] == "round_end"),
                    default=0)
@@ -129,8 +133,14 @@ class Chaos:
             self.killed["server"] += 1
             self.server = self.start_server()
         else:
-            # prefer a client selected in the open round that has not sent its update: a mid-round loss
-            victims = sorted(set(self.open_round_selected()) - {c for c, r in self.trained if r == self.rounds_started()})
+            # prefer a client selected in the open round that has not sent its update: a mid-round loss. Wait a
+            # little for one (polled): on a loaded machine the trigger can land between rounds, and a run in
+            # which no kill lands mid-round tests nothing about mid-round losses
+            victims = self.mid_round_victims()
+            deadline = time.monotonic() + 5.0
+            while not victims and time.monotonic() < deadline and self.server.poll() is None:
+                await asyncio.sleep(0.005)
+                victims = self.mid_round_victims()
             cid = self.rng.choice(victims) if victims else self.rng.randrange(CLIENTS)
             task = self.tasks[cid]
             task.cancel()  # the channel closes mid-call: to the server, a vanished client
@@ -250,12 +260,16 @@ def test_twenty_kills_of_server_and_clients_job_completes_books_balance_model_ma
     replayed_rows = sorted((r[1], r[2], r[3], r[5], round(r[4], 9)) for r in replayed.ledger.rows())
     chaos_rows = sorted((r[1], r[2], r[3], r[5], round(r[4], 9)) for r in rows)
     if chaos_rows != replayed_rows:
-        import collections
         a, b = collections.Counter(chaos_rows), collections.Counter(replayed_rows)
         print("chaos only", sorted((a - b).elements()))
         print("replay only", sorted((b - a).elements()))
         print([(r["round"], r["selected"], {c: v["status"] for c, v in r["reports"].items()}) for r in rounds])
     assert chaos_rows == replayed_rows, f"seed {SEED}: the ledger differs from the fault-free replay"
     replayed.store.close()
-    assert any(r["reports"][c]["status"] == "failed" for r in rounds for c in r["reports"]), \
-        f"seed {SEED}: no fault landed mid-round"
+    # some fault landed mid-round: a selected client lost before its update (a failed report), or the server
+    # killed with a round open (that round started again). Which of the two happens depends on timing on a
+    # loaded machine; a mid-round client kill alone is tested deterministically in test_loopback.py.
+    starts = collections.Counter(e["round"] for e in events(run_dir / "events.jsonl") if e["kind"] == "round_start")
+    client_lost_mid_round = any(r["reports"][c]["status"] == "failed" for r in rounds for c in r["reports"])
+    server_lost_mid_round = any(n > 1 for n in starts.values())
+    assert client_lost_mid_round or server_lost_mid_round, f"seed {SEED}: no fault landed mid-round"
