@@ -14,6 +14,7 @@ segment's last second).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from pathlib import Path
 from typing import Any
@@ -113,14 +114,41 @@ async def run_switches(modes: list[str], out_dir: Path, seed: int = 0, clients: 
     return _verdict(modes, history, switches, load, end)
 
 
+def _until(events: list, cutoff: float) -> list:
+    """The history as the strong mode saw it: operations invoked after `cutoff` are dropped; a write still
+    in flight at `cutoff` becomes `info` (it may or may not have taken effect), a read in flight is dropped
+    (its answer may come from the next mode)."""
+    out: list = []
+    pending: dict[int, int] = {}  # process -> index of its open invoke in `out`
+    for e in events:
+        if e.type == "invoke":
+            if e.time < cutoff:
+                pending[e.process] = len(out)
+                out.append(e)
+            continue
+        at = pending.pop(e.process, None)
+        if at is None:
+            continue  # its invoke came after the cutoff
+        if e.time < cutoff:
+            out.append(e)
+        elif e.f == "get":
+            out[at] = None  # an unfinished read constrains nothing
+        else:
+            out.append(dataclasses.replace(e, type="info"))
+    return [e for e in out if e is not None]
+
+
 def _verdict(modes: list[str], history: History, switches: list[dict], load: _Load, end: float) -> dict[str, Any]:
     linearizable: dict[str, bool | None] = {}
     for seg, sw in enumerate(switches, start=1):
         if not sw["to"].endswith("-sc"):
             continue
         prefix = f"s{seg}"
+        # the claim holds until the next switch begins: past that the store may be moving to an eventual mode
+        cutoff = switches[seg]["began"] if seg < len(switches) else float("inf")
         part = History(history.clock)
-        part.events = [e for e in history.events if e.key.startswith(prefix + "k") or e.key.startswith(prefix + "u")]
+        part.events = _until(
+            [e for e in history.events if e.key.startswith(prefix + "k") or e.key.startswith(prefix + "u")], cutoff)
         report = check_history(part)
         linearizable[f"{seg}:{sw['before']}->{sw['to']}"] = report.linearizable
     lost = lost_writes(operations(history), final_values(history))
