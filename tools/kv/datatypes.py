@@ -155,13 +155,18 @@ def _sadd(cmd: list, entry: Entry | None, now: int):
     return e._replace(data=data), resp.integer(len(data) - before)
 
 
-def _srem(cmd: list, entry: Entry | None, now: int):
-    if entry is None:
-        return None, resp.ZERO
-    e = _of(entry, SET, {})
-    data = dict(e.data)
-    removed = sum(data.pop(m, 0) is None for m in dict.fromkeys(cmd[2:]))
-    return e._replace(data=data), resp.integer(removed)
+def _removing(kind: bytes):
+    """SREM, HDEL, ZREM: drop the named members (each counted once) from a set, hash or sorted set."""
+    def remove(cmd: list, entry: Entry | None, now: int):
+        if entry is None:
+            return None, resp.ZERO
+        e = _of(entry, kind, {})
+        data = dict(e.data)
+        members = [m for m in dict.fromkeys(cmd[2:]) if m in data]
+        for m in members:
+            del data[m]
+        return e._replace(data=data), resp.integer(len(members))
+    return remove
 
 
 def _spop(cmd: list, entry: Entry | None, now: int):
@@ -194,15 +199,6 @@ def _hset(cmd: list, entry: Entry | None, now: int):
         return e._replace(data=data), resp.ONE
     data.update(zip(cmd[2::2], cmd[3::2], strict=True))
     return e._replace(data=data), resp.OK if cmd[0] == b"HMSET" else resp.integer(len(data) - before)
-
-
-def _hdel(cmd: list, entry: Entry | None, now: int):
-    if entry is None:
-        return None, resp.ZERO
-    e = _of(entry, HASH, {})
-    data = dict(e.data)
-    removed = sum(data.pop(f, None) is not None for f in dict.fromkeys(cmd[2:]))
-    return e._replace(data=data), resp.integer(removed)
 
 
 def _hincrby(cmd: list, entry: Entry | None, now: int):
@@ -256,15 +252,6 @@ def _zincrby(cmd: list, entry: Entry | None, now: int):
     return _zadd([b"ZADD", cmd[1], b"INCR", cmd[2], cmd[3]], entry, now)
 
 
-def _zrem(cmd: list, entry: Entry | None, now: int):
-    if entry is None:
-        return None, resp.ZERO
-    e = _of(entry, ZSET, {})
-    data = dict(e.data)
-    removed = sum(data.pop(m, None) is not None for m in dict.fromkeys(cmd[2:]))
-    return e._replace(data=data), resp.integer(removed)
-
-
 def ranked(data: dict[bytes, float]) -> list[tuple[bytes, float]]:
     return sorted(data.items(), key=lambda item: (item[1], item[0]))
 
@@ -288,9 +275,9 @@ Handler = Callable[[list, Entry | None, int], tuple[Entry | None, bytes]]
 WRITES: dict[bytes, tuple[int, Handler]] = {
     b"LPUSH": (-3, _push), b"RPUSH": (-3, _push), b"LPUSHX": (-3, _push), b"RPUSHX": (-3, _push),
     b"LPOP": (-2, _pop), b"RPOP": (-2, _pop), b"LSET": (4, _lset), b"LTRIM": (4, _ltrim), b"LREM": (4, _lrem),
-    b"SADD": (-3, _sadd), b"SREM": (-3, _srem), b"SPOP": (-2, _spop),
-    b"HSET": (-4, _hset), b"HMSET": (-4, _hset), b"HSETNX": (4, _hset), b"HDEL": (-3, _hdel),
+    b"SADD": (-3, _sadd), b"SREM": (-3, _removing(SET)), b"SPOP": (-2, _spop),
+    b"HSET": (-4, _hset), b"HMSET": (-4, _hset), b"HSETNX": (4, _hset), b"HDEL": (-3, _removing(HASH)),
     b"HINCRBY": (4, _hincrby),
-    b"ZADD": (-4, _zadd), b"ZINCRBY": (4, _zincrby), b"ZREM": (-3, _zrem), b"ZPOPMIN": (-2, _zpop),
+    b"ZADD": (-4, _zadd), b"ZINCRBY": (4, _zincrby), b"ZREM": (-3, _removing(ZSET)), b"ZPOPMIN": (-2, _zpop),
     b"ZPOPMAX": (-2, _zpop),
 }
