@@ -5,7 +5,11 @@ delivers peer messages over FIFO links with seeded random delays, so every inter
 reproducible from the seed. Client operations are recorded as an invoke/ok history. Faults:
 `crash` (the replica's memory and data are gone; messages to it are lost and its peers'
 links report the loss, as a real link that gives up does), `restart` (a new incarnation that
-catches up), `partition`/`heal` (messages between two replicas are lost both ways), and
+catches up), `partition`/`heal` (messages between two replicas are lost both ways), `pause`/
+`resume` (SIGSTOP/SIGCONT: the replica handles nothing, not even its clock, until resumed; then
+what arrived meanwhile first, as the node's event loop does), `reconfigure` (the coordinator's
+next map: every member's controlet takes over from its previous one; messages carry their
+sender's epoch and are dropped at a receiver under another one, as the runtime fences them), and
 `run_for` advances time with clock ticks (timeouts, catch-up retries, anti-entropy).
 """
 from __future__ import annotations
@@ -39,6 +43,7 @@ OPS = {"get": GET, "put": PUT, "del": DEL, "exists": EXISTS, "rmw": RMW}
 class SimRequest:
     def __init__(self, process: int, op: str, key: bytes, value: bytes | None) -> None:
         self.process, self.op, self.key, self.value = process, OPS[op], key, value
+        self.f = op  # recorded under the invoked name (a resolved read-modify-write becomes a put)
         self.existed = False
         self.done = False
         self.completions = 0
@@ -61,10 +66,12 @@ class SimShard:
         self.max_delay = max_delay
         self.tick_interval = tick_interval
         self.incarnations = dict.fromkeys(self.ids, 0)
+        self.members = list(self.ids)  # the current map's replicas, in role order
         self.controlets = {n: self._controlet(n) for n in self.ids}
         self.data: dict[str, dict[bytes, bytes]] = {n: {} for n in self.ids}
         self.link_clock: dict[tuple[str, str], float] = {}
         self.down: set[str] = set()
+        self.paused: dict[str, list] = {}  # a paused replica: what reached it meanwhile, in order
         self.cut: set[frozenset] = set()
         self.history = History(self.loop.clock)
         self.messages = 0
@@ -73,7 +80,8 @@ class SimShard:
         self.accepted: dict[str, set[SimRequest]] = {n: set() for n in self.ids}  # client connections per replica
 
     def _controlet(self, node: str):
-        c = self.cls(node, self.ids, self.epoch, self.options, incarnation=self.incarnations[node])
+        replicas = self.members if node in self.members else self.ids
+        c = self.cls(node, replicas, self.epoch, self.options, incarnation=self.incarnations[node])
         c.read_local = lambda key: self.data[node].get(key)
         return c
 
@@ -88,11 +96,24 @@ class SimShard:
                 self._complete(req, ConnectionError("replica down"))
                 return
             self.accepted[node].add(req)
-            self.controlets[node].now = self.loop.now()
-            self._execute(node, self.controlets[node].on_client(req))
+            self._handle(node, lambda: self._client_op(node, req))
 
         self.loop.schedule(delay, arrive)
         return req
+
+    def _client_op(self, node: str, req: SimRequest) -> None:
+        if node not in self.members:  # deposed: refused before execution, as a fenced node does
+            self._complete(req, RuntimeError("TRYAGAIN fenced: not in the shard map"))
+            return
+        self.controlets[node].now = self.loop.now()
+        self._execute(node, self.controlets[node].on_client(req))
+
+    def _handle(self, node: str, fn) -> None:
+        """Run `fn` at `node` now, or when it resumes if it is paused."""
+        if node in self.paused:
+            self.paused[node].append(fn)
+        else:
+            fn()
 
     def run(self, until: float | None = None) -> None:
         self.loop.run(until=until)
@@ -109,12 +130,13 @@ class SimShard:
     def _tick_all(self) -> None:
         now = self.loop.now()
         for n in self.ids:
-            if n not in self.down:
+            if n not in self.down and n not in self.paused:
                 self._execute(n, self.controlets[n].on_tick(now))
 
     # -- faults --------------------------------------------------------------------------
     def crash(self, node: str) -> None:
         self.down.add(node)
+        self.paused.pop(node, None)  # what was queued at a stopped process dies with it
         self.data[node] = {}
         for req in list(self.accepted[node]):  # their clients' connections break: outcome unknown
             self._complete(req, ConnectionError("connection lost"))
@@ -126,6 +148,7 @@ class SimShard:
         self.down.discard(node)
         self.incarnations[node] += 1
         c = self.controlets[node] = self._controlet(node)
+        self.paused.pop(node, None)  # a restart ends a pause; what was queued died with the process
         c.on_tick(self.loop.now())
         self._execute(node, c.on_start())
 
@@ -137,6 +160,36 @@ class SimShard:
     def heal(self) -> None:
         self.cut.clear()
 
+    def pause(self, node: str) -> None:
+        self.paused.setdefault(node, [])
+
+    def resume(self, node: str) -> None:
+        """SIGCONT: what reached the replica while it was stopped is handled first, then its clock."""
+        for fn in self.paused.pop(node, []):
+            fn()
+        if node not in self.down:
+            self._execute(node, self.controlets[node].on_tick(self.loop.now()))
+
+    def reconfigure(self, replicas: list[str]) -> None:
+        """The coordinator's next map (epoch + 1) with `replicas` in role order, e.g. after a failover.
+
+        Every member's controlet takes over from its previous one (a new incarnation for request
+        ids, as the node runtime does); a node left out keeps its old controlet and is refused by
+        everyone (another epoch) and refuses its clients (deposed)."""
+        self.epoch += 1
+        self.members = list(replicas)
+        olds = {}
+        for node in replicas:  # every member holds the new map before any of them sends under it
+            olds[node] = self.controlets[node]
+            self.incarnations[node] += 1
+            new = self.cls(node, replicas, self.epoch, self.options, incarnation=self.incarnations[node])
+            new.read_local = lambda key, node=node: self.data[node].get(key)
+            new.now = self.loop.now()
+            self.controlets[node] = new
+        for node in replicas:
+            if node not in self.down:
+                self._execute(node, self.controlets[node].take_over(olds[node]))
+
     # -- execution -----------------------------------------------------------------------
     def _complete(self, req: SimRequest, result: Any) -> None:
         for pending in self.accepted.values():
@@ -146,9 +199,9 @@ class SimShard:
             self.duplicate_completions += 1
             return
         req.result, req.done = result, True
-        f = next(k for k, v in OPS.items() if v is req.op)
+        f = req.f
         if isinstance(result, Exception):
-            self.history.complete(req.process, "info" if req.op in (PUT, DEL) else "fail", f, req.key,
+            self.history.complete(req.process, "info" if req.op in (PUT, DEL, RMW) else "fail", f, req.key,
                                   None)
         else:
             self.history.complete(req.process, "ok", f, req.key, result if req.op is GET else req.value)
@@ -164,14 +217,15 @@ class SimShard:
                     or src in self.down:
                 self.lost += 1
                 return
-            fn()
+            self._handle(dst, fn)
 
         self.loop.schedule_at(t, deliver)
 
     def _send(self, src: str, dst: str, kind: bytes, fields: tuple) -> None:
         self.messages += 1
         fields = tuple(_wire(f) for f in fields)
-        self._deliver_later(src, dst, lambda: self._peer(dst, src, kind, fields))
+        epoch = self.controlets[src].epoch
+        self._deliver_later(src, dst, lambda: self._peer(dst, src, kind, fields, epoch))
 
     def visible(self, node: str, raw: bytes | None) -> bytes | None:
         decode = getattr(self.cls, "visible", None)
@@ -227,19 +281,22 @@ class SimShard:
                 self._complete(req, ConnectionError("TRYAGAIN forward failed"))
                 return
             self.accepted[dst].add(req)
-            self._execute(dst, self.controlets[dst].on_client(req))
+            self._handle(dst, lambda: self._client_op(dst, req))
 
         t = self.loop.now() + self.rng.uniform(0, self.max_delay)
         self.loop.schedule_at(max(t, self.link_clock.get((src, dst), 0.0)), arrive)
 
-    def _peer(self, dst: str, src: str, kind: bytes, fields: tuple) -> None:
+    def _peer(self, dst: str, src: str, kind: bytes, fields: tuple, epoch: int) -> None:
         """One delivery is one drained read at the receiver: on_peer, then on_quiet."""
+        if self.controlets[dst].epoch != epoch:  # fenced: sent under another map
+            self.lost += 1
+            return
         self._execute(dst, self.controlets[dst].on_peer(src, kind, fields))
         self._execute(dst, self.controlets[dst].on_quiet())
 
     def converged(self) -> bool:
-        first = self.data[self.ids[0]]
-        return all(self.data[n] == first for n in self.ids[1:])
+        first = self.data[self.members[0]]
+        return all(self.data[n] == first for n in self.members[1:])
 
 
 def _wire(field: Any) -> bytes:
