@@ -74,6 +74,14 @@ def up(shards: int = typer.Option(None, "--shards", help="Number of shards S (de
        host: str = typer.Option(None, "--host", help="Address of the proxy and coordinator (127.0.0.1); "
                                                      "with --hosts, one every host reaches."),
        foreground: bool = typer.Option(False, "--foreground", help="Stay attached; Ctrl-C stops the cluster."),
+       supervise: bool = typer.Option(None, "--supervise/--no-supervise",
+                                      help="With a coordinator (default on): a supervisor process restarts a "
+                                           "node whose process died, once it was failed over, empty (it copies "
+                                           "the state from a survivor)."),
+       max_restarts: int = typer.Option(None, "--max-restarts",
+                                        help="Supervisor's crash-loop limit: restarts of one process per "
+                                             "--restart-window (5), then it gives up on it."),
+       restart_window: float = typer.Option(None, "--restart-window", help="Seconds (60)."),
        requirepass: str = typer.Option(None, "--requirepass",
                                        help="Clients must AUTH with this password (proxy and nodes; off by "
                                             "default). Kept in <data-dir>/requirepass, mode 0600, never on a "
@@ -84,7 +92,8 @@ def up(shards: int = typer.Option(None, "--shards", help="Number of shards S (de
     """Start a cluster on loopback, wait until every process answers, print endpoints and status.
 
     Config file keys: shards, replicas, controlet (ms-sc, ms-ec, aa-sc, aa-ec), datalet, host,
-    base_port, data_dir, coordinator, heartbeat, misses, hosts, requirepass."""
+    base_port, data_dir, coordinator, heartbeat, misses, hosts, requirepass, supervise,
+    max_restarts, restart_window."""
     set_verbosity(verbose, quiet)
     controlet = None
     if topology is not None or consistency is not None:
@@ -92,7 +101,8 @@ def up(shards: int = typer.Option(None, "--shards", help="Number of shards S (de
     spec = load_command_config(processes.ClusterSpec, config, {
         "shards": shards, "replicas": replicas, "controlet": controlet, "datalet": datalet,
         "base_port": base_port, "data_dir": data_dir, "coordinator": coordinator, "heartbeat": heartbeat,
-        "hosts": hosts, "host": host, "requirepass": requirepass})
+        "hosts": hosts, "host": host, "requirepass": requirepass, "supervise": supervise,
+        "max_restarts": max_restarts, "restart_window": restart_window})
     log(f"starting {spec.shards}x{spec.replicas} {spec.controlet} cluster on the {spec.datalet} datalet ...")
     record = processes.up(spec)
     if as_json:
@@ -122,14 +132,16 @@ def down(data_dir: Path = DATA_DIR, verbose: bool = verbose_option(), quiet: boo
 @app.command()
 def status(data_dir: Path = DATA_DIR, as_json: bool = json_option(),
            verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
-    """Ping every node and show its role and counters (exit 1 if any is down)."""
+    """Ping every node and show its role, counters and restarts (exit 1 if any is down, or the
+    supervisor is not running)."""
     set_verbosity(verbose, quiet)
     rows = processes.status(_data_dir(data_dir))
     if as_json:
         emit_json(rows)
     else:
         _status_table(_data_dir(data_dir), rows)
-    down_nodes = [r["name"] for r in rows if not r["up"]]
+    sup = processes.supervisor_status(_data_dir(data_dir))
+    down_nodes = [r["name"] for r in rows if not r["up"]] + (["supervisor"] if sup and not sup["up"] else [])
     if down_nodes:
         raise RuntimeFailure(f"not answering: {', '.join(down_nodes)}")
 
@@ -137,15 +149,19 @@ def status(data_dir: Path = DATA_DIR, as_json: bool = json_option(),
 def _status_table(data_dir: Path, rows: list | None = None) -> None:
     rows = rows if rows is not None else processes.status(data_dir)
     emit_table(make_table("bespokv cluster", ["node", "endpoint", "pid", "up", "role", "epoch", "state",
-                                              "commands", "keys"],
+                                              "commands", "keys", "restarts"],
                           [[r["name"], r["endpoint"], r["pid"] or "-", "yes" if r["up"] else "NO",
                             r.get("role", "-"), r.get("epoch", "-"), r.get("state", "-"), r.get("commands", "-"),
-                            r.get("keys", "-")] for r in rows]))
+                            r.get("keys", "-"), r.get("restarts", 0)] for r in rows]))
     coord = processes.coordinator_status(data_dir)
     if coord is not None:
         emit_table(make_table("coordinator", ["endpoint", "pid", "up", "epoch", "state"],
                               [[coord["endpoint"], coord["pid"] or "-", "yes" if coord["up"] else "NO",
                                 coord.get("epoch", "-"), coord.get("state", "-")]]))
+    sup = processes.supervisor_status(data_dir)
+    if sup is not None:
+        emit_table(make_table("supervisor", ["pid", "up", "restarts made", "state"],
+                              [[sup["pid"], "yes" if sup["up"] else "NO", sup["restarts"], sup["state"]]]))
 
 
 @app.command()
@@ -410,6 +426,27 @@ def check(mode: str = typer.Option(None, "--mode", help="Controlet under test: m
 
 @app.command(hidden=True)
 def node(node_id: str, data_dir: Path = DATA_DIR) -> None:
+@app.command()
+def supervise(data_dir: Path = DATA_DIR,
+              foreground: bool = typer.Option(False, "--foreground",
+                                              help="Run the supervisor in this process (until SIGTERM/Ctrl-C)."),
+              verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+    """Start the cluster's supervisor again (after it died; `status` shows it), detached.
+
+    `up` starts one by default; it restarts a node whose process died once the coordinator has
+    failed it over (empty: it copies the state from a survivor), kills and replaces a node that
+    was SIGSTOPped long enough to be replaced, and gives up on a crash loop. Log:
+    <data-dir>/logs/supervisor.log."""
+    from mlsyskit.tools.kv import supervisor
+
+    set_verbosity(verbose, quiet)
+    if foreground:
+        supervisor.serve(_data_dir(data_dir))
+        return
+    pid = supervisor.start(_data_dir(data_dir))
+    log(f"supervisor started (pid {pid}); log: {_data_dir(data_dir)}/logs/supervisor.log")
+
+
     """Run one node of the recorded cluster (started by `up`)."""
     from mlsyskit.tools.kv.nodeproc import serve_node
 

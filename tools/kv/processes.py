@@ -2,18 +2,17 @@
 
 Layout for base port P with N = shards x replicas nodes: the proxy listens on P, node i on
 P+1+i, and (datalet redis) node i's redis-server on P+1+N+i. The record
-(<data-dir>/cluster.json) holds the shard map, the datalet options and every process id,
-so `down` and `status` need nothing but the data directory.
+(<data-dir>/cluster.json, record.py) holds the shard map, the datalet options and every process
+id, so `down` and `status` need nothing but the data directory. With a coordinator, `up` also
+starts a supervisor (supervisor.py) that restarts a node whose process died once it was failed
+over; `down` stops the supervisor first, so nothing is restarted behind it.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,10 @@ from mlsyskit.tools.kv.controlplane import CoordinatorSpec
 from mlsyskit.tools.kv.datalets import DATALETS
 from mlsyskit.tools.kv.peerauth import load_or_create_secret
 from mlsyskit.tools.kv.placement import load_hosts, place
+from mlsyskit.tools.kv.record import entry, load_record, record_path, same_process, spawn, write_record
 from mlsyskit.tools.kv.shardmap import ShardMap, layout
 
-RECORD = "cluster.json"
+__all__ = ["load_record", "record_path"]  # re-exported: nodeproc and others read the record from here
 PASSWORD_FILE = "requirepass"
 
 
@@ -49,12 +49,17 @@ class ClusterSpec:
     heartbeat: float = 0.5  # seconds between a node's heartbeats; failed over after `misses` missed
     misses: int = 3
     requirepass: str | None = None  # clients must AUTH; kept in <data-dir>/requirepass (0600), never in argv
+    supervise: bool = True  # with a coordinator: a supervisor restarts failed-over nodes (supervisor.py)
+    max_restarts: int = 5  # the supervisor's crash-loop limit: restarts of one process ...
+    restart_window: float = 60.0  # ... per this many seconds
 
     def __post_init__(self) -> None:
         require(self.coordinator in ("none", "embedded") or self.coordinator.startswith("zookeeper://"),
                 f"--coordinator must be none, embedded or zookeeper://HOST:PORT/ROOT, got {self.coordinator!r}")
         require(self.requirepass is None or (0 < len(self.requirepass) <= 512 and "\n" not in self.requirepass),
                 "--requirepass must be 1..512 characters on one line")
+        require(self.max_restarts >= 1 and self.restart_window > 0,
+                "--max-restarts must be at least 1 and --restart-window positive")
         require(self.heartbeat > 0 and self.misses >= 1, "--heartbeat must be positive, misses at least 1")
         require(1 <= self.shards <= 64, f"--shards must be 1..64, got {self.shards}")
         require(1 <= self.replicas <= 9, f"--replicas must be 1..9, got {self.replicas}")
@@ -134,20 +139,6 @@ def port_free(host: str, port: int) -> bool:
             return False
 
 
-def record_path(data_dir: Path) -> Path:
-    return Path(data_dir) / RECORD
-
-
-def load_record(data_dir: Path) -> dict[str, Any]:
-    path = record_path(data_dir)
-    if not path.exists():
-        raise ConfigError(f"no cluster recorded under {data_dir} (start one with `bespokv up --data-dir {data_dir}`)")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read the cluster record {path}: {e}") from None
-
-
 def alive(pid: int) -> bool:
     """Running (a zombie waiting for a parent that does not reap, e.g. a bare container init, is not)."""
     try:
@@ -186,6 +177,12 @@ def up(spec: ClusterSpec, clock: Clock | None = None, timeout: float = 30.0) -> 
         if any(alive(p["pid"]) for p in old.get("processes", [])):
             raise ConfigError(f"a cluster is already running under {data_dir}; run `bespokv down` first")
     record = plan(spec)
+    interrupted = [n for n in record["map"]["nodes"] if (data_dir / n / "RECOVERING").exists()]
+    if interrupted and spec.datalet != "memory":
+        raise ConfigError(f"{', '.join(interrupted)} stopped while a replacement was copying its state from a "
+                          f"survivor (supervisor.py): its files under {data_dir} may be partial, and a shard "
+                          f"starting together may copy from them. Its previous files are in lmdb.failed-<n>; "
+                          f"restore or delete the partial copy, then remove its RECOVERING file")
     endpoints = _endpoints(record)
     redis_endpoints = [("redis", spec.host, p) for p in record["redis_ports"].values()]
     local = [e for e in endpoints + redis_endpoints if e[0] not in record["placement"]]  # others: not ours to probe
@@ -204,29 +201,27 @@ def up(spec: ClusterSpec, clock: Clock | None = None, timeout: float = 30.0) -> 
         if coord is not None:
             record["coordinator"] = coord.to_dict()
             for i in range(len(coord.addrs) if coord.kind == "embedded" else 1):
-                _spawn(record, f"coordinator:{i}", coordproc.coordinator_argv(coord, data_dir / "coord", i),
-                       data_dir)
-        for nid, port in record["redis_ports"].items():
-            rdir = data_dir / nid / "redis"
-            rdir.mkdir(parents=True, exist_ok=True)
-            _spawn(record, f"redis:{nid}", ["redis-server", "--port", str(port), "--bind", spec.host,
-                                             "--dir", str(rdir), "--save", "", "--appendonly", "yes",
-                                             "--daemonize", "no"], data_dir)
+                _spawn(record, f"coordinator:{i}")
+        for nid in record["redis_ports"]:
+            (data_dir / nid / "redis").mkdir(parents=True, exist_ok=True)
+            _spawn(record, f"redis:{nid}")
         _wait_ready(record, redis_endpoints, clock, timeout, None)  # redis datalets: no password
-        record_path(data_dir).write_text(json.dumps(record, indent=2))
+        write_record(data_dir, record)
         write_password(data_dir, spec.requirepass)  # before the nodes start: they read it
         load_or_create_secret(data_dir)  # the nodes' peer-authentication secret, mode 0600
-        me = [sys.executable, "-m", "mlsyskit.tools.kv.cli"]
         for reps in record["map"]["shards"]:
             for nid in reps:
-                prefix = record["hosts"][record["placement"][nid]]["exec"] if nid in record["placement"] else []
-                _spawn(record, f"node:{nid}", prefix + me + ["node", nid, "--data-dir", str(data_dir)], data_dir)
-        _spawn(record, "proxy", me + ["proxy", "--data-dir", str(data_dir)], data_dir)
-        record_path(data_dir).write_text(json.dumps(record, indent=2))
+                _spawn(record, f"node:{nid}")
+        _spawn(record, "proxy")
+        write_record(data_dir, record)
         _wait_ready(record, endpoints, clock, timeout, password)
         if coord is not None:
             coordproc.initialize(coord, ShardMap.from_dict(record["map"]), clock, timeout)
             coordproc.wait_leases(_endpoints(record), clock, timeout, record['data_dir'], password)
+            if spec.supervise:  # last: nothing it could restart is still starting
+                record["supervision"] = {"max_restarts": spec.max_restarts, "window_s": spec.restart_window}
+                _spawn(record, "supervisor")
+                write_record(data_dir, record)
     except BaseException:
         down(data_dir)
         raise
@@ -240,12 +235,8 @@ def _endpoints(record: dict[str, Any]) -> list[tuple[str, str, int]]:
     return out
 
 
-def _spawn(record: dict[str, Any], name: str, argv: list[str], data_dir: Path) -> None:
-    log = open(data_dir / "logs" / f"{name.replace(':', '-')}.log", "ab")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-    log.close()
-    record["processes"].append({"name": name, "pid": proc.pid})
+def _spawn(record: dict[str, Any], name: str) -> None:
+    record["processes"].append(entry(name, spawn(record, name).pid))
 
 
 def _wait_ready(record: dict[str, Any], endpoints: list, clock: Clock, timeout: float,
@@ -271,11 +262,24 @@ def _wait_ready(record: dict[str, Any], endpoints: list, clock: Clock, timeout: 
 
 
 def down(data_dir: Path, clock: Clock | None = None, grace: float = 5.0) -> list[str]:
-    """SIGTERM every recorded process group (SIGKILL after `grace`); returns what was stopped."""
+    """SIGTERM every recorded process group (SIGKILL after `grace`); returns what was stopped.
+
+    The supervisor first, and the record read again after it exited: it may have just replaced a
+    node (it finishes a restart, records the new pid, then exits on SIGTERM)."""
     clock = clock or RealClock()
     record = load_record(Path(data_dir))
     stopped = []
-    procs = [p for p in record.get("processes", []) if alive(p["pid"])]
+    for p in record.get("processes", []):
+        if p["name"] == "supervisor" and same_process(p) is not None:
+            _stop_group(p["pid"], clock, grace)
+            if _running(p["pid"]):
+                try:
+                    os.killpg(p["pid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            stopped.append(p["name"])
+            record = load_record(Path(data_dir))
+    procs = [p for p in record.get("processes", []) if p["name"] != "supervisor" and alive(p["pid"])]
     # The coordinator first (nodes going quiet must not look like failures), then the proxy and
     # nodes, then their redis datalets.
     for p in procs:
@@ -297,7 +301,7 @@ def down(data_dir: Path, clock: Clock | None = None, grace: float = 5.0) -> list
                 pass
         stopped.append(p["name"])
     record["processes"] = []
-    record_path(Path(data_dir)).write_text(json.dumps(record, indent=2))
+    write_record(Path(data_dir), record)
     return stopped
 
 
@@ -323,15 +327,20 @@ def _running(pid: int) -> bool:
 def status(data_dir: Path) -> list[dict[str, Any]]:
     record = load_record(Path(data_dir))
     password = read_password(Path(data_dir))
-    pids = {p["name"]: p["pid"] for p in record.get("processes", [])}
+    entries = {p["name"]: p for p in record.get("processes", [])}
     rows = []
     for name, host, port in _endpoints(record):
-        row: dict[str, Any] = {"name": name, "endpoint": f"{host}:{port}",
-                               "pid": pids.get(f"node:{name}", pids.get(name)), "up": False}
+        e = entries.get(f"node:{name}", entries.get(name, {}))
+        row: dict[str, Any] = {"name": name, "endpoint": f"{host}:{port}", "pid": e.get("pid"), "up": False,
+                               "restarts": e.get("restarts", 0)}
+        if e.get("given_up"):
+            row["state"] = "given up (crash loop)"
         try:
             info = parse_info(sync_call(host, port, "INFO", password=password))
             row.update(up=True, role=info.get("role", "proxy"), commands=int(info.get("total_commands", 0)),
                        keys=info.get("keys", "-"), epoch=info.get("epoch", "-"), state=_node_state(info))
+            if e.get("given_up"):
+                row["state"] += "; supervisor gave up on it"
         except OSError:
             pass
         rows.append(row)
@@ -347,8 +356,21 @@ def coordinator_status(data_dir: Path) -> dict[str, Any] | None:
     return coordproc.status_row(CoordinatorSpec.from_dict(record["coordinator"]), pids.get("coordinator:0"))
 
 
+def supervisor_status(data_dir: Path) -> dict[str, Any] | None:
+    """The supervisor's line for `bespokv status` (None: the cluster has none)."""
+    found = [p for p in load_record(Path(data_dir)).get("processes", []) if p["name"] == "supervisor"]
+    if not found:
+        return None
+    e = found[0]
+    up = same_process(e) is not None and alive(e["pid"])
+    return {"pid": e["pid"], "up": up, "restarts": e.get("restarts", 0),
+            "state": "supervising" if up else f"NOT RUNNING: restart it with `bespokv supervise --data-dir {data_dir}`"}
+
+
 def _node_state(info: dict[str, str]) -> str:
     """ready | catching up (keys copied so far, from whom) | deposed (rejoining) | no lease."""
+    if info.get("role") == "learner":  # a replacement copying before it joins (controlets/learner.py)
+        return f"copying: {info.get('sync_keys', '0')} keys from {info.get('sync_source', '-')} (learner)"
     if info.get("deposed") == "1":
         return "deposed: rejoining"
     if info.get("catching_up", "0") != "0":

@@ -1,0 +1,223 @@
+"""The supervisor that replaces failed nodes: its pure policy on an injected clock, then `bespokv up`
+clusters whose nodes are killed -9 or SIGSTOPped, replaced by the supervisor, and checked to hold
+every acknowledged write; a supervisor killed -9 is restarted with `bespokv supervise`."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+
+from mlsyskit.tools.kv.mapfollow import FollowingClient
+from mlsyskit.tools.kv.processes import sync_call
+from mlsyskit.tools.kv.restartpolicy import Action, PolicyConfig, RestartPolicy, Seen
+from mlsyskit.tools.kv.shardmap import ShardMap
+from tests.kv.test_cli import cli, free_range
+
+CONFIG = PolicyConfig(grace_s=1.2, max_restarts=3, window_s=60.0, backoff_s=1.0, backoff_max_s=4.0)
+
+
+def test_a_dead_node_is_restarted_empty_once_failed_over_and_with_its_data_if_never() -> None:
+    p = RestartPolicy(CONFIG)
+    assert p.decide("node:a", Seen.GONE, True, 0.0).action is Action.WAIT  # failover pending
+    assert p.decide("node:a", Seen.GONE, False, 0.5).action is Action.RESTART_EMPTY
+    q = RestartPolicy(CONFIG)  # the last replica of its shard: never failed over
+    assert q.decide("node:b", Seen.GONE, True, 0.0).action is Action.WAIT
+    assert q.decide("node:b", Seen.GONE, True, 1.1).action is Action.WAIT
+    assert q.decide("node:b", Seen.GONE, True, 1.2).action is Action.RESTART_KEEP
+    assert q.decide("node:c", Seen.GONE, None, 0.0).action is Action.WAIT  # coordinator silent: unknown
+    assert q.decide("node:c", Seen.GONE, None, 99.0).action is Action.WAIT
+    # nothing to copy from: wait (the survivor is restarted with its data first)
+    assert q.decide("node:d", Seen.GONE, False, 0.0, survivor=False).action is Action.WAIT
+    assert q.decide("proxy", Seen.GONE, None, 0.0, is_node=False).action is Action.RESTART_KEEP
+    assert q.decide("proxy", Seen.STOPPED, None, 0.0, is_node=False).action is Action.LEAVE
+
+
+def test_paused_is_replaced_after_the_grace_but_partitioned_is_left_alone() -> None:
+    p = RestartPolicy(CONFIG)
+    assert p.decide("node:a", Seen.STOPPED, True, 0.0).action is Action.LEAVE  # a pause not acted on
+    assert p.decide("node:a", Seen.STOPPED, False, 5.0).action is Action.LEAVE  # failed over at 5.0
+    assert p.decide("node:a", Seen.STOPPED, False, 6.1).action is Action.LEAVE  # 1.1 s < grace
+    assert p.decide("node:a", Seen.STOPPED, False, 6.2).action is Action.KILL_RESTART
+    # resumed before the grace ran out and back in the map: the absence clock starts again
+    q = RestartPolicy(CONFIG)
+    q.decide("node:a", Seen.STOPPED, False, 0.0)
+    assert q.decide("node:a", Seen.RUNNING, True, 1.0).action is Action.LEAVE
+    assert q.decide("node:a", Seen.STOPPED, False, 2.0).action is Action.LEAVE
+    assert q.decide("node:a", Seen.STOPPED, False, 3.1).action is Action.LEAVE
+    # running but absent (partitioned, or a replacement still joining): never killed
+    for t in (0.0, 10.0, 100.0):
+        assert q.decide("node:b", Seen.RUNNING, False, t).action is Action.LEAVE
+
+
+def test_crash_loop_backs_off_then_gives_up_and_the_window_slides() -> None:
+    p = RestartPolicy(CONFIG)
+    actions = []
+    now = 0.0
+    while now < 40.0:
+        d = p.decide("node:a", Seen.GONE, False, now)
+        actions.append((now, d.action))
+        if d.action.restarts:
+            p.restarted("node:a", now)
+        now = round(now + 0.25, 2)
+    restarts = [t for t, a in actions if a is Action.RESTART_EMPTY]
+    assert restarts == [0.0, 1.0, 3.0]  # back-off 1 s then 2 s; the limit is 3 per 60 s
+    gave_up = [t for t, a in actions if a is Action.GIVE_UP]
+    assert gave_up == [3.25]  # said once, when a 4th restart was needed, then GIVEN_UP
+    assert {a for t, a in actions if t > 3.25} == {Action.GIVEN_UP} and p.given_up("node:a")
+    # another process of the cluster is not affected; a window that slid lets restarts go on
+    q = RestartPolicy(CONFIG)
+    for t in (0.0, 30.0, 59.0):
+        assert q.decide("node:b", Seen.GONE, False, t).action is Action.RESTART_EMPTY
+        q.restarted("node:b", t)
+    assert q.decide("node:b", Seen.GONE, False, 59.5).action is Action.GIVE_UP
+    r = RestartPolicy(CONFIG)
+    for t in (0.0, 30.0, 59.0):
+        r.restarted("node:c", t)
+    assert r.decide("node:c", Seen.GONE, False, 63.0).action is Action.RESTART_EMPTY  # 0.0 left the window
+
+
+# -- processes ---------------------------------------------------------------------------------
+def _record(d: Path) -> dict:
+    return json.loads((d / "cluster.json").read_text())
+
+
+def _pids(d: Path) -> dict[str, int]:
+    return {p["name"]: p["pid"] for p in _record(d)["processes"]}
+
+
+def _until(what: str, fn, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _replaced(d: Path, node: str, old_pid: int):
+    """The status row of `node` once the supervisor restarted it and it serves, else None."""
+    rows = json.loads(cli("status", "--data-dir", str(d), "--json", check=False).stdout or "[]")
+    row = next((r for r in rows if r["name"] == node), None)
+    if row and row["pid"] != old_pid and row["restarts"] >= 1 and row.get("state") == "ready":
+        return row
+    return None
+
+
+def _up(d: Path, seed: int, *extra: str) -> None:
+    cli("up", "--replicas", "3", "--base-port", str(free_range(4, seed=seed)), "--data-dir", str(d),
+        "--heartbeat", "0.2", "-q", *extra, timeout=120)
+
+
+def _all_pids(d: Path) -> set[int]:
+    return {p["pid"] for p in _record(d)["processes"]}
+
+
+def _down_leaves_nothing(d: Path, seen: set[int]) -> None:
+    cli("down", "--data-dir", str(d))
+    alive = [p for p in seen if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"left running after down: {alive}"
+
+
+async def _write(d: Path, keys: range, deadline_s: float) -> set[bytes]:
+    """Write each key through a map-following client, retrying; the acknowledged keys."""
+    from mlsyskit.tools.kv.cli import fetch_map
+
+    proxy = _record(d)["proxy"]
+
+    async def current() -> ShardMap:
+        return await asyncio.to_thread(fetch_map, proxy["host"], proxy["port"])
+    client = FollowingClient(await current(), current, timeout=1.0, seed=1)
+    acked: set[bytes] = set()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    try:
+        for i in keys:
+            key = b"k%04d" % i
+            while loop.time() < end:
+                try:
+                    await client.put(key, b"v%04d" % i)
+                    acked.add(key)
+                    break
+                except Exception:  # noqa: BLE001 - retried: failover in progress
+                    await asyncio.sleep(0.05)
+    finally:
+        await client.close()
+    return acked
+
+
+def test_kill_9_of_the_head_is_replaced_empty_and_holds_every_acknowledged_write(tmp_path: Path) -> None:
+    d = tmp_path / "c"
+    _up(d, 41, "--datalet", "lmdb")
+    seen = _all_pids(d)
+    try:
+        acked = asyncio.run(_write(d, range(0, 100), 30.0))
+        old = _pids(d)["node:s0r0"]
+        os.kill(old, signal.SIGKILL)
+        acked |= asyncio.run(_write(d, range(100, 160), 30.0))  # through the failover
+        row = _until("the supervisor's replacement of s0r0 to serve", lambda: _replaced(d, "s0r0", old))
+        seen |= _all_pids(d)
+        assert row["restarts"] == 1 and row["role"] == "tail"  # joined at the end of the chain
+        acked |= asyncio.run(_write(d, range(160, 200), 30.0))
+        assert len(acked) >= 150
+        # the replacement is the tail: it serves reads, and holds everything acknowledged
+        addr = _record(d)["map"]["nodes"]["s0r0"]
+        missing = [k for k in sorted(acked)
+                   if sync_call(addr["host"], addr["port"], "GET", k) != b"v" + k[1:]]
+        assert missing == []
+        assert (d / "s0r0" / "lmdb.failed-1").is_dir() and not (d / "s0r0" / "RECOVERING").exists()
+        log = (d / "logs" / "supervisor.log").read_text()
+        assert "node:s0r0 restart-empty: process gone and failed over" in log and "replacement ready" in log
+    finally:
+        _down_leaves_nothing(d, seen | _all_pids(d))
+
+
+def test_a_sigstopped_node_is_killed_and_replaced_and_a_killed_supervisor_is_restarted(tmp_path: Path) -> None:
+    d = tmp_path / "c"
+    _up(d, 43)
+    seen = _all_pids(d)
+    stopped = None
+    try:
+        cli("put", "a", "1", "--data-dir", str(d))
+        stopped = _pids(d)["node:s0r2"]
+        os.kill(stopped, signal.SIGSTOP)
+        _until("s0r2 to be replaced", lambda: _replaced(d, "s0r2", stopped))
+        assert not psutil.pid_exists(stopped) or psutil.Process(stopped).status() == psutil.STATUS_ZOMBIE
+        assert "node:s0r2 kill-restart: stopped and absent from the map" in (
+            d / "logs" / "supervisor.log").read_text()
+        assert cli("get", "a", "--data-dir", str(d)).stdout.strip() == "1"
+        seen |= _all_pids(d)
+        # the supervisor killed -9: status says so (exit 1), the cluster serves, `supervise` restarts it
+        os.kill(_pids(d)["supervisor"], signal.SIGKILL)
+        out = _until("status to see the supervisor dead", lambda: (
+            o := cli("status", "--data-dir", str(d), check=False)).returncode == 1 and o)
+        assert "bespokv supervise --data-dir" in out.stdout
+        cli("put", "b", "2", "--data-dir", str(d))
+        cli("supervise", "--data-dir", str(d))
+        again = cli("supervise", "--data-dir", str(d), check=False)
+        assert again.returncode == 2 and "already runs" in again.stderr
+        seen |= _all_pids(d)
+        _until("the new supervisor to log", lambda: (d / "logs" / "supervisor.log").read_text().count(
+            "supervisor started") == 2)
+        assert cli("status", "--data-dir", str(d)).returncode == 0
+    finally:
+        if stopped is not None and psutil.pid_exists(stopped):
+            os.kill(stopped, signal.SIGCONT)
+        _down_leaves_nothing(d, seen | _all_pids(d))
+
+
+def test_no_supervisor_without_a_coordinator(tmp_path: Path) -> None:
+    d = tmp_path / "c"
+    cli("up", "--base-port", str(free_range(2, seed=45)), "--data-dir", str(d), "-q", "--coordinator", "none",
+        timeout=120)
+    try:
+        assert "supervisor" not in _pids(d)
+        bad = cli("supervise", "--data-dir", str(d), check=False)
+        assert bad.returncode == 2 and "without a coordinator" in bad.stderr
+    finally:
+        _down_leaves_nothing(d, _all_pids(d))
