@@ -424,8 +424,6 @@ def check(mode: str = typer.Option(None, "--mode", help="Controlet under test: m
     report.raise_if_invalid(result)
 
 
-@app.command(hidden=True)
-def node(node_id: str, data_dir: Path = DATA_DIR) -> None:
 @app.command()
 def supervise(data_dir: Path = DATA_DIR,
               foreground: bool = typer.Option(False, "--foreground",
@@ -447,6 +445,8 @@ def supervise(data_dir: Path = DATA_DIR,
     log(f"supervisor started (pid {pid}); log: {_data_dir(data_dir)}/logs/supervisor.log")
 
 
+@app.command(hidden=True)
+def node(node_id: str, data_dir: Path = DATA_DIR) -> None:
     """Run one node of the recorded cluster (started by `up`)."""
     from mlsyskit.tools.kv.nodeproc import serve_node
 
