@@ -135,3 +135,16 @@ def test_every_operation_is_answered_within_the_write_timeout_under_pauses_of_ot
     registers = History(shard.loop.clock)
     registers.events = [e for e in shard.history.events if e.key != "c"]  # INCRs: not a register
     assert check_history(registers).linearizable is True
+
+
+def test_reads_are_served_after_the_sequencer_restarts_with_no_write_since() -> None:
+    """A restarted sequencer knows no replica's position; nothing moves them without writes, so it
+    must ask (SEQAT) rather than hold every read of a key until write_timeout."""
+    shard = SimShard("aa-sc", replicas=3, seed=15, options=FAST)
+    assert settle(shard, shard.submit("r1", "put", b"x", b"1")) == "OK"
+    shard.run_for(0.2)
+    shard.restart("r0")  # a quick kill -9 and restart: the peers' links reconnect, nobody is told
+    shard.run_for(1.0)
+    assert shard.controlets["r0"].ready
+    assert settle(shard, shard.submit("r0", "get", b"x"), limit=FAST.write_timeout) == b"1"
+    assert settle(shard, shard.submit("r2", "get", b"x"), limit=FAST.write_timeout) == b"1"

@@ -199,6 +199,12 @@ class SequencedActiveActive(OrderedStream):
         self.floor = self.applied  # a snapshot's keys have no known slots
         return super().on_synced() + self._report()
 
+    def on_position(self, src: str, seq: int) -> list[Action]:
+        """The sequencer says where it stands (a beacon, a prompt, a restarted sequencer that caught
+        up and knows no positions): report ours again even if it did not move."""
+        self.reported = -1
+        return self._report()
+
     # -- client operations -----------------------------------------------------------------
     def on_client(self, req: Any) -> list[Action]:
         refused = self.refuse_if_catching_up(req)
