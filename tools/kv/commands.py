@@ -187,7 +187,7 @@ def cmd_peer_auth(conn: ClientConnection, cmd: list) -> None:
     if len(cmd) != 3:
         return _arity(conn, cmd, "bkv.auth")
     name = cmd[1]
-    known = name in node.peer_names or name == b"proxy"
+    known = name in node.peer_names or name == b"proxy" or name.decode("utf-8", "replace") in node.cluster_nodes
     if not known or not peerauth.verify(node.secret, nonce, name, node.src_bytes, cmd[2]):
         node.stats["auth_failures"] += 1
         return conn.reply(b"-NOPERM peer authentication failed\r\n")

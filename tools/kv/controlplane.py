@@ -7,7 +7,11 @@ Every `interval_s` the agent heartbeats with the node's applied-write count (the
 promotes the most advanced ms-ec replica with it). The reply carries the map's epoch; a newer
 epoch (or a peer message stamped with one: `refresh_soon`) makes the node fetch the map and
 reconfigure (Node.reconfigure). A node that finds itself absent from the map was deposed: it
-rejoins its home shard as a replacement (join, then catch up from a survivor before serving).
+rejoins its home shard as a replacement, copy-then-join: it first copies a snapshot of its home
+shard as a learner outside the map (controlets/learner.py), and asks to join only once it holds
+it; after the join it takes only the log tail after the snapshot's position (or a snapshot when the
+log no longer reaches back). BESPOKV_JOIN_FIRST=1 restores the old order (join, then copy) for
+comparison (scripts/bench_kv_faults.py --recovery --join-first); aa-ec always joins first.
 
 The lease is what keeps a deposed tail from serving stale reads. A heartbeat sent at t and
 answered "known, same epoch" proves the coordinator heard from this node no earlier than t, and
@@ -19,12 +23,16 @@ any new configuration can act without it (one machine's clock; margin for schedu
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.core.config import ConfigError, require
 from mlsyskit.core.console import log, warn
+from mlsyskit.tools.kv.controlets import controlet_class
+from mlsyskit.tools.kv.controlets.learner import Learner
 from mlsyskit.tools.kv.coord.aclient import AsyncCoordClient, CoordRefused, CoordUnavailable
 from mlsyskit.tools.kv.shardmap import NodeAddr, ShardMap
 
@@ -117,6 +125,41 @@ class ZkBackend:
         await asyncio.to_thread(self.coord.close)
 
 
+COPY_FIRST_MODES = ("ms-sc", "ms-ec", "aa-sc")  # the numbered streams: a learner's position means something
+
+
+def copy_first() -> bool:
+    return os.environ.get("BESPOKV_JOIN_FIRST", "") != "1"
+
+
+def become_learner(node: Node, current: ShardMap, shard: int, start: bool = True) -> None:
+    """Put a node that is absent from `current` to copying shard `shard`'s state as a learner.
+
+    The node takes `current` as its map (so its messages carry the current epoch and the shard's
+    members accept them), refuses every client (no lease: it is not in the map), and runs a
+    Learner controlet that copies a snapshot from the shard's members, ms-sc's tail first (the
+    replica it will follow), else replicas[0]. `start` False: the node is not open yet; its
+    start-up catch-up (Node.catch_up) begins the copy.
+    """
+    members = current.shards[shard]
+    sources = tuple(reversed(members)) if current.controlet == "ms-sc" else members
+    learner = Learner(node.node_id, members, sources, current.epoch, node.options,
+                      incarnation=secrets.randbits(30))
+    learner.now = node.clock.now()
+    node.map, node.epoch_bytes = current, str(current.epoch).encode()
+    node.peer_names = {n.encode(): n for n in current.nodes}
+    node.cluster_nodes.update(current.nodes)
+    node.controlet_cls = controlet_class(current.controlet)
+    node.shard, node.only_shard, node.deposed = shard, len(current.shards) == 1, False
+    if node.lease_until is not None:
+        node.lease_until = float("-inf")
+    node.controlet = learner
+    node._fast_ready = None
+    node._refresh_fast_paths()
+    if start:
+        node.execute(learner.on_start())
+
+
 def make_backend(spec: CoordinatorSpec) -> Any:
     if spec.kind == "zookeeper":
         return ZkBackend(spec)
@@ -136,7 +179,7 @@ class ControlAgent:
         self.wake = asyncio.Event()
         self.registered = False
         self.task: asyncio.Task | None = None
-        self.stats = {"heartbeats": 0, "heartbeat_failures": 0, "maps": 0, "rejoins": 0}
+        self.stats = {"heartbeats": 0, "heartbeat_failures": 0, "maps": 0, "rejoins": 0, "learner_starts": 0}
         node.agent = self
         if node.node_id is not None:  # no lease until the first heartbeat is answered
             node.lease_until = float("-inf")
@@ -182,8 +225,11 @@ class ControlAgent:
         sent = self.clock.now()
         known, epoch = await self.backend.heartbeat(node.node_id, node.applied())
         self.stats["heartbeats"] += 1
-        if epoch is not None and epoch != node.map.epoch or not known or node.deposed:
+        if epoch is not None and epoch != node.map.epoch or not known or node.deposed or self.learning:
             await self.follow(await self.backend.map())
+        if self.learning:
+            await self.join_when_copied()
+            return
         if node.deposed:
             await self.rejoin()
             return
@@ -192,10 +238,33 @@ class ControlAgent:
         elif epoch == node.map.epoch:
             node.renew_lease(sent + self.spec.timeout_s - self.margin_s)
 
+    @property
+    def learning(self) -> bool:
+        return isinstance(self.node.controlet, Learner)
+
     async def follow(self, current: ShardMap | None) -> None:
         if current is not None and current.epoch > self.node.map.epoch:
             self.stats["maps"] += 1
+            if self.learning and self.node.node_id not in current.nodes:
+                self.learn(current)  # a new map while copying: start over under its epoch
+                return
             self.node.reconfigure(current)
+
+    def learn(self, current: ShardMap) -> None:
+        self.stats["learner_starts"] += 1
+        log(f"{self.node.node_id} copies shard {self.home_shard} as a learner (epoch {current.epoch})")
+        become_learner(self.node, current, self.home_shard)
+
+    async def join_when_copied(self) -> None:
+        """A learner that holds its snapshot joins; its new controlet then takes the log tail."""
+        node = self.node
+        if not node.controlet.copied:
+            return
+        new = await self.backend.join(self.home_shard, node.node_id, self.home.host, self.home.port)
+        self.stats["rejoins"] += 1
+        self.registered = False
+        log(f"{node.node_id} copied shard {self.home_shard} to position {node.controlet.applied}: joined at epoch {new.epoch}")
+        node.reconfigure(new)
 
     async def rejoin(self) -> None:
         """Deposed (failed over while paused, or restarted after its failover): join as a replacement."""
@@ -203,6 +272,9 @@ class ControlAgent:
         if self.home_shard is None or self.home_shard >= len(node.map.shards):
             return
         log(f"{node.node_id} is not in the shard map (epoch {node.map.epoch}): rejoining shard {self.home_shard}")
+        if copy_first() and node.map.controlet in COPY_FIRST_MODES:
+            self.learn(node.map)
+            return
         new = await self.backend.join(self.home_shard, node.node_id, self.home.host, self.home.port)
         self.stats["rejoins"] += 1
         self.registered = False  # join registered us; the next round re-registers our liveness (ZooKeeper)

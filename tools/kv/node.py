@@ -98,6 +98,9 @@ class Node(ControlledNode):
         # Where this node dials each peer when not at its shard-map address: `bespokv check` routes
         # replica links through fault proxies to partition them (nodeproc.serve_node sets it).
         self.routes: dict[str, tuple[str, int]] = {}
+        # Every node of the cluster by id (the record's and every map's): a learner outside the
+        # current map (controlets/learner.py) authenticates and is dialled with these addresses.
+        self.cluster_nodes: dict[str, Any] = dict(shard_map.nodes)
         self.peer_names = {n.encode(): n for n in shard_map.nodes}
         self.quiet_due = False  # peer messages were handled in the current read: on_quiet follows
         self._sent_fields: tuple | None = None
@@ -186,7 +189,7 @@ class Node(ControlledNode):
     def link(self, node_id: str) -> Link:
         link = self.links.get(node_id)
         if link is None:
-            addr = self.map.nodes[node_id]
+            addr = self.map.nodes.get(node_id) or self.cluster_nodes[node_id]
             host, port = self.routes.get(node_id, (addr.host, addr.port))
             link = self.links[node_id] = Link(
                 host, port, secret=self.secret, me=self.node_id or "proxy", target=node_id,
@@ -244,7 +247,7 @@ class Node(ControlledNode):
             self.stats["refused_peer_messages"] += 1
             return
         self.quiet_due = True
-        if cmd[3][:4] == b"SNAP":  # a catch-up's begin and end are timed on the clock, not the tick
+        if cmd[3][:4] in (b"SNAP", b"LOGE", b"SEQA"):  # catch-ups are timed on the clock, not the tick
             self.controlet.now = self.clock.now()
         self.execute(self.controlet.on_peer(peer, cmd[3], cmd[4:]))
         self._refresh_fast_paths()

@@ -2,8 +2,9 @@
 
 Without a coordinator a process serves the record's shard map. With one it starts from the
 coordinator's map (the record's until the coordinator has one), and a node that was failed over
-while it was down first rejoins its home shard as a replacement; then a ControlAgent keeps it in
-step with the coordinator (controlplane.py).
+while it was down rejoins its home shard as a replacement: it copies the shard's state as a
+learner first and joins once it holds it (copy-then-join; controlplane.py); then a ControlAgent
+keeps it in step with the coordinator.
 """
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ from pathlib import Path
 from mlsyskit.core.config import ConfigError
 from mlsyskit.core.errors import RuntimeFailure
 from mlsyskit.tools.kv.cluster import node_datalet
-from mlsyskit.tools.kv.controlplane import ControlAgent, CoordinatorSpec, make_backend
+from mlsyskit.tools.kv.controlplane import (
+    COPY_FIRST_MODES,
+    ControlAgent,
+    CoordinatorSpec,
+    become_learner,
+    copy_first,
+    make_backend,
+)
 from mlsyskit.tools.kv.coord.aclient import CoordUnavailable
 from mlsyskit.tools.kv.node import Node
 from mlsyskit.tools.kv.peerauth import load_or_create_secret
@@ -51,16 +59,23 @@ def serve_node(data_dir: Path, node_id: str | None) -> None:
 
 async def _serve_managed(make, initial: ShardMap, node_id: str | None, spec: CoordinatorSpec,
                          host: str | None, port: int | None) -> None:
-    """Under a coordinator: start from its map (the record's before it has one); a node that was
-    failed over while it was down rejoins its shard first, then catches up like any restart."""
+    """Under a coordinator: start from its map (the record's before it has one). A node that was
+    failed over while it was down copies its shard as a learner, then joins (or, join-first:
+    joins, then catches up like any restart)."""
     backend = make_backend(spec)
     home = initial.nodes.get(node_id) if node_id else None
     home_shard = initial.shard_of_node(node_id) if node_id else None
     current = await _coordinator_map(backend, spec) or initial
-    if node_id is not None and current.shard_of_node(node_id) is None:
-        current = await backend.join(home_shard, node_id, home.host, home.port)
-    node = make(current)
+    learner = node_id is not None and current.shard_of_node(node_id) is None
+    if learner and not (copy_first() and current.controlet in COPY_FIRST_MODES):
+        current, learner = await backend.join(home_shard, node_id, home.host, home.port), False
+    node = make(initial if learner else current)
+    node.cluster_nodes = {**initial.nodes, **current.nodes}
+    if learner:
+        become_learner(node, current, home_shard, start=False)  # the start-up catch-up copies
     agent = ControlAgent(node, spec, home, home_shard, backend=backend)
+    if home is not None:  # a learner is not in its map: it listens at its home address
+        host, port = home.host, home.port
     await _serve(node, host, port, agent)
 
 

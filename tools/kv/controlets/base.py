@@ -107,12 +107,14 @@ class ControletOptions:
     max_pending: int = 100_000  # writes and reads waiting on peers; past it new ones fail at once
     sync_timeout: float = 0.5  # catch-up: a source that has not started a snapshot by then is skipped
     anti_entropy_interval: float = 0.5  # aa-ec: one digest exchange with the next replica per interval
+    log_bytes: int = 64 << 20  # ms-sc/ms-ec/aa-sc: recent stream messages kept for catch-up by log tail
 
     def __post_init__(self) -> None:
         require(self.write_timeout > 0, "write_timeout must be positive")
         require(self.max_pending >= 1, "max_pending must be at least 1")
         require(self.sync_timeout > 0, "sync_timeout must be positive")
         require(self.anti_entropy_interval > 0, "anti_entropy_interval must be positive")
+        require(self.log_bytes >= 0, "log_bytes must be non-negative")
 
 
 def op_code(op: str) -> bytes:

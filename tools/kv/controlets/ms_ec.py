@@ -77,6 +77,7 @@ class AsyncPrimaryBackup(OrderedStream):
         code = op_code(op)
         out: list[Action] = [stored(code, req.key, req.value, req), Reply(req)]
         fields = (self.applied, code, req.key, req.value or b"")
+        self.record(fields)
         out.extend(Send(n, b"REPL", fields) for n in self.others)
         return out
 

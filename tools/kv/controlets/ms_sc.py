@@ -119,7 +119,9 @@ class ChainReplication(OrderedStream):
             return [Fail(req, OVERLOADED)]
         self.applied += 1
         self.in_flight.append((self.applied, req, self.now + self.options.write_timeout))
-        return [write, Send(self.successor, b"CHAIN", (self.applied, code, req.key, req.value or b""))]
+        fields = (self.applied, code, req.key, req.value or b"")
+        self.record(fields)
+        return [write, Send(self.successor, b"CHAIN", fields)]
 
     def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
         code, key, value = fields[1], fields[2], fields[3]

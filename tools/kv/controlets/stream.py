@@ -38,10 +38,12 @@ sync_timeout) and copies from one that is ahead of it before it serves.
 """
 from __future__ import annotations
 
+import zlib
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from mlsyskit.tools.kv.controlets.aa_ec_exit import GATHER_KINDS, GATHERING, LeavingVersions
 from mlsyskit.tools.kv.controlets.base import (
     RECONFIGURED,
     TRYAGAIN,
@@ -53,14 +55,18 @@ from mlsyskit.tools.kv.controlets.base import (
     Send,
     Snapshot,
 )
+from mlsyskit.tools.kv.controlets.streamlog import StreamHistory, fields_size
 
 READY, WAITING, RECEIVING, CONFIRMING, POLLING = "ready", "waiting", "receiving", "confirming", "polling"
-SYNC_KINDS = (b"SYNCREQ", b"SYNCBUSY", b"SNAPBEGIN", b"SNAPDATA", b"SNAPEND", b"SEQAT", b"POSQ", b"POS")
+SYNC_KINDS = (b"SYNCREQ", b"SYNCBUSY", b"SNAPBEGIN", b"SNAPDATA", b"SNAPEND", b"SEQAT", b"POSQ", b"POS",
+              *GATHER_KINDS)
+SYNC_KINDS += (b"SNAPCHAIN", b"LOGBEGIN", b"LOGDATA", b"LOGEND")  # the log tail (streamlog.py)
+TAILING = "tailing"  # receiving the log tail after our position
 CATCHING_UP = f"{TRYAGAIN} replica is catching up; retry"
 BEACON_S = 1.0  # an origin or relay idle this long tells its downstream replicas its position once
 
 
-class OrderedStream(Controlet):
+class OrderedStream(LeavingVersions, Controlet):
     """A replica that applies its upstream's numbered stream in order, catching up on any gap."""
 
     STREAM: ClassVar[bytes]  # the message kind that carries the numbered stream
@@ -68,6 +74,7 @@ class OrderedStream(Controlet):
     # copies from one that is ahead of it (ms-ec: fewer writes lost; aa-sc: a slot some replica
     # applied is not dropped). ms-sc needs no poll: a new head is ahead of everyone downstream.
     POLL_ON_PROMOTION: ClassVar[bool] = True
+    READY_MODE = READY
 
     def __init__(self, node_id: str, replicas: Sequence[str], epoch: int, options: Any = None,
                  incarnation: int = 0) -> None:
@@ -91,6 +98,13 @@ class OrderedStream(Controlet):
         self.sync_bytes = 0  # their key + value bytes
         self.sync_began = 0.0
         self.last_sync_s = 0.0  # SNAPBEGIN to SNAPEND of the last completed snapshot (injected clock)
+        self.history = StreamHistory(self.options.log_bytes)
+        self.snap_chain: tuple[int, int] | None = None  # SNAPCHAIN: the source's checksum at the snapshot
+        self.tail_entries = self.tail_bytes = 0  # the current (or last) log tail received
+        self.copy = {"snapshots": 0, "tails": 0, "copied_bytes": 0, "tails_served": 0, "snapshots_served": 0}
+        self.join_began: float | None = None  # a learner's join: serving again measures its catch-up
+        self.join_catch_up_s = 0.0
+        self.learner_copy_s = 0.0  # the snapshot this node copied as a learner before it joined
 
     # -- what a concrete protocol supplies ------------------------------------------
     @property
@@ -116,7 +130,9 @@ class OrderedStream(Controlet):
 
     def on_synced(self) -> list[Action]:
         """Caught up (state as of self.applied): tell downstream replicas where we are."""
-        return [Send(n, b"SEQAT", (self.applied,)) for n in self.downstream()]
+        if self.join_began is not None:  # a learner that joined serves again: its catch-up took this long
+            self.join_catch_up_s, self.join_began = self.now - self.join_began, None
+        return [Send(n, b"SEQAT", self.history.position(self.applied) or (self.applied,)) for n in self.downstream()]
 
     def on_position(self, src: str, seq: int) -> list[Action]:
         """The upstream says it stands at `seq` and we are ready at the same position."""
@@ -128,6 +144,7 @@ class OrderedStream(Controlet):
         return self.mode is READY
 
     def on_start(self) -> list[Action]:
+        self.history.forget(self.applied)  # what the datalet holds after a (re)start is no known position
         if len(self.replicas) == 1:
             return []
         return self.begin_sync()
@@ -135,9 +152,12 @@ class OrderedStream(Controlet):
     def take_over(self, old: Controlet) -> list[Action]:
         # ms-sc, ms-ec and aa-sc number one stream from replicas[0] (head, master, sequencer), so a
         # live switch between them keeps every position too; anything else starts afresh.
+        if getattr(old, "versioned", False) or getattr(old, "lww", None) is not None:
+            return self.leave_versions(old)  # from aa-ec: converge at replicas[0] first (aa_ec_exit.py)
         if not isinstance(old, OrderedStream):
             return super().take_over(old)
         self.applied, self.gaps, self.syncs = old.applied, old.gaps, old.syncs
+        self.inherit_history(old)
         out = self.carry_pending(old)
         if old.mode is not READY:
             return out + self.begin_sync()
@@ -166,6 +186,7 @@ class OrderedStream(Controlet):
         if self.prefer in order:
             order = (self.prefer,) + tuple(n for n in order if n != self.prefer)
         self.prefer, self.sync_order = None, order
+        self.snap_chain = None
         self.sync_next = 0
         self.busy = set()
         return out + self._ask_next()
@@ -174,6 +195,7 @@ class OrderedStream(Controlet):
         if self.sync_next >= len(self.sync_order):  # one full round without a snapshot
             if self.index == 0 and self.busy >= set(self.others):
                 self.mode = READY  # every other replica is alive and catching up itself: start here
+                self.history.restart(self.applied, zlib.crc32(b"%d" % self.token))  # a history of its own
                 return self.on_synced()
             self.sync_next = 0
             self.busy = set()
@@ -181,18 +203,20 @@ class OrderedStream(Controlet):
         self.sync_next += 1
         self.token += 1
         self.sync_deadline = self.now + self.options.sync_timeout
-        return [Send(self.sync_source, b"SYNCREQ", (self.token,))]
+        return [Send(self.sync_source, b"SYNCREQ", (self.token, *self.history.position(self.applied)))]
 
     def tick_sync(self, now: float) -> list[Action]:
         if self.mode is READY:
             return self._beacon(now)
+        if self.mode is GATHERING:
+            return self.tick_gather(now)
         if now <= self.sync_deadline:
             return []
         if self.mode is CONFIRMING:  # the upstream never said where it stands: copy its state
             return self.begin_sync()
         if self.mode is POLLING:  # decide with the survivors that answered
             return self._polled()
-        if self.mode is RECEIVING:  # the source went silent mid-snapshot: start over
+        if self.mode is RECEIVING or self.mode is TAILING:  # the source went silent mid-copy: start over
             return self.begin_sync()
         return self._ask_next()
 
@@ -203,8 +227,8 @@ class OrderedStream(Controlet):
             if src == self.sync_source:
                 self.buffer.append((src, fields))
             return []
-        if self.mode is WAITING:
-            return []  # the snapshot will hold it
+        if self.mode is WAITING or self.mode is TAILING:
+            return []  # the snapshot or the tail will hold it
         if self.mode is CONFIRMING:  # the upstream's position should have come first: copy instead
             return self.begin_sync()
         seq = int(fields[0])
@@ -212,13 +236,16 @@ class OrderedStream(Controlet):
             self.gaps += 1
             return self.begin_sync()
         self.applied = seq
+        self.history.record(seq, fields)
         return self.apply_stream(src, seq, fields)
 
     def on_sync_message(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
+        if kind in GATHER_KINDS:
+            return self.on_gather_message(src, kind, fields)
         if kind == b"SYNCREQ":
             if self.mode is not READY:
                 return [Send(src, b"SYNCBUSY", (fields[0],))]
-            return [Snapshot(src, int(fields[0]), self.applied)]
+            return self.answer_sync(src, fields)
         if kind == b"POSQ":
             return [Send(src, b"POS", (fields[0], self.applied if self.mode is READY else -1))]
         token = int(fields[0])
@@ -231,26 +258,37 @@ class OrderedStream(Controlet):
         if kind == b"SYNCBUSY":
             if self.mode is WAITING:
                 self.busy.add(src)
-                if token == self.token:
+                if token == self.token and self.lww is None:  # leaving aa-ec: wait for GREADY instead
                     return self._ask_next()
             return []
         if kind == b"SEQAT":
             if src != self.upstream or self.mode not in (READY, CONFIRMING):
                 return []
             seq = token
-            if self.mode is CONFIRMING and seq == self.applied:
+            # Equal numbers, different histories (an ms-ec replica promoted behind the others
+            # renumbers): the checksums differ, and the catch-up below becomes a whole snapshot.
+            mine = self.history.position(self.applied)
+            other = mine and len(fields) > 1 and int(fields[1]) != mine[1]
+            if self.mode is CONFIRMING and seq == self.applied and not other:
                 self.mode = READY
                 return self.on_synced() + self.on_position(src, seq)
-            if seq != self.applied:
+            if seq != self.applied or other:
                 self.gaps += 1
                 return self.begin_sync()
             return self.on_position(src, seq)
         if token != self.token or src != self.sync_source:
             return []  # a stale snapshot (an abandoned attempt, an earlier incarnation)
         self.sync_deadline = self.now + 10 * self.options.sync_timeout
+        if kind == b"SNAPCHAIN" and self.mode is WAITING:
+            self.snap_chain = (int(fields[1]), int(fields[2]))
+            return []
+        if kind[:3] == b"LOG":
+            return self._on_tail(src, kind, fields)
         if kind == b"SNAPBEGIN" and self.mode is WAITING:
+            self.history.forget(self.applied)  # the datalet is emptied: no position holds until SNAPEND
             self.mode, self.base, self.sync_keys, self.sync_bytes = RECEIVING, int(fields[1]), 0, 0
             self.sync_began = self.now
+            self.lww = None  # a replica leaving aa-ec: its versioned records go now
             return [Reset()]
         if kind == b"SNAPDATA" and self.mode is RECEIVING:
             self.sync_keys += (len(fields) - 1) // 2
@@ -259,12 +297,78 @@ class OrderedStream(Controlet):
         if kind == b"SNAPEND" and self.mode is RECEIVING:
             self.mode, self.applied = READY, self.base
             self.last_sync_s = self.now - self.sync_began
+            chain = self.snap_chain[1] if self.snap_chain and self.snap_chain[0] == self.base else None
+            self.history.restart(self.base, chain)
+            self.copy["snapshots"] += 1
+            self.copy["copied_bytes"] += self.sync_bytes
             out = self.on_synced()
             buffered, self.buffer = self.buffer, []
             for bsrc, bfields in buffered:
                 out.extend(self.on_stream(bsrc, bfields))
             return out
         return []
+
+    def record(self, fields: Sequence[Any]) -> None:
+        """The origin numbered message fields[0] (= self.applied): keep it for catch-up by log tail."""
+        self.history.record(self.applied, fields)
+
+    def inherit_history(self, old: OrderedStream) -> None:
+        """Under a new map: the same replica's history, log and copy counters carry over."""
+        self.history, self.copy = old.history, old.copy
+        self.sync_keys, self.sync_bytes, self.last_sync_s = old.sync_keys, old.sync_bytes, old.last_sync_s
+        self.tail_entries, self.tail_bytes = old.tail_entries, old.tail_bytes
+        self.join_catch_up_s, self.learner_copy_s = old.join_catch_up_s, old.learner_copy_s
+        if getattr(old, "learner", False):
+            self.learner_copy_s, self.join_began = old.last_sync_s, self.now
+            self.copy["learner_epoch"] = old.epoch
+
+    def answer_sync(self, src: str, fields: Sequence[Any]) -> list[Action]:
+        """SYNCREQ token [seq chain] at a ready replica: the log tail after the requester's position
+        when this history passed through it and still holds the messages, else the whole snapshot
+        (preceded by the checksum at its position, so the requester can take tails later)."""
+        token, h = int(fields[0]), self.history
+        known = h.chain is not None and h.seq == self.applied
+        if len(fields) >= 3 and known:
+            seq = int(fields[1])
+            tail = h.tail_after(seq, int(fields[2]))
+            if tail is not None:
+                self.copy["tails_served"] += 1
+                return [Send(src, b"LOGBEGIN", (token, seq)), *(Send(src, b"LOGDATA", (token, *f)) for f in tail),
+                        Send(src, b"LOGEND", (token, self.applied, h.chain))]
+        self.copy["snapshots_served"] += 1
+        snapshot = Snapshot(src, token, self.applied)
+        return [Send(src, b"SNAPCHAIN", (token, self.applied, h.chain)), snapshot] if known else [snapshot]
+
+    def _on_tail(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
+        """LOGBEGIN token seq / LOGDATA token message... / LOGEND token seq chain from our source
+        (token and sender already checked): each message goes through the normal apply path."""
+        if kind == b"LOGBEGIN":
+            if self.mode is WAITING and int(fields[1]) == self.applied:
+                self.mode, self.tail_entries, self.tail_bytes = TAILING, 0, 0
+            return []
+        if self.mode is not TAILING:
+            return []
+        if kind == b"LOGDATA":
+            message = tuple(fields[1:])
+            seq = int(message[0])
+            if seq != self.applied + 1:
+                self.gaps += 1
+                return self.begin_sync()
+            self.applied = seq
+            self.history.record(seq, message)
+            self.tail_entries += 1
+            self.tail_bytes += fields_size(message)
+            return self.apply_stream(src, seq, message)
+        if kind != b"LOGEND":
+            return []
+        if int(fields[1]) != self.applied or int(fields[2]) != self.history.chain:
+            self.gaps += 1  # the tail did not lead to the source's state: copy the whole of it
+            self.history.forget(self.applied)
+            return self.begin_sync()
+        self.mode = READY
+        self.copy["tails"] += 1
+        self.copy["copied_bytes"] += self.tail_bytes
+        return self.on_synced()
 
     def _beacon(self, now: float) -> list[Action]:
         """Once the stream has been idle for BEACON_S: SEQAT to the downstream replicas. A gap is
@@ -277,7 +381,7 @@ class OrderedStream(Controlet):
         if not idle or self.beaconed == self.applied:
             return []
         self.beaconed = self.applied
-        return [Send(n, b"SEQAT", (self.applied,)) for n in self.downstream()]
+        return [Send(n, b"SEQAT", self.history.position(self.applied) or (self.applied,)) for n in self.downstream()]
 
     def _polled(self) -> list[Action]:
         """The new origin heard the survivors: copy from the most advanced if it is ahead of us."""
@@ -293,9 +397,16 @@ class OrderedStream(Controlet):
 
     def on_apply_failed(self, req: Any) -> list[Action]:
         """A replicated write failed here: this replica's state is unknown, so catch up again."""
-        return self.begin_sync() if req is None else []
+        if req is not None:
+            return []
+        self.history.forget(self.applied)
+        return self.begin_sync()
 
     def state(self) -> dict[str, Any]:
         return {**super().state(), "catching_up": int(self.mode is not READY), "gaps": self.gaps,
                 "syncs": self.syncs, "sync_keys": self.sync_keys, "sync_bytes": self.sync_bytes,
-                "last_sync_s": round(self.last_sync_s, 4), "sync_source": self.sync_source or "-"}
+                "last_sync_s": round(self.last_sync_s, 4), "sync_source": self.sync_source or "-",
+                "log_entries": len(self.history.entries), "log_bytes": self.history.bytes,
+                "tail_entries": self.tail_entries, "tail_bytes": self.tail_bytes, **self.copy,
+                "join_catch_up_s": round(self.join_catch_up_s, 4),
+                "learner_copy_s": round(self.learner_copy_s, 4)}
