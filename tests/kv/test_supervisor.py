@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
+from mlsyskit.tools.kv import processes
 from mlsyskit.tools.kv.mapfollow import FollowingClient
 from mlsyskit.tools.kv.processes import sync_call
 from mlsyskit.tools.kv.restartpolicy import Action, PolicyConfig, RestartPolicy, Seen
@@ -81,6 +83,100 @@ def test_crash_loop_backs_off_then_gives_up_and_the_window_slides() -> None:
     assert r.decide("node:c", Seen.GONE, False, 63.0).action is Action.RESTART_EMPTY  # 0.0 left the window
 
 
+# -- the supervisor's decisions acted on, with stand-in processes and a virtual clock -------------
+class _Map:
+    def __init__(self, smap: ShardMap) -> None:
+        self.current: ShardMap | None = smap
+
+    def __call__(self) -> ShardMap | None:
+        return self.current
+
+    def close(self) -> None:
+        pass
+
+
+def _without(smap: ShardMap, *gone: str) -> ShardMap:
+    return ShardMap(smap.epoch + 1, smap.controlet, smap.datalet,
+                    tuple(tuple(n for n in reps if n not in gone) for reps in smap.shards), smap.nodes)
+
+
+def test_the_supervisor_acts_on_its_decisions_and_keeps_the_record(tmp_path: Path, monkeypatch) -> None:
+    """`sleep` processes stand in for nodes (spawn is replaced: the argv is process_argv's, tested
+    end to end below); the record, lmdb move-aside, kill of a stopped node and the crash-loop
+    limit are the supervisor's own."""
+    import subprocess
+
+    from mlsyskit.core.clock import VirtualClock
+    from mlsyskit.tools.kv import supervisor
+    from mlsyskit.tools.kv.record import entry, write_record
+    from mlsyskit.tools.kv.shardmap import layout
+
+    smap = layout("ms-sc", "lmdb", 1, 3, "127.0.0.1", [free_range(1, seed=40 + i) for i in range(3)])
+    started: list[tuple[str, subprocess.Popen]] = []
+    command = {"argv": ["sleep", "60"]}
+
+    def fake_spawn(record: dict, name: str) -> subprocess.Popen:
+        proc = subprocess.Popen(command["argv"], start_new_session=True)
+        started.append((name, proc))
+        return proc
+    monkeypatch.setattr(supervisor, "spawn", fake_spawn)
+    (tmp_path / "logs").mkdir()
+    for n in smap.shards[0]:
+        (tmp_path / n / "lmdb").mkdir(parents=True)
+    procs = {f"node:{n}": fake_spawn({}, f"node:{n}") for n in smap.shards[0]}
+    started.clear()
+    write_record(tmp_path, {"map": smap.to_dict(), "datalet": "lmdb", "data_dir": str(tmp_path),
+                            "coordinator": {"url": "embedded://127.0.0.1:9", "interval_s": 0.2, "misses": 3},
+                            "supervision": {"max_restarts": 2, "window_s": 60.0},
+                            "processes": [entry(k, p.pid) for k, p in procs.items()]})
+    clock, coord = VirtualClock(), _Map(smap)
+    sup = supervisor.Supervisor(tmp_path, clock=clock, map_source=coord)
+    try:
+        procs["node:s0r0"].kill()
+        procs["node:s0r0"].wait()
+        sup.step()
+        assert started == []  # still in the map: its failover is pending
+        coord.current = _without(smap, "s0r0")
+        sup.step()
+        assert [n for n, _ in started] == ["node:s0r0"]
+        record = _record(tmp_path)
+        e = next(p for p in record["processes"] if p["name"] == "node:s0r0")
+        assert e["pid"] == started[0][1].pid and e["restarts"] == 1
+        assert (tmp_path / "s0r0" / "lmdb.failed-1").is_dir() and (tmp_path / "s0r0" / "RECOVERING").exists()
+
+        # SIGSTOP: left alone while in the map and during the grace (1.2 s), then killed and replaced
+        os.kill(procs["node:s0r2"].pid, signal.SIGSTOP)
+        sup.step()
+        coord.current = _without(smap, "s0r2")
+        sup.step()
+        clock.advance(1.1)
+        sup.step()
+        assert len(started) == 1
+        clock.advance(0.2)
+        sup.step()
+        assert [n for n, _ in started] == ["node:s0r0", "node:s0r2"]
+        assert procs["node:s0r2"].poll() == -signal.SIGKILL
+
+        # a crash loop: every restart exits at once; two restarts (the limit), then it gives up
+        command["argv"] = ["true"]
+        coord.current = _without(smap, "s0r1")
+        procs["node:s0r1"].kill()
+        for _ in range(40):
+            clock.advance(0.25)
+            sup.step()
+            for _, p in started:
+                p.poll() is None or p.wait()
+        assert [n for n, _ in started].count("node:s0r1") == 2
+        e = next(p for p in _record(tmp_path)["processes"] if p["name"] == "node:s0r1")
+        assert e["given_up"] is True and e["restarts"] == 2
+        log = (tmp_path / "logs" / "supervisor.log").read_text()
+        assert log.count("node:s0r1 GIVE UP") == 1 and "backing off 1 s" in log
+    finally:
+        for p in [*procs.values(), *(p for _, p in started)]:
+            p.kill()
+            p.wait()
+
+
 # -- processes ---------------------------------------------------------------------------------
 def _record(d: Path) -> dict:
     return json.loads((d / "cluster.json").read_text())
@@ -102,7 +198,7 @@ def _until(what: str, fn, timeout: float = 60.0):
 
 def _replaced(d: Path, node: str, old_pid: int):
     """The status row of `node` once the supervisor restarted it and it serves, else None."""
-    rows = json.loads(cli("status", "--data-dir", str(d), "--json", check=False).stdout or "[]")
+    rows = processes.status(d)  # what `bespokv status --json` prints, without a process start per poll
     row = next((r for r in rows if r["name"] == node), None)
     if row and row["pid"] != old_pid and row["restarts"] >= 1 and row.get("state") == "ready":
         return row
@@ -183,21 +279,22 @@ def test_a_sigstopped_node_is_killed_and_replaced_and_a_killed_supervisor_is_res
     seen = _all_pids(d)
     stopped = None
     try:
-        cli("put", "a", "1", "--data-dir", str(d))
+        proxy = _record(d)["proxy"]
+        assert sync_call(proxy["host"], proxy["port"], "SET", "a", "1") == b"OK"
         stopped = _pids(d)["node:s0r2"]
         os.kill(stopped, signal.SIGSTOP)
         _until("s0r2 to be replaced", lambda: _replaced(d, "s0r2", stopped))
         assert not psutil.pid_exists(stopped) or psutil.Process(stopped).status() == psutil.STATUS_ZOMBIE
         assert "node:s0r2 kill-restart: stopped and absent from the map" in (
             d / "logs" / "supervisor.log").read_text()
-        assert cli("get", "a", "--data-dir", str(d)).stdout.strip() == "1"
+        assert sync_call(proxy["host"], proxy["port"], "GET", "a") == b"1"
         seen |= _all_pids(d)
         # the supervisor killed -9: status says so (exit 1), the cluster serves, `supervise` restarts it
         os.kill(_pids(d)["supervisor"], signal.SIGKILL)
-        out = _until("status to see the supervisor dead", lambda: (
-            o := cli("status", "--data-dir", str(d), check=False)).returncode == 1 and o)
-        assert "bespokv supervise --data-dir" in out.stdout
-        cli("put", "b", "2", "--data-dir", str(d))
+        _until("status to see the supervisor dead", lambda: not processes.supervisor_status(d)["up"])
+        out = cli("status", "--data-dir", str(d), check=False)
+        assert out.returncode == 1 and "bespokv supervise --data-dir" in out.stdout
+        assert sync_call(proxy["host"], proxy["port"], "SET", "b", "2") == b"OK"  # unsupervised, it serves
         cli("supervise", "--data-dir", str(d))
         again = cli("supervise", "--data-dir", str(d), check=False)
         assert again.returncode == 2 and "already runs" in again.stderr
@@ -212,12 +309,13 @@ def test_a_sigstopped_node_is_killed_and_replaced_and_a_killed_supervisor_is_res
 
 
 def test_no_supervisor_without_a_coordinator(tmp_path: Path) -> None:
-    d = tmp_path / "c"
-    cli("up", "--base-port", str(free_range(2, seed=45)), "--data-dir", str(d), "-q", "--coordinator", "none",
-        timeout=120)
-    try:
-        assert "supervisor" not in _pids(d)
-        bad = cli("supervise", "--data-dir", str(d), check=False)
-        assert bad.returncode == 2 and "without a coordinator" in bad.stderr
-    finally:
-        _down_leaves_nothing(d, _all_pids(d))
+    from mlsyskit.core.config import ConfigError
+    from mlsyskit.tools.kv import supervisor
+    from mlsyskit.tools.kv.record import write_record
+
+    write_record(tmp_path, {"map": {}, "datalet": "memory", "data_dir": str(tmp_path), "coordinator": None,
+                            "processes": [{"name": "node:s0r0", "pid": os.getpid()}]})
+    with pytest.raises(ConfigError, match="without a coordinator"):
+        supervisor.start(tmp_path)
+    with pytest.raises(ConfigError, match="without a coordinator"):
+        supervisor.Supervisor(tmp_path)

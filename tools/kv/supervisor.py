@@ -153,8 +153,8 @@ class Supervisor:
                                             password=read_password(self.data_dir)))
             except OSError:
                 continue
-            if info.get("catching_up", "0") == "0" and info.get("deposed") != "1" and float(
-                    info.get("lease_s", "0") if info.get("lease_s", "-") != "-" else 0) > 0:
+            lease = info.get("lease_s", "-")
+            if info.get("catching_up", "0") == "0" and info.get("deposed") != "1" and lease != "-" and float(lease) > 0:
                 if marker is not None:
                     marker.unlink(missing_ok=True)
                 del self.pending[name]
@@ -183,9 +183,13 @@ class Supervisor:
                 aside = _move_aside(Path(record["data_dir"]) / name[5:] / "lmdb")  # cluster.node_datalet's path
                 if aside is not None:
                     why += f"; its lmdb moved aside to {aside.name}"
-        proc = spawn(record, name)
+        self.policy.restarted(name, self.clock.now())  # a failed start counts towards the crash-loop limit
+        try:
+            proc = spawn(record, name)
+        except OSError as e:
+            self.log(name, f"{action.value}: {why}; could not start it: {e}")
+            return
         self.children[proc.pid] = proc
-        self.policy.restarted(name, self.clock.now())
         if name.startswith("node:"):
             self.pending[name] = (self.clock.now(), marker)
         update_record(self.data_dir, lambda r: _replace(r, name, proc.pid))
@@ -201,19 +205,22 @@ class Supervisor:
                 break
             except (ProcessLookupError, PermissionError):
                 continue
-        deadline = self.clock.now() + 5.0
-        while self._observe(e) is not Seen.GONE and self.clock.now() < deadline:
+        deadline = time.monotonic() + 5.0  # real time: the kernel's, whatever clock drives the policy
+        while self._observe(e) is not Seen.GONE and time.monotonic() < deadline:
             try:
                 os.waitpid(e["pid"], os.WNOHANG)
             except ChildProcessError:
                 pass
-            self.clock.sleep(0.02)
+            time.sleep(0.01)
 
     def run(self, stop: list[bool]) -> None:
         """Poll every heartbeat interval until stop[0] (set by SIGTERM/SIGINT: never mid-restart)."""
         while not stop[0]:
             started = self.clock.now()
-            self.step()
+            try:
+                self.step()
+            except (OSError, ValueError, KeyError, ConfigError) as e:  # a record being rewritten, a full disk
+                self.log("supervisor", f"poll failed: {e!r}; trying again")
             while not stop[0] and self.clock.now() < started + self.spec.interval_s:
                 self.clock.sleep(min(0.05, self.spec.interval_s))
 
