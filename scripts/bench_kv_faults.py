@@ -22,6 +22,15 @@ ms-sc tail dies (<= 2 s), catch-up rate of a replacement replica (>= 50 MB/s on 
 the table shows the median and the worst repeat, the JSON every repeat. A second table: kill -9 of
 the head of a `bespokv up` cluster to its supervisor's empty replacement serving (no target).
 
+    .venv/bin/python scripts/bench_kv_faults.py --join --repeats 3 --out runs/kv_join
+
+Replacement join (issue 15; check/joinstall.py): a killed ms-sc tail restarted under a write load,
+copy-then-join (a learner copies first, joins, takes the log tail) against the old order
+(`--join-first` alone: join, then copy the whole snapshot): the longest span without an
+acknowledged write from the restart until it serves + 1 s, and the bytes it copied after its join
+(target: the log tail only, no snapshot after the join); the stall ratio is against join-first
+in the same run.
+
     .venv/bin/python scripts/bench_kv_faults.py --switch --repeats 1 --out runs/kv_switch
 
 Live switch (check/switchcheck.py): the 6 transitions among ms-sc, ms-ec, aa-sc under load, each
@@ -166,6 +175,47 @@ def switches(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def join_orders(args: argparse.Namespace) -> int:
+    """Copy-then-join against join-then-copy (check/joinstall.py): the ms-sc write stall while a
+    replacement joins and the bytes it copies after its join (target: the log tail only)."""
+    from mlsyskit.tools.kv.check.joinstall import join_stall
+
+    orders = [True] if args.join_first else [False, True]
+    runs = [asyncio.run(join_stall(args.out / "join" / f"r{i}-{'first' if jf else 'copy'}", join_first=jf,
+                                   mbytes=args.join_mb, seed=i))
+            for i in range(args.repeats) for jf in orders]
+    for r in runs:
+        log(f"{r['order']}: write stall {r['write_stall_s']} s, {r['copied_after_join_bytes']} bytes copied "
+            f"after the join, join catch-up {r['join_catch_up_s']} s, learner copy {r['learner_copy_s']} s")
+    rows, summary = [], {}
+    for order in ("copy-then-join", "join-first"):
+        mine = [r for r in runs if r["order"] == order]
+        if not mine:
+            continue
+        tail_only = all(r["snapshots"] == 1 and r["copied_after_join_bytes"] == r["tail_bytes"] for r in mine)
+        summary[order] = {"write_stall_s_median": percentile([r["write_stall_s"] for r in mine], 50),
+                          "write_stall_s_worst": max(r["write_stall_s"] for r in mine),
+                          "copied_after_join_bytes_worst": max(r["copied_after_join_bytes"] for r in mine),
+                          "join_catch_up_s_median": percentile([r["join_catch_up_s"] for r in mine], 50),
+                          "tail_only": tail_only}
+        s = summary[order]
+        rows.append([order, fmt(s["write_stall_s_median"]), fmt(s["write_stall_s_worst"]),
+                     fmt(s["join_catch_up_s_median"]), s["copied_after_join_bytes_worst"],
+                     "-" if order == "join-first" else ("yes" if tail_only else "NO")])
+    if len(summary) == 2:
+        summary["stall_ratio"] = round(summary["copy-then-join"]["write_stall_s_median"]
+                                       / max(summary["join-first"]["write_stall_s_median"], 1e-9), 3)
+    emit_table(make_table(f"bespokv replacement join (ms-sc 1x3, {args.join_mb} MB, heartbeat 0.5 s; "
+                          f"{args.repeats} repeats)", ["order", "write stall s (median)", "worst",
+                                                       "join catch-up s", "bytes after join (worst)",
+                                                       "tail only"], rows))
+    path = args.out / "bench_kv_join.json"
+    path.write_text(json.dumps({"settings": {"join_mb": args.join_mb, "repeats": args.repeats},
+                                "summary": summary, "runs": runs}, indent=2, allow_nan=False))
+    log(f"wrote {path}")
+    return 0 if summary.get("copy-then-join", {"tail_only": True})["tail_only"] else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=20, help="seeded runs per mode (20)")
@@ -186,7 +236,14 @@ def main() -> int:
                                                           "transitions, checked)")
     ap.add_argument("--repeats", type=int, default=3, help="with --recovery/--switch: repeats (3)")
     ap.add_argument("--catch-up-mb", type=int, default=32, help="with --recovery: MB in the shard (32)")
+    ap.add_argument("--join", action="store_true", help="compare copy-then-join with the old join-then-copy: "
+                                                        "write stall while a replacement joins, bytes it copies after")
+    ap.add_argument("--join-first", action="store_true", help="with --join: only the old order (join, then copy)")
+    ap.add_argument("--join-mb", type=int, default=64, help="with --join: MB in the shard (64)")
     args = ap.parse_args()
+    if args.join or args.join_first:
+        args.out.mkdir(parents=True, exist_ok=True)
+        return join_orders(args)
     if args.recovery or args.switch:
         args.out.mkdir(parents=True, exist_ok=True)
         return recovery(args) if args.recovery else switches(args)

@@ -180,6 +180,7 @@ class ControlAgent:
         self.registered = False
         self.task: asyncio.Task | None = None
         self.stats = {"heartbeats": 0, "heartbeat_failures": 0, "maps": 0, "rejoins": 0, "learner_starts": 0}
+        self.announce_pending = False  # joined before the node ran (nodeproc): announce at the first step
         node.agent = self
         if node.node_id is not None:  # no lease until the first heartbeat is answered
             node.lease_until = float("-inf")
@@ -222,6 +223,9 @@ class ControlAgent:
         if not self.registered:
             await self.backend.register(node.node_id, self.home.host, self.home.port)
             self.registered = True
+        if self.announce_pending:
+            self.announce_pending = False
+            self.announce()
         sent = self.clock.now()
         known, epoch = await self.backend.heartbeat(node.node_id, node.applied())
         self.stats["heartbeats"] += 1
@@ -265,6 +269,18 @@ class ControlAgent:
         self.registered = False
         log(f"{node.node_id} copied shard {self.home_shard} to position {node.controlet.applied}: joined at epoch {new.epoch}")
         node.reconfigure(new)
+        self.announce()
+
+    def announce(self) -> None:
+        """Tell the shard's members at once that a newer map exists: a peer message stamped with its
+        epoch makes each fetch it now (held, refresh_soon) rather than at its next heartbeat, so the
+        ms-sc head stops sending writes into a chain that fences them off (their acks would wait)."""
+        node = self.node
+        if node.shard is None or node.deposed:
+            return
+        for member in node.map.shards[node.shard]:
+            if member != node.node_id:
+                node.link(member).send(node.frame(b"JOINED", ()))
 
     async def rejoin(self) -> None:
         """Deposed (failed over while paused, or restarted after its failover): join as a replacement."""
@@ -279,3 +295,4 @@ class ControlAgent:
         self.stats["rejoins"] += 1
         self.registered = False  # join registered us; the next round re-registers our liveness (ZooKeeper)
         node.reconfigure(new)
+        self.announce()

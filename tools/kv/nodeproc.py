@@ -67,13 +67,15 @@ async def _serve_managed(make, initial: ShardMap, node_id: str | None, spec: Coo
     home_shard = initial.shard_of_node(node_id) if node_id else None
     current = await _coordinator_map(backend, spec) or initial
     learner = node_id is not None and current.shard_of_node(node_id) is None
-    if learner and not (copy_first() and current.controlet in COPY_FIRST_MODES):
+    joined = learner and not (copy_first() and current.controlet in COPY_FIRST_MODES)
+    if joined:
         current, learner = await backend.join(home_shard, node_id, home.host, home.port), False
     node = make(initial if learner else current)
     node.cluster_nodes = {**initial.nodes, **current.nodes}
     if learner:
         become_learner(node, current, home_shard, start=False)  # the start-up catch-up copies
     agent = ControlAgent(node, spec, home, home_shard, backend=backend)
+    agent.announce_pending = joined
     if home is not None:  # a learner is not in its map: it listens at its home address
         host, port = home.host, home.port
     await _serve(node, host, port, agent)

@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 
 from mlsyskit.tools.kv.controlets.aa_ec_exit import GATHER_KINDS, GATHERING, LeavingVersions
 from mlsyskit.tools.kv.controlets.base import (
+    NOT_SERVING,
     RECONFIGURED,
     TRYAGAIN,
     Action,
@@ -62,7 +63,8 @@ SYNC_KINDS = (b"SYNCREQ", b"SYNCBUSY", b"SNAPBEGIN", b"SNAPDATA", b"SNAPEND", b"
               *GATHER_KINDS)
 SYNC_KINDS += (b"SNAPCHAIN", b"LOGBEGIN", b"LOGDATA", b"LOGEND")  # the log tail (streamlog.py)
 TAILING = "tailing"  # receiving the log tail after our position
-CATCHING_UP = f"{TRYAGAIN} replica is catching up; retry"
+CATCHING_UP = f"{TRYAGAIN} replica is catching up; retry"  # waiting operations failed: outcome unknown
+REFUSED_CATCHING_UP = f"{NOT_SERVING} replica is catching up; retry"  # a new operation, not executed
 BEACON_S = 1.0  # an origin or relay idle this long tells its downstream replicas its position once
 
 
@@ -320,7 +322,7 @@ class OrderedStream(LeavingVersions, Controlet):
         self.join_catch_up_s, self.learner_copy_s = old.join_catch_up_s, old.learner_copy_s
         if getattr(old, "learner", False):
             self.learner_copy_s, self.join_began = old.last_sync_s, self.now
-            self.copy["learner_epoch"] = old.epoch
+            self.copy["learner_epoch"], self.copy["learner_bytes"] = old.epoch, old.sync_bytes
 
     def answer_sync(self, src: str, fields: Sequence[Any]) -> list[Action]:
         """SYNCREQ token [seq chain] at a ready replica: the log tail after the requester's position
@@ -393,7 +395,7 @@ class OrderedStream(LeavingVersions, Controlet):
         return self.on_synced()
 
     def refuse_if_catching_up(self, req: Any) -> list[Action] | None:
-        return None if self.mode is READY else [Fail(req, CATCHING_UP)]
+        return None if self.mode is READY else [Fail(req, REFUSED_CATCHING_UP)]
 
     def on_apply_failed(self, req: Any) -> list[Action]:
         """A replicated write failed here: this replica's state is unknown, so catch up again."""
