@@ -174,7 +174,9 @@ def switch(topology: str = typer.Option(..., "--topology", help="ms (master-slav
 
     The coordinator commits the new controlet as the next epoch; nodes rebuild their controlets
     from their state; operations waiting at that moment fail with a retriable -TRYAGAIN. Returns
-    once every node serves under the new map (ms-sc, ms-ec and aa-sc; aa-ec not yet)."""
+    once every node serves under the new map. All 12 transitions among ms-sc, ms-ec, aa-sc and aa-ec:
+    into aa-ec the replicas first align with the old origin's state; out of it the new origin first
+    gathers every replica's newer writes and the others copy it (a data copy, unlike the others)."""
     from mlsyskit.tools.kv.controlplane import CoordinatorSpec
     from mlsyskit.tools.kv.switch import switch as live_switch
 

@@ -31,11 +31,12 @@ class KVError(RuntimeError):
 # Errors a node answers before touching any state (front-end validation): a write that got
 # one of these certainly did not happen. Any other error after a send is ambiguous.
 # A node fenced by a newer epoch refuses before it executes anything ("TRYAGAIN fenced: ..."),
-# so that refusal is a definite fail too; a plain TRYAGAIN (a write timed out waiting for a
+# so that refusal is a definite fail too, as is a replica's "not serving yet" (catching up or aligning:
+# controlets/base.NOT_SERVING) for a new operation; a plain TRYAGAIN (a write timed out waiting for a
 # replica) is not: the write may have been applied.
 REFUSED_BEFORE_EXECUTION = ("wrong number of arguments", "syntax error", "key too long", "value too large",
                             "unknown command", "too many arguments", "Protocol error", "only database 0",
-                            "TRYAGAIN fenced:")
+                            "TRYAGAIN fenced:", "TRYAGAIN not serving yet:")
 
 
 def certainly_not_applied(message: str) -> bool:

@@ -90,6 +90,8 @@ class ControlledNode:
             new.now = self.clock.now()
             self.controlet = new
             self.execute(new.take_over(old) if was_member and old is not None else new.on_start())
+            if getattr(new, "loading", False):
+                self._load_versions(new)
             self.quiet()
         self._fast_ready = None
         self._refresh_fast_paths()
@@ -97,6 +99,24 @@ class ControlledNode:
         for epoch, peer, peer_bytes, cmd in held:
             if epoch >= new_map.epoch:
                 self.on_peer_message(peer, peer_bytes, cmd)
+
+    def _load_versions(self, controlet) -> None:
+        """A switch to aa-ec: build its version table from the datalet before it serves (the keys
+        stored without a version read as (0, 0)). A Reset meanwhile (a snapshot) ends the scan."""
+        async def scan() -> None:
+            generation = controlet.load_generation
+            async for key, raw in self.datalet.export_pairs():
+                if controlet.load_generation != generation or self.controlet is not controlet:
+                    return
+                controlet.on_load(key, raw)
+            if controlet.load_generation == generation and self.controlet is controlet:
+                self.execute(controlet.on_loaded())
+                self._fast_ready = None
+                self._refresh_fast_paths()
+
+        task = asyncio.get_running_loop().create_task(scan())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def _close_link(self, node_id: str) -> None:
         link = self.links.pop(node_id)

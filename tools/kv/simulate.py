@@ -18,6 +18,7 @@ from typing import Any
 
 from mlsyskit.core.sim import EventLoop, Seeds
 from mlsyskit.tools.kv.controlets import controlet_class
+from mlsyskit.tools.kv.controlets.aa_ec import visible as versioned_visible
 from mlsyskit.tools.kv.controlets.base import (
     DEL,
     EXISTS,
@@ -190,6 +191,18 @@ class SimShard:
             if node not in self.down:
                 self._execute(node, self.controlets[node].take_over(olds[node]))
 
+    def switch(self, controlet: str) -> None:
+        """A live switch: the same replicas under another controlet (the next map). A replica that
+        switches to aa-ec rebuilds its version table from its data first, as the node runtime does."""
+        self.cls = controlet_class(controlet)
+        self.reconfigure(self.members)
+        for node in self.members:
+            c = self.controlets[node]
+            if getattr(c, "loading", False) and node not in self.down:
+                for key, raw in list(self.data[node].items()):
+                    c.on_load(key, raw)
+                self._execute(node, c.on_loaded())
+
     # -- execution -----------------------------------------------------------------------
     def _complete(self, req: SimRequest, result: Any) -> None:
         for pending in self.accepted.values():
@@ -228,8 +241,7 @@ class SimShard:
         self._deliver_later(src, dst, lambda: self._peer(dst, src, kind, fields, epoch))
 
     def visible(self, node: str, raw: bytes | None) -> bytes | None:
-        decode = getattr(self.cls, "visible", None)
-        return decode(raw) if decode is not None else raw
+        return versioned_visible(raw)  # aa-ec's records are read as they are under every controlet
 
     def values(self, node: str) -> dict[bytes, bytes]:
         """What clients read at `node` (aa-ec stores versions and tombstones with the values)."""

@@ -7,7 +7,17 @@ string that happens to begin with the tag -- is stored as one record:
 
     MAGIC (4 bytes) | kind (1 byte) | deadline (8 bytes, big-endian Unix ms, 0 = none) | body
 
-The body is the string itself, or msgpack of the collection. The record is computed once,
+The body is the string itself, or msgpack of the collection. aa-ec wraps whatever it stores
+in one more record, kind `v`, carrying the write's version (controlets/aa_ec.py):
+
+    MAGIC | b"v" | counter (8 bytes) | replica index (2 bytes) | b"+" live or b"-" deleted | stored bytes
+
+Every reader here unwraps it (a deleted one reads as absent), so data written under aa-ec stays
+readable after a live switch to another controlet, and bytes stored without a version (written
+before a switch to aa-ec) read as version (0, 0) under aa-ec: no rewrite either way. A plain
+string never begins with MAGIC (it is escaped), so the two cannot be confused.
+
+The record is computed once,
 at the shard's write point, and replicated as it is (whole-value writes through the
 controlets), so every replica holds the same bytes. Deadlines are absolute wall-clock
 instants, never relative: replicas that apply the record later still agree on when it
@@ -25,6 +35,9 @@ FIRST = MAGIC[:1]  # the fast paths look at one byte: anything else is a plain s
 STRING, LIST, HASH, SET, ZSET = b"s", b"l", b"h", b"t", b"z"
 TYPE_NAMES = {STRING: b"string", LIST: b"list", HASH: b"hash", SET: b"set", ZSET: b"zset"}
 _HEADER = struct.Struct(">4scQ")
+VERSIONED = b"v"
+_VERSIONED = struct.Struct(">4scQHc")  # MAGIC, b"v", counter, replica index, live/deleted
+LIVE, TOMBSTONE = b"+", b"-"
 WRONGTYPE = b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n"
 
 
@@ -52,11 +65,28 @@ def is_tagged(stored: bytes) -> bool:
     return stored[:1] == FIRST and stored[:4] == MAGIC
 
 
+def wrap_versioned(counter: int, index: int, stored: bytes | None) -> bytes:
+    """aa-ec's stored form of a write: its version, then the stored bytes (None: a delete)."""
+    return _VERSIONED.pack(MAGIC, VERSIONED, counter, index, TOMBSTONE if stored is None else LIVE) + (stored or b"")
+
+
+def unwrap_versioned(raw: bytes) -> tuple[tuple[int, int], bytes | None]:
+    """(version, stored bytes or None for a delete); bytes stored without a version are (0, 0)."""
+    if len(raw) >= _VERSIONED.size and raw[4:5] == VERSIONED and raw[:4] == MAGIC:
+        _, _, counter, index, state = _VERSIONED.unpack_from(raw)
+        return (counter, index), (raw[_VERSIONED.size:] if state == LIVE else None)
+    return (0, 0), raw
+
+
 def decode(stored: bytes | None) -> Entry | None:
     if stored is None:
         return None
     if not is_tagged(stored):
         return Entry(STRING, 0, stored)
+    if stored[4:5] == VERSIONED:
+        if len(stored) < _VERSIONED.size:
+            raise CorruptValue("a versioned record shorter than its header")
+        return decode(unwrap_versioned(stored)[1])
     try:
         return _decode_record(stored)
     except (ValueError, TypeError, struct.error, msgpack.UnpackException) as e:
@@ -117,6 +147,8 @@ def expired(stored: bytes | None, now_ms: int) -> bool:
 def deadline_of(stored: bytes | None) -> int:
     if stored is None or not is_tagged(stored) or len(stored) < _HEADER.size:
         return 0
+    if stored[4:5] == VERSIONED:
+        return deadline_of(unwrap_versioned(stored)[1]) if len(stored) >= _VERSIONED.size else 0
     return _HEADER.unpack_from(stored)[2]
 
 

@@ -90,9 +90,9 @@ async def run_switches(modes: list[str], out_dir: Path, seed: int = 0, clients: 
     history = History(clock)
     switches: list[dict[str, Any]] = []
     await cluster.start()
+    load = _Load(cluster, history, clock, clients, keys, seed)
+    tasks = [asyncio.get_running_loop().create_task(load.client(c)) for c in range(clients)]
     try:
-        load = _Load(cluster, history, clock, clients, keys, seed)
-        tasks = [asyncio.get_running_loop().create_task(load.client(c)) for c in range(clients)]
         await clock.asleep(segment_s)
         for target in modes[1:]:
             began = clock.now()
@@ -109,6 +109,10 @@ async def run_switches(modes: list[str], out_dir: Path, seed: int = 0, clients: 
         keys_all = sorted({e.key.encode() for e in history.events})
         await final_reads(cluster, history, keys_all, every_replica=False, timeout=2.5)
     finally:
+        load.stop.set()  # a switch that failed must not leave the clients running
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=10.0)
         await cluster.stop()
         history.write_jsonl(Path(out_dir) / "history.jsonl")  # so a failed verdict can be replayed and read
     return _verdict(modes, history, switches, load, end)

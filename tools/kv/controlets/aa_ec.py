@@ -22,10 +22,11 @@ bytes as they are). Replicas that agree exchange one 512-byte message per interv
 """
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from typing import Any
 
+from mlsyskit.tools.kv import values
+from mlsyskit.tools.kv.controlets.aa_ec_entry import ALIGNING, ENTRY_KINDS, REFUSED_ALIGNING, Entering
 from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
     FLUSH,
@@ -44,21 +45,16 @@ from mlsyskit.tools.kv.controlets.base import (
 from mlsyskit.tools.kv.shardmap import hash64
 
 BUCKETS = 64
-_HEADER = struct.Struct(">QH")  # counter, replica index
-LIVE, TOMBSTONE = b"+", b"-"
 MAX_BUCKETS_PER_ROUND = 8  # bounds one repair message; the rest differs again next round
 
 
 def encode(counter: int, index: int, value: bytes | None) -> bytes:
-    return b"V" + _HEADER.pack(counter, index) + (TOMBSTONE if value is None else LIVE + value)
+    return values.wrap_versioned(counter, index, value)
 
 
 def decode(raw: bytes) -> tuple[tuple[int, int], bytes | None]:
-    """(version, value or None for a tombstone); bytes not written by aa-ec are version (0, 0)."""
-    if len(raw) >= 12 and raw[:1] == b"V":
-        counter, index = _HEADER.unpack_from(raw, 1)
-        return (counter, index), (raw[12:] if raw[11:12] == LIVE else None)
-    return (0, 0), raw
+    """(version, value or None for a tombstone); bytes stored without a version are version (0, 0)."""
+    return values.unwrap_versioned(raw)
 
 
 def visible(raw: bytes | None) -> bytes | None:
@@ -68,12 +64,13 @@ def visible(raw: bytes | None) -> bytes | None:
     return decode(raw)[1]
 
 
-class LastWriterWins(Controlet):
+class LastWriterWins(Entering, Controlet):
     name = "aa-ec"
     topology = "aa"
     consistency = "eventual"
     visible = staticmethod(visible)
     time_per_op = True
+    versioned = True  # its datalet holds versioned records (a switch away must converge them first)
 
     def __init__(self, node_id: str, replicas: Sequence[str], epoch: int, options: Any = None,
                  incarnation: int = 0) -> None:
@@ -86,6 +83,7 @@ class LastWriterWins(Controlet):
         self.repaired = 0
         self.next_ae = 0.0
         self.ae_round = 0
+        self.init_entry()
 
     @staticmethod
     def write_targets(replicas: Sequence[str]) -> Sequence[str]:
@@ -108,11 +106,21 @@ class LastWriterWins(Controlet):
         self.digests[bucket] ^= _entry_hash(key, version)
         self.bucket_keys[bucket].add(key)
 
+    def reset_table(self) -> None:
+        self.versions, self.digests = {}, [0] * BUCKETS
+        self.bucket_keys = [set() for _ in range(BUCKETS)]
+
     def on_load(self, key: bytes, raw: bytes) -> None:
-        """The runtime reloads the table from the datalet at start-up (versions are durable)."""
+        """The runtime reloads the table from the datalet (at start-up: versions are durable; after a
+        switch to aa-ec: unversioned keys). A newer version merged meanwhile is kept."""
         (counter, index), value = decode(raw)
         self.counter = max(self.counter, counter)
-        self._set_version(key, (counter, index, value is not None))
+        mine = self.versions.get(key)
+        if mine is None or (counter, index) > mine[:2]:
+            self._set_version(key, (counter, index, value is not None))
+
+    def merge_pair(self, key: bytes, raw: bytes) -> list[Action]:
+        return self._merge(key, raw)
 
     def _merge(self, key: bytes, raw: bytes) -> list[Action]:
         (counter, index), value = decode(raw)
@@ -126,6 +134,8 @@ class LastWriterWins(Controlet):
 
     # -- events ------------------------------------------------------------------------------
     def on_client(self, req: Any) -> list[Action]:
+        if not self.ready:
+            return [Fail(req, REFUSED_ALIGNING)]
         op = req.op
         if op is GET or op is EXISTS:
             return [Read(req)]
@@ -150,6 +160,8 @@ class LastWriterWins(Controlet):
     def on_peer(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
         if src not in self.others:
             return []
+        if kind in ENTRY_KINDS:
+            return self.on_entry_message(src, kind, fields)
         if kind == b"LWW" or kind == b"AEPUT":
             if kind == b"AEPUT":
                 self.repaired += 1
@@ -163,23 +175,29 @@ class LastWriterWins(Controlet):
         return []
 
     def take_over(self, old: Controlet) -> list[Action]:
-        """A new replica set: the version table carries over; anti-entropy repairs what a failed
-        replica had not propagated (nothing waits on peers here)."""
-        if type(old) is not type(self):
-            return super().take_over(old)
-        self.counter, self.versions, self.digests, self.bucket_keys = (
-            old.counter, old.versions, old.digests, old.bucket_keys)
-        self.stale_dropped, self.repaired = old.stale_dropped, old.repaired
-        return []
+        """A new map. From aa-ec: the version table and alignment carry over; anti-entropy repairs
+        what a failed replica had not propagated (nothing waits on peers here). From a replica that
+        was leaving aa-ec (aa_ec_exit.py), the same with the aa-ec state it still held. From a
+        numbered stream (a live switch): align first (aa_ec_entry.py)."""
+        lww = old if getattr(old, "versioned", False) else getattr(old, "lww", None)
+        if lww is not None:
+            self.counter, self.versions, self.digests, self.bucket_keys = (
+                lww.counter, lww.versions, lww.digests, lww.bucket_keys)
+            self.stale_dropped, self.repaired = lww.stale_dropped, lww.repaired
+            return (old.fail_pending(ALIGNING) if old is not lww else []) + self.carry_entry(lww)
+        if hasattr(old, "applied") and hasattr(old, "upstream"):
+            return self.enter_from_stream(old)
+        return super().take_over(old)
 
     def on_tick(self, now: float) -> list[Action]:
         self.now = now
+        out = self.tick_entry(now)
         if now < self.next_ae or not self.others:
-            return []
+            return out
         self.next_ae = now + self.options.anti_entropy_interval
         peer = self.others[self.ae_round % len(self.others)]
         self.ae_round += 1
-        return [Send(peer, b"AEDIGEST", (b"".join(d.to_bytes(8, "big") for d in self.digests),))]
+        return out + [Send(peer, b"AEDIGEST", (b"".join(d.to_bytes(8, "big") for d in self.digests),))]
 
     def _answer_digest(self, src: str, theirs: bytes) -> list[Action]:
         out: list[Action] = []
@@ -217,7 +235,8 @@ class LastWriterWins(Controlet):
     def state(self) -> dict[str, Any]:
         return {**super().state(), "role": "replica", "counter": self.counter,
                 "versions": len(self.versions), "stale_dropped": self.stale_dropped,
-                "repaired": self.repaired}
+                "repaired": self.repaired, "catching_up": int(not self.ready), "aligned": self.align,
+                "alignments": self.alignments}
 
 
 def _entry_hash(key: bytes, version: tuple[int, int, bool]) -> int:

@@ -96,6 +96,9 @@ class SendStored(NamedTuple):
 Action = Apply | Read | Reply | Fail | Send | Forward | Snapshot | Reset | SendStored
 
 TRYAGAIN = "TRYAGAIN"  # Redis's "retry later" error class: the write's outcome is not known
+# A replica that is not serving yet (catching up, aligning) refuses a new operation before it does
+# anything with it: the client may count that as a definite failure (client.REFUSED_BEFORE_EXECUTION).
+NOT_SERVING = f"{TRYAGAIN} not serving yet:"
 RECONFIGURED = f"{TRYAGAIN} the shard was reconfigured while this operation waited; a write may still be applied"
 
 

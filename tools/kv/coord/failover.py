@@ -85,21 +85,17 @@ def plan_join(shard_map: ShardMap, shard: int, node: NodeAddr) -> ShardMap:
     return replace(shard_map, epoch=shard_map.epoch + 1, shards=shards, nodes=nodes)
 
 
-# Live switches keep the data where it is: ms-sc, ms-ec and aa-sc store plain values and number one
-# stream from replicas[0]. aa-ec stores versioned values, and its replicas may hold writes the others
-# lack, so a switch into or out of it would need a rewrite and a convergence round first.
-SWITCHABLE = ("ms-sc", "ms-ec", "aa-sc")
-
-
+# Live switches keep the data where it is. ms-sc, ms-ec and aa-sc number one stream from replicas[0],
+# so positions carry over; a switch into aa-ec aligns the replicas' unversioned state first
+# (controlets/aa_ec_entry.py), a switch out of it gathers every replica's newer versions at the new
+# origin first (controlets/aa_ec_exit.py). All 12 transitions among the four modes.
 def plan_switch(shard_map: ShardMap, controlet: str) -> ShardMap:
     """The same replicas and data under another controlet (topology x consistency); epoch + 1."""
     current = _check_mode(shard_map)
+    if controlet not in MODES:
+        raise PlanError(f"unknown controlet {controlet!r}; one of {', '.join(MODES)}")
     if controlet == current:
         raise PlanError(f"the cluster already runs {controlet}")
-    for name in (current, controlet):
-        if name not in SWITCHABLE:
-            raise PlanError(f"live switch supports {', '.join(SWITCHABLE)}; {name} keeps versioned values "
-                            "that would need a rewrite and a convergence round first (not supported)")
     return replace(shard_map, epoch=shard_map.epoch + 1, controlet=controlet)
 
 
