@@ -218,3 +218,40 @@ def test_a_learner_copies_then_joins_and_takes_only_the_tail() -> None:
     assert settle(shard, shard.submit("r2", "get", b"b4")) == VALUE
     shard.run_for(0.3)
     assert shard.converged() and shard.duplicate_completions == 0
+
+
+def test_a_promoted_master_behind_a_survivor_copies_only_the_tail() -> None:
+    """ms-ec POLLING: r1 missed two writes; promoted, it polls r2 (ahead) and takes the tail from it."""
+    shard = SimShard("ms-ec", replicas=3, seed=26, options=FAST)
+    start_together(shard)
+    fill(shard, "r0", 50)
+    shard.run_for(0.2)
+    shard.partition("r0", "r1")
+    fill(shard, "r0", 2, prefix=b"late")
+    shard.run_for(0.2)
+    shard.crash("r0")
+    shard.heal()
+    shard.reconfigure(["r1", "r2"])
+    shard.run_for(0.5)
+    master = shard.controlets["r1"]
+    assert master.ready and master.applied == 52
+    assert master.copy["tails"] == 1 and master.tail_entries == 2 and master.copy["snapshots"] == 1
+    assert shard.data["r1"][b"late1"] == VALUE and shard.converged()
+
+
+def test_a_lagging_replica_after_a_live_switch_takes_the_tail() -> None:
+    """ms-ec -> ms-sc: a slave two writes behind waits in CONFIRMING, then copies only the tail."""
+    shard = SimShard("ms-ec", replicas=3, seed=27, options=FAST)
+    start_together(shard)
+    fill(shard, "r0", 50)
+    shard.run_for(0.2)
+    shard.partition("r0", "r2")
+    fill(shard, "r0", 2, prefix=b"late")
+    shard.heal()
+    shard.switch("ms-sc")
+    shard.run_for(1.0)
+    tail = shard.controlets["r2"]
+    assert tail.ready and tail.copy["tails"] == 1 and tail.tail_entries == 2 and tail.copy["snapshots"] == 1
+    assert settle(shard, shard.submit("r0", "put", b"after", b"y")) == "OK"
+    assert settle(shard, shard.submit("r2", "get", b"late1")) == VALUE
+    assert shard.converged()
