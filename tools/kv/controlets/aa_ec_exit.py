@@ -29,6 +29,7 @@ own failover (asynchronous propagation).
 """
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -128,4 +129,6 @@ class LeavingVersions:
         """Every other replica's newer writes are here: drop the tombstones and serve."""
         out: list[Action] = [Apply(k, None) for k, (_, _, live) in self.lww.versions.items() if not live]
         self.lww, self.mode, self.gather_pending = None, self.READY_MODE, frozenset()
+        # a new numbering, and a history of its own, so later catch-ups can take log tails from it
+        self.history.restart(0, zlib.crc32(b"%s/%d/%d" % (self.node_id.encode(), self.epoch, self.token)))
         return out + self.on_synced() + [Send(n, b"GREADY", (self.token,)) for n in self.others]
