@@ -241,7 +241,7 @@ def main() -> int:
     ap.add_argument("--join", action="store_true", help="compare copy-then-join with the old join-then-copy: "
                                                         "write stall while a replacement joins, bytes it copies after")
     ap.add_argument("--join-first", action="store_true", help="with --join: only the old order (join, then copy)")
-    ap.add_argument("--join-mb", type=int, default=64, help="with --join: MB in the shard (64)")
+    ap.add_argument("--join-mb", type=int, default=32, help="with --join: MB in the shard (32)")
     args = ap.parse_args()
     if args.join or args.join_first:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -56,7 +56,7 @@ def _spawn(cluster: ProcCluster, node: str, join_first: bool) -> None:
             os.environ[JOIN_FIRST_ENV] = before
 
 
-async def join_stall(out_dir: Path, join_first: bool, mbytes: int = 64, value_size: int = 4096,
+async def join_stall(out_dir: Path, join_first: bool, mbytes: int = 32, value_size: int = 4096,
                      clients: int = 4, heartbeat: float = 0.5, misses: int = 3, after_s: float = 1.0,
                      seed: int = 0, clock: Clock | None = None) -> dict[str, Any]:
     clock = clock or RealClock()

@@ -28,15 +28,28 @@ ENTRY_OVERHEAD = 64  # bytes counted per entry beside its fields (tuple, ints, d
 
 def as_bytes(field: Any) -> bytes:
     """A field as it crosses the wire (the origin holds ints and strs, receivers get bytes)."""
-    return field if type(field) is bytes else str(field).encode()
+    if type(field) is bytes:
+        return field
+    if isinstance(field, bytes | bytearray | memoryview):
+        return bytes(field)
+    return str(field).encode()
 
 
 def chain_step(chain: int, seq: int, fields: Sequence[Any]) -> int:
-    """The checksum after applying message `seq` (fields[0] is seq) on top of `chain`."""
-    h = zlib.crc32(b"%d" % seq, chain)
-    for f in fields[1:]:
-        b = as_bytes(f)
-        h = zlib.crc32(b, zlib.crc32(b"%d:" % len(b), h))  # the length keeps key|value boundaries apart
+    """The checksum after applying message `seq` (fields[0] is seq) on top of `chain`.
+
+    The lengths go first, so field boundaries cannot shift (k|ab vs ka|b). ms-sc and ms-ec messages
+    (seq, code, key, value) take the short path: it is on every write of the origin and replicas."""
+    if len(fields) == 4:
+        code, key, value = fields[1], fields[2], fields[3]
+        if type(code) is not bytes or type(key) is not bytes or type(value) is not bytes:
+            code, key, value = as_bytes(code), as_bytes(key), as_bytes(value)
+        h = zlib.crc32(b"%d %d %d " % (seq, len(code), len(key)), chain)
+        return zlib.crc32(value, zlib.crc32(key, zlib.crc32(code, h)))
+    parts = [as_bytes(f) for f in fields[1:]]
+    h = zlib.crc32(b"%d %s " % (seq, b" ".join(b"%d" % len(p) for p in parts)), chain)
+    for p in parts:
+        h = zlib.crc32(p, h)
     return h
 
 
