@@ -103,6 +103,7 @@ class Supervisor:
         self.children: dict[int, subprocess.Popen] = {}  # what we started: reaped here
         self.last: dict[str, Action] = {}
         self.pending: dict[str, tuple[float, Path | None]] = {}  # restarted nodes not yet ready
+        self.stop = [False]  # set by SIGTERM/SIGINT (serve): finish the restart in hand, then exit
         self.log_path = self.data_dir / "logs" / "supervisor.log"
 
     def log(self, name: str, why: str, pid: int | None = None) -> None:
@@ -121,6 +122,8 @@ class Supervisor:
         seen = {e["name"]: self._observe(e) for e in watched}
         home = ShardMap.from_dict(record["map"])
         for e in watched:
+            if self.stop[0]:  # `down` is stopping us: start nothing more
+                return
             name = e["name"]
             is_node = name.startswith("node:")
             in_map = None if current is None or not is_node else current.shard_of_node(name[5:]) is not None
@@ -213,8 +216,9 @@ class Supervisor:
                 pass
             time.sleep(0.01)
 
-    def run(self, stop: list[bool]) -> None:
-        """Poll every heartbeat interval until stop[0] (set by SIGTERM/SIGINT: never mid-restart)."""
+    def run(self) -> None:
+        """Poll every heartbeat interval until self.stop[0] (set by SIGTERM/SIGINT: never mid-restart)."""
+        stop = self.stop
         while not stop[0]:
             started = self.clock.now()
             try:
@@ -264,15 +268,14 @@ def serve(data_dir: Path) -> None:
     except BlockingIOError:
         raise RuntimeFailure(f"another supervisor already runs for {data_dir}") from None
     supervisor = Supervisor(data_dir)
-    stop = [False]
 
     def on_signal(signum: int, frame: Any) -> None:
-        stop[0] = True
+        supervisor.stop[0] = True
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     supervisor.log("supervisor", f"started (pid {os.getpid()}; every {supervisor.spec.interval_s:g} s)")
     try:
-        supervisor.run(stop)
+        supervisor.run()
     finally:
         supervisor.log("supervisor", "stopped")
         supervisor.map_source.close()
