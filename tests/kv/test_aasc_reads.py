@@ -148,3 +148,20 @@ def test_reads_are_served_after_the_sequencer_restarts_with_no_write_since() -> 
     assert shard.controlets["r0"].ready
     assert settle(shard, shard.submit("r0", "get", b"x"), limit=FAST.write_timeout) == b"1"
     assert settle(shard, shard.submit("r2", "get", b"x"), limit=FAST.write_timeout) == b"1"
+
+
+def test_a_write_held_by_a_replica_stopped_past_its_deadline_is_answered_at_its_sigcont() -> None:
+    """The bench's 2.28 s: a write waits at r2 for a partitioned r1, and r2 is SIGSTOPped across the
+    write's deadline. Nothing can answer while r2 is stopped; at SIGCONT it answers -TRYAGAIN at
+    once (its clock's first reading), not a tick or a timeout later."""
+    shard = SimShard("aa-sc", replicas=3, seed=16, options=FAST)
+    shard.partition("r0", "r1")  # the write can never be applied everywhere
+    req = shard.submit("r2", "put", b"k", b"v", process=5)
+    shard.run_for(0.3)
+    shard.pause("r2")
+    shard.run_for(0.5)  # the deadline (0.5 s after arrival) passes while r2 is stopped
+    assert not req.done
+    resumed = shard.loop.now()
+    shard.resume("r2")
+    assert str(req.result).startswith("TRYAGAIN")
+    assert shard.history.events[-1].time == resumed
