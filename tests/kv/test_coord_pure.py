@@ -206,3 +206,26 @@ def test_a_paused_detector_does_not_fail_everyone_on_resume():
     assert det.expire(10.75) == []
     det.beat("a", 11.0)
     assert det.expire(11.6) == ["b"]             # b stays silent a full timeout after the resume
+
+
+def test_a_coordinator_starved_all_the_time_still_fails_a_dead_node():
+    """Every check comes late (a loaded machine): the stalls are not counted against the nodes, but a
+    node that stopped beating is still failed, where a fresh grace per stall would never fail it."""
+    det = FailureDetector()                      # 0.5 s x 3
+    det.watch("dead", 0.0)
+    det.watch("live", 0.0)
+    verdicts, now = [], 0.0
+    while now < 30.0 and not verdicts:
+        now += 2.0                               # every check 2 s after the last: each one a stall
+        det.beat("live", now - 0.1)              # its beats are read just before the late check
+        verdicts = det.expire(now)
+    assert verdicts == ["dead"] and now <= 8.0
+    assert det.stalls >= 3
+
+
+def test_a_single_stall_gives_no_verdict_even_on_a_silent_node():
+    det = FailureDetector()
+    det.watch("a", 0.0)
+    assert det.expire(1.0) == []
+    assert det.expire(20.0) == []                # paused 19 s: a's silence grows by one interval (1.0 -> 1.5)
+    assert det.silence("a", 20.0) == 1.5

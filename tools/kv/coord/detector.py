@@ -5,8 +5,12 @@ same object runs in the coordinator process and in virtual-time tests. A node is
 `misses` whole heartbeat intervals have passed since its last beat (default 0.5 s x 3 = 1.5 s).
 
 The detector also watches itself: if `expire` was not called for longer than the timeout (the
-coordinator was paused, e.g. SIGSTOP or a long GC), silence says nothing about the nodes, so
-every watched node gets a fresh grace period instead of being failed all at once.
+coordinator was paused, e.g. SIGSTOP or a long GC, or starved on a loaded machine), silence says
+nothing about the nodes, so the stall is not counted against them: every node's silence grows by
+one interval only, not by the whole stall, and that check gives no verdict. Silence still
+accumulates across stalls, and after `misses` stalled checks in a row the detector judges anyway,
+so a coordinator that is starved all the time still fails a dead node over (after about `misses`
+more checks) instead of never.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ class FailureDetector:
         self._failed: set[str] = set()
         self._last_check: float | None = None
         self._stalls = 0   # times the caller itself was too slow to judge the nodes
+        self._stalled_in_row = 0
 
     def watch(self, node_id: str, now: float) -> None:
         """Start watching a node as if it had just beaten (a grace period after join or takeover)."""
@@ -61,13 +66,18 @@ class FailureDetector:
 
     def expire(self, now: float) -> list[str]:
         """Nodes whose silence just exceeded the timeout, sorted; each is reported once."""
-        stalled = self._last_check is not None and now - self._last_check > self.config.timeout_s
+        gap = 0.0 if self._last_check is None else now - self._last_check
         self._last_check = now
-        if stalled:
+        if gap > self.config.timeout_s:
             self._stalls += 1
-            for node_id in self._last:
-                self._last[node_id] = max(self._last[node_id], now)
-            return []
+            self._stalled_in_row += 1
+            excess = gap - self.config.interval_s  # the stall beyond one ordinary interval is nobody's silence
+            for node_id, t in self._last.items():
+                self._last[node_id] = min(now, t + excess)
+            if self._stalled_in_row < self.config.misses:
+                return []
+        else:
+            self._stalled_in_row = 0
         deadline = now - self.config.timeout_s
         newly = sorted(n for n, t in self._last.items() if n not in self._failed and t < deadline)
         self._failed.update(newly)

@@ -61,7 +61,8 @@ async def _watch(coord: EmbeddedCoordinator) -> None:
         failed = coord.expire()
         if coord.detector.stalls != stalls:
             stalls = coord.detector.stalls
-            warn("this coordinator was paused longer than the failure timeout: every node gets a fresh grace period")
+            warn("this coordinator was paused longer than the failure timeout: the pause is not counted "
+                 "against the nodes' silence")
         if not failed:
             continue
         warn(f"no heartbeat from {', '.join(failed)} for {coord.detector.config.timeout_s:g} s")
