@@ -246,6 +246,7 @@ class SequencedActiveActive(OrderedStream):
             self.last_write[key] = self.applied
             self.write_order.append((self.applied, key))
         fields = (self.applied, origin, rid, code, key, value)  # one tuple: the runtime encodes it once
+        self.record(fields)  # kept for catch-up by log tail (streamlog.py)
         out: list[Action] = [Send(n, b"SEQ", fields) for n in self.others]
         out[:0] = self._applied(origin, int(rid), code, key, value)
         return out
