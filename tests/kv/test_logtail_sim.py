@@ -255,3 +255,32 @@ def test_a_lagging_replica_after_a_live_switch_takes_the_tail() -> None:
     assert settle(shard, shard.submit("r0", "put", b"after", b"y")) == "OK"
     assert settle(shard, shard.submit("r2", "get", b"late1")) == VALUE
     assert shard.converged()
+
+
+def test_a_learner_that_copied_from_a_master_later_lost_is_corrected_by_a_snapshot() -> None:
+    """ms-ec: the learner copies r0's writes that r1 never got; r0 dies, r1 (behind) is promoted;
+    after the join the learner is ahead of its new master: a whole snapshot, not a tail."""
+    shard = SimShard("ms-ec", replicas=3, seed=28, options=FAST)
+    start_together(shard)
+    fill(shard, "r0", 20)
+    shard.run_for(0.2)
+    shard.crash("r2")
+    shard.reconfigure(["r0", "r1"])
+    shard.partition("r0", "r1")
+    fill(shard, "r0", 2, prefix=b"lost")  # acknowledged by the master only (asynchronous)
+    shard.down.discard("r2")
+    shard.incarnations["r2"] += 1
+    learner = shard.controlets["r2"] = Learner("r2", ["r0", "r1"], ["r0", "r1"], shard.epoch, FAST,
+                                                incarnation=shard.incarnations["r2"])
+    shard._execute("r2", learner.on_start())
+    shard.run_for(0.5)
+    assert learner.copied and learner.sync_source == "r0" and b"lost1" in shard.data["r2"]
+    shard.crash("r0")
+    shard.heal()
+    shard.reconfigure(["r1"])  # r1 promoted, two writes behind what the learner copied
+    shard.run_for(0.3)
+    shard.reconfigure(["r1", "r2"])
+    shard.run_for(0.5)
+    joined = shard.controlets["r2"]
+    assert joined.ready and joined.copy["snapshots"] == 2 and joined.copy["tails"] == 0
+    assert b"lost1" not in shard.data["r2"] and shard.converged()
