@@ -60,6 +60,7 @@ class ControlledNode:
         old_map, self.map = self.map, new_map
         self.epoch_bytes = str(new_map.epoch).encode()
         self.peer_names = {n.encode(): n for n in new_map.nodes}
+        self.cluster_nodes.update(new_map.nodes)  # a learner of a later map may authenticate here
         for nid in list(self.links):
             addr, was = new_map.nodes.get(nid), old_map.nodes.get(nid)
             if addr is None or (was is not None and (addr.host, addr.port) != (was.host, was.port)):
