@@ -94,6 +94,7 @@ class Node(ControlledNode):
         self.only_shard = self.shard is not None and len(shard_map.shards) == 1
         self.queue: deque[tuple[int, list]] = deque()  # (failure count, batch) waiting on remote-datalet results
         self.failures = 0  # datalet failures so far: batches made before the latest one drop their Sends
+        self.resets = 0  # datalet emptied (a catch-up began here): a snapshot being streamed from it stops
         self.links: dict[str, Link] = {}
         # Where this node dials each peer when not at its shard-map address: `bespokv check` routes
         # replica links through fault proxies to partition them (nodeproc.serve_node sets it).
@@ -290,6 +291,7 @@ class Node(ControlledNode):
             if kind is Apply:
                 return self.datalet.delete(a.key) if a.value is None else self.datalet.put(a.key, a.value)
             if kind is Reset:
+                self.resets += 1
                 return self.datalet.clear()
             if kind is SendStored:
                 return self.datalet.get(a.key)
