@@ -26,8 +26,10 @@ def test_plan_switch_keeps_replicas_and_bumps_the_epoch() -> None:
         plan_switch(m, "ms-xx")
 
 
-@pytest.mark.parametrize("modes", [["ms-ec", "ms-sc", "ms-ec"], ["ms-sc", "aa-sc", "ms-sc"],
-                                   ["ms-sc", "aa-ec", "aa-sc"]])
+# Two paths, four switches: ms-ec <-> ms-sc (positions carried, a lagging slave confirmed), and into
+# and out of aa-ec ending in aa-sc (aligned, then gathered; checked linearizable). The tour of all 12
+# transitions is scripts/bench_kv_faults.py --switch (too long for CI's budget).
+@pytest.mark.parametrize("modes", [["ms-ec", "ms-sc", "ms-ec"], ["ms-sc", "aa-ec", "aa-sc"]])
 def test_switches_under_load_lose_nothing_and_are_linearizable_after_a_strong_switch(modes, tmp_path) -> None:
     result = asyncio.run(asyncio.wait_for(run_switches(modes, tmp_path, seed=1, segment_s=1.5), 180))
     assert [s["after"] for s in result["switches"]] == modes[1:]
