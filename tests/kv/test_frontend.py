@@ -142,3 +142,28 @@ def test_malformed_frames_get_an_error_and_a_close(threaded_cluster, frame: byte
     # The server is unharmed.
     assert raw(addr, hiredis.pack_command((b"PING",))) == [b"PONG"]
     assert threaded_cluster.cluster.nodes["s0r1"].stats["errors"] >= 1
+
+
+def test_a_request_cut_after_one_of_its_elements_is_not_read_as_inline_commands(threaded_cluster) -> None:
+    """hiredis's buffer is empty when a read ends right after an element of a long array, so the next read,
+    starting with that array's next `$` header, once went to the inline-command parser and desynchronised
+    the stream (seen on a peer link carrying a large message). The PING's answer proves the first read
+    was handled before the rest is sent."""
+    addr = node_addr(threaded_cluster)
+    value = b"x" * 600  # hiredis drops what it has parsed only past 1 KiB: then its buffer is empty
+    mset = hiredis.pack_command((b"MSET", *[x for i in range(7) for x in (b"cut%d" % i, value + b"%d" % i)]))
+    cut = mset.index(value + b"3\r\n") + len(value) + 3  # right after an element: the rest starts with `$`
+    assert mset[cut:cut + 1] == b"$"
+    reader = hiredis.Reader()
+    with socket.create_connection(addr, timeout=5) as s:
+        s.sendall(hiredis.pack_command((b"PING",)) + mset[:cut])
+        while (first := reader.gets()) is False:
+            reader.feed(s.recv(65536))
+        assert first == b"PONG"
+        s.sendall(mset[cut:] + hiredis.pack_command((b"GET", b"cut6")))
+        out: list = []
+        while len(out) < 2:
+            reader.feed(s.recv(65536))
+            while (r := reader.gets()) is not False:
+                out.append(r)
+    assert out == [b"OK", value + b"6"]

@@ -125,7 +125,12 @@ class ClientConnection(asyncio.Protocol):
         if self.transport is None:
             return  # closed (over a limit, refused): nothing more is read
         reader = self.reader
-        if self.inline or (data[:1] != b"*" and not reader.len()):
+        # Inline commands (`PING\r\n`) only at a request boundary. An empty hiredis buffer is not one:
+        # a read that ended right after an element of a long array leaves it empty mid-request, and
+        # the next read then starts with that array's next `$` header (a peer's large GKEYS was cut
+        # so and its rest parsed as inline commands: the stream desynchronised, the peer was closed).
+        first = data[:1]
+        if self.inline or (first != b"*" and first != b"$" and not reader.len() and self.peer is None):
             data = self._inline_commands(data)
             if not data:
                 return
