@@ -7,6 +7,8 @@ learner copies a snapshot outside the map, joins, and then takes only the tail.
 """
 from __future__ import annotations
 
+import pytest
+
 from mlsyskit.tools.kv.controlets.base import ControletOptions, Snapshot
 from mlsyskit.tools.kv.controlets.learner import Learner
 from mlsyskit.tools.kv.controlets.ms_sc import ChainReplication
@@ -284,3 +286,24 @@ def test_a_learner_that_copied_from_a_master_later_lost_is_corrected_by_a_snapsh
     joined = shard.controlets["r2"]
     assert joined.ready and joined.copy["snapshots"] == 2 and joined.copy["tails"] == 0
     assert b"lost1" not in shard.data["r2"] and shard.converged()
+
+
+@pytest.mark.parametrize("before,after", [("ms-ec", "aa-sc"), ("aa-sc", "ms-ec"), ("aa-sc", "ms-sc")])
+def test_a_live_switch_between_ms_and_aa_never_serves_the_old_log_as_a_tail(before: str, after: str) -> None:
+    """aa-sc's log entries carry the origin and request id, ms-sc's and ms-ec's do not: a replica behind
+    at such a switch must copy a snapshot, not a tail it would misapply (seen: ms-ec -> aa-sc under
+    load crashed the lagging replica's message handler; the other way it would write wrong keys)."""
+    shard = SimShard(before, replicas=3, seed=5, options=FAST)
+    start_together(shard)
+    fill(shard, "r0", 20)
+    shard.run_for(0.2)
+    shard.partition("r0", "r2")  # r2 misses the next writes (under aa-sc they time out: outcome unknown)
+    for i in range(2):
+        settle(shard, shard.submit("r0", "put", b"late%d" % i, b"late"))
+    shard.heal()
+    shard.switch(after)
+    shard.run_for(3.0)
+    assert all(shard.controlets[n].ready for n in shard.members)
+    assert shard.controlets["r2"].copy["tails"] == 0 and shard.controlets["r2"].copy["snapshots"] >= 1
+    assert shard.converged()
+    assert [shard.values(n).get(b"late1") for n in shard.members] == [b"late"] * 3

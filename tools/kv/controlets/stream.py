@@ -317,6 +317,12 @@ class OrderedStream(LeavingVersions, Controlet):
     def inherit_history(self, old: OrderedStream) -> None:
         """Under a new map: the same replica's history, log and copy counters carry over."""
         self.history, self.copy = old.history, old.copy
+        if old.topology != self.topology and not getattr(old, "learner", False):
+            # A live switch between ms and aa: the log holds messages of another format (aa-sc's carry
+            # origin and request id; ms-sc's and ms-ec's are the same), which this protocol would
+            # misapply. Keep the position and checksum, not the entries: a catch-up from before the
+            # switch copies a snapshot instead of a tail.
+            self.history.restart(self.history.seq, self.history.chain)
         self.sync_keys, self.sync_bytes, self.last_sync_s = old.sync_keys, old.sync_bytes, old.last_sync_s
         self.tail_entries, self.tail_bytes = old.tail_entries, old.tail_bytes
         self.join_catch_up_s, self.learner_copy_s = old.join_catch_up_s, old.learner_copy_s
@@ -411,4 +417,6 @@ class OrderedStream(LeavingVersions, Controlet):
                 "log_entries": len(self.history.entries), "log_bytes": self.history.bytes,
                 "tail_entries": self.tail_entries, "tail_bytes": self.tail_bytes, **self.copy,
                 "join_catch_up_s": round(self.join_catch_up_s, 4),
-                "learner_copy_s": round(self.learner_copy_s, 4)}
+                "learner_copy_s": round(self.learner_copy_s, 4), "mode": self.mode,
+                "holds_aa_ec": int(self.lww is not None), "gather_waits": ",".join(sorted(self.gather_pending)) or "-",
+                "gathered_keys": self.gathered_keys}
