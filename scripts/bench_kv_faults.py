@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -230,8 +231,9 @@ def main() -> int:
     ap.add_argument("--seed0", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("runs/kv_faults"), help="folder: bench_kv_faults.json, "
                                                                             "runs/MODE-seedS/ (histories)")
-    ap.add_argument("--coordinator", default="none", help="none (default), embedded or zookeeper://...: "
-                                                         "the checked clusters fail over (issue 15)")
+    ap.add_argument("--coordinator", default="none", help="none (default), embedded, zookeeper://... or "
+                                                         "zookeeper-local (a ZooKeeper started for the bench, "
+                                                         "one root per run): the checked clusters fail over")
     ap.add_argument("--heartbeat", type=float, default=0.5, help="with --coordinator: heartbeat interval, s")
     ap.add_argument("--recovery", action="store_true", help="measure failover and catch-up instead")
     ap.add_argument("--switch", action="store_true", help="live switches under load instead (all 12 "
@@ -255,17 +257,19 @@ def main() -> int:
     nemesis = parse_faults(args.nemesis)
     args.out.mkdir(parents=True, exist_ok=True)
     per_mode: dict[str, list[dict]] = {}
-    for mode in modes:
-        for i in range(args.runs):
-            seed = args.seed0 + i
-            spec = CheckSpec(mode=mode, nemesis=nemesis, ops=args.ops, clients=args.clients, keys=args.keys,
-                             seed=seed, datalet=args.datalet, coordinator=args.coordinator,
-                             heartbeat=args.heartbeat)
-            result = asyncio.run(run_check(spec, args.out / "runs" / f"{mode}-seed{seed}")).as_dict()
-            result.pop("digests", None)
-            per_mode.setdefault(mode, []).append(result)
-            log(f"{mode} seed {seed}: {'valid' if result['valid'] else 'INVALID'} "
-                f"({result['outcomes']}, {result['duration_s']:.1f} s)")
+    with contextlib.ExitStack() as stack:
+        zk = None
+        if args.coordinator == "zookeeper-local":  # Debian's zookeeper, standalone, for this bench only
+            from mlsyskit.tools.kv.coord.zk_local import LocalZooKeeper
+            zk = stack.enter_context(LocalZooKeeper(args.out / "zookeeper"))
+        for mode in modes:
+            for i in range(args.runs):
+                seed = args.seed0 + i
+                coordinator = f"zookeeper://{zk.hosts}/bench-{mode}-{seed}" if zk else args.coordinator
+                spec = CheckSpec(mode=mode, nemesis=nemesis, ops=args.ops, clients=args.clients, keys=args.keys,
+                                 seed=seed, datalet=args.datalet, coordinator=coordinator,
+                                 heartbeat=args.heartbeat)
+                per_mode.setdefault(mode, []).append(_checked(spec, args.out / "runs" / f"{mode}-seed{seed}"))
     summaries = [summarise(m, runs) for m, runs in per_mode.items()]
     rows = []
     for s in summaries:
@@ -288,6 +292,14 @@ def main() -> int:
     path.write_text(json.dumps(report, indent=2, allow_nan=False))
     log(f"wrote {path}")
     return 0 if all(all(targets(s).values()) for s in summaries) else 1
+
+
+def _checked(spec: CheckSpec, out: Path) -> dict:
+    result = asyncio.run(run_check(spec, out)).as_dict()
+    result.pop("digests", None)
+    log(f"{spec.mode} seed {spec.seed}: {'valid' if result['valid'] else 'INVALID'} "
+        f"({result['outcomes']}, {result['duration_s']:.1f} s)")
+    return result
 
 
 if __name__ == "__main__":
