@@ -166,3 +166,23 @@ def test_versioned_records_read_the_same_under_every_controlet() -> None:
     assert values.unwrap_versioned(b"plain") == ((0, 0), b"plain")
     with pytest.raises(values.CorruptValue):
         values.decode(values.MAGIC + b"v\x00")
+
+
+def test_equal_positions_on_another_history_are_not_taken_as_aligned() -> None:
+    """After an ms-ec promotion renumbered, two replicas can stand at the same number with different
+    data: the stream checksum tells them apart, so the other replica copies instead of confirming."""
+    from tests.kv.test_logtail_sim import start_together
+    shard = SimShard("ms-ec", replicas=3, seed=2)
+    start_together(shard)
+    for i in range(3):
+        assert ask(shard, "r0", "put", b"k%d" % i, b"v%d" % i) == "OK"
+    settle(shard, 0.5)
+    r2 = shard.controlets["r2"]
+    assert r2.applied == shard.controlets["r0"].applied
+    shard.data["r2"][b"k0"] = b"another history"  # same number, other writes behind it
+    r2.history.restart(r2.applied, 12345)
+    shard.switch("aa-ec")
+    settle(shard)
+    assert shard.controlets["r1"].alignments == 0  # same number and checksum: confirmed, nothing copied
+    assert shard.controlets["r2"].alignments == 1
+    assert read_everywhere(shard, b"k0") == [b"v0"] * 3

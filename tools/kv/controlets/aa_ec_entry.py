@@ -9,13 +9,14 @@ enters serves nothing until it is *aligned* with a reference state:
 
 - replicas[0] (the old head, master or sequencer, which no replica is ahead of) is aligned at once
   at its position when its old controlet was caught up;
-- every other replica asks replicas[0] (ALQ token position). An aligned replica answers ALOK when
-  the positions are equal (equal positions in one numbering are equal states), and otherwise
+- every other replica asks replicas[0] (ALQ token position force checksum). An aligned replica
+  answers ALOK when the positions and the stream checksums (streamlog.py) are equal, known ones:
+  equal numbers alone are not equal states after an ms-ec promotion renumbered; otherwise it
   streams its state (the runtime's Snapshot: SNAPBEGIN, SNAPDATA, SNAPEND), which the asker merges
   by version on an emptied datalet. A replica not aligned yet answers ALBUSY; the asker retries
   every sync_timeout;
 - a replicas[0] with no valid position (it was catching up at the switch, or it became replicas[0]
-  by a failover during alignment) polls the others (ALPOLL -> ALPOS aligned position) and copies
+  by a failover during alignment) polls the others (ALPOLL -> ALPOS aligned position checksum) and copies
   from an aligned replica if one answered, else from the most advanced position ahead of its own
   (ALQ with force: an unaligned replica then sends the state it holds), and is then aligned.
 
@@ -43,6 +44,8 @@ class Entering:
     def init_entry(self) -> None:
         self.align = ALIGNED
         self.position = -1  # the old stream's position this replica's unversioned state stands at
+        self.chain = -1  # the old stream's checksum there (streamlog.py; -1: unknown): equal numbers on two
+        # histories (an ms-ec replica promoted behind another) are not equal states
         self.loading = False  # the runtime is rebuilding the version table from the datalet
         self.load_generation = 0  # bumped by a Reset: a scan of the emptied datalet stops
         self.align_token = self.incarnation << 32
@@ -61,6 +64,8 @@ class Entering:
         out = old.fail_pending(ALIGNING)
         self.loading = True
         self.position = old.applied if old.ready else -1
+        known = old.history.position(old.applied) if self.position >= 0 else ()
+        self.chain = known[1] if known else -1
         if self.index == 0 and self.position >= 0 and old.upstream is None:
             self.align = ALIGNED
             return out
@@ -68,7 +73,7 @@ class Entering:
 
     def carry_entry(self, old: Any) -> list[Action]:
         """take_over from aa-ec (or a replica still holding aa-ec state): keep its alignment."""
-        self.position, self.loading = old.position, old.loading
+        self.position, self.chain, self.loading = old.position, old.chain, old.loading
         self.load_generation, self.alignments = old.load_generation, old.alignments
         if old.align is ALIGNED:
             return []
@@ -87,7 +92,7 @@ class Entering:
             return [Send(n, b"ALPOLL", (self.align_token,)) for n in self.others if n not in self.polled]
         self.align_token += 1
         self.align, self.align_target = ASKING, self.replicas[0]
-        return [Send(self.align_target, b"ALQ", (self.align_token, self.position, 0))]
+        return [Send(self.align_target, b"ALQ", (self.align_token, self.position, 0, self.chain))]
 
     def on_loaded(self) -> list[Action]:
         self.loading = False
@@ -103,14 +108,14 @@ class Entering:
     def on_entry_message(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
         token = int(fields[0])
         if kind == b"ALQ":
-            return self._answer_alq(src, token, int(fields[1]), fields[2] in (1, b"1"))
+            return self._answer_alq(src, token, (int(fields[1]), int(fields[3])), fields[2] in (1, b"1"))
         if kind == b"ALPOLL":
-            return [Send(src, b"ALPOS", (token, int(self.align is ALIGNED), self.position))]
+            return [Send(src, b"ALPOS", (token, int(self.align is ALIGNED), self.position, self.chain))]
         if token != self.align_token:
             return []  # an abandoned attempt
         if kind == b"ALPOS":
             if self.align is POLLING and src in self.others:
-                self.polled[src] = (fields[1] in (1, b"1"), int(fields[2]))
+                self.polled[src] = (fields[1] in (1, b"1"), int(fields[2]), int(fields[3]))
                 if len(self.polled) == len(self.others):
                     return self._decide()
             return []
@@ -133,15 +138,15 @@ class Entering:
                 out.extend(self.merge_pair(fields[i], fields[i + 1]))
             return out
         if kind == b"SNAPEND" and self.align is RECEIVING:
-            self.align, self.position = ALIGNED, int(fields[1])
+            self.align, self.position, self.chain = ALIGNED, int(fields[1]), -1  # the source's checksum is not sent
             self.alignments += 1
         return []
 
-    def _answer_alq(self, src: str, token: int, theirs: int, force: bool) -> list[Action]:
+    def _answer_alq(self, src: str, token: int, theirs: tuple[int, int], force: bool) -> list[Action]:
         if src not in self.others:
             return []
         if self.align is ALIGNED:
-            if theirs >= 0 and theirs == self.position:
+            if self._same_state(theirs):
                 return [Send(src, b"ALOK", (token,))]
             return [Snapshot(src, token, self.position)]
         if force and self.position >= 0 and self.align is not RECEIVING:
@@ -150,14 +155,14 @@ class Entering:
 
     def _decide(self) -> list[Action]:
         """replicas[0] heard the others: align from an aligned one, else from the most advanced."""
-        aligned = [n for n in self.others if self.polled.get(n, (False, -1))[0]]
+        aligned = [n for n in self.others if self.polled.get(n, (False, -1, -1))[0]]
         if aligned:
             source, force = aligned[0], 0
-            if self.position >= 0 and self.polled[source][1] == self.position:
+            if self._same_state(self.polled[source][1:]):
                 self.align = ALIGNED
                 return []
         else:
-            ahead = [n for n in self.others if self.polled.get(n, (False, -1))[1] > self.position]
+            ahead = [n for n in self.others if self.polled.get(n, (False, -1, -1))[1] > self.position]
             if not ahead:
                 self.align = ALIGNED  # no replica holds a later state than this one
                 self.position = max(self.position, 0)
@@ -165,7 +170,12 @@ class Entering:
             source, force = max(ahead, key=lambda n: (self.polled[n][1], -self.replicas.index(n))), 1
         self.align, self.align_target = ASKING, source
         self.align_deadline = self.now + self.options.sync_timeout
-        return [Send(source, b"ALQ", (self.align_token, self.position, force))]
+        return [Send(source, b"ALQ", (self.align_token, self.position, force, self.chain))]
+
+    def _same_state(self, theirs: tuple[int, int]) -> bool:
+        """Equal positions with equal, known checksums: the same unversioned state."""
+        position, chain = theirs
+        return position >= 0 and position == self.position and chain != -1 and chain == self.chain
 
     def merge_pair(self, key: bytes, raw: bytes) -> list[Action]:
         raise NotImplementedError
