@@ -74,7 +74,9 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         step(True)
     deadline = time.perf_counter() + float(os.environ.get("MARBLE_PROFILE_SECONDS", "0") or 0)
     i = 0
-    while (i < args.steps) if not profile_out else (time.perf_counter() < deadline or len(compute) < 3):
+    # Profiling stops on the all-reduced flag only: a loop condition read from each rank's own clock
+    # let one rank leave while another entered the next all-reduce (a CI failure: peer closed).
+    while i < args.steps or profile_out:
         flag = torch.tensor([1 if profile_out and time.perf_counter() >= deadline and len(compute) >= 3 else 0])
         dist.all_reduce(flag)  # every rank stops at the same step
         if flag.item():
