@@ -272,11 +272,7 @@ def down(data_dir: Path, clock: Clock | None = None, grace: float = 5.0) -> list
     for p in record.get("processes", []):
         if p["name"] == "supervisor" and same_process(p) is not None:
             _stop_group(p["pid"], clock, grace)
-            if _running(p["pid"]):
-                try:
-                    os.killpg(p["pid"], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _kill_if_running(p["pid"])
             stopped.append(p["name"])
             record = load_record(Path(data_dir))
     procs = [p for p in record.get("processes", []) if p["name"] != "supervisor" and alive(p["pid"])]
@@ -294,11 +290,7 @@ def down(data_dir: Path, clock: Clock | None = None, grace: float = 5.0) -> list
     for p in procs:
         while _running(p["pid"]) and clock.now() < deadline:
             clock.sleep(0.02)
-        if _running(p["pid"]):
-            try:
-                os.killpg(p["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_if_running(p["pid"])
         stopped.append(p["name"])
     record["processes"] = []
     write_record(Path(data_dir), record)
@@ -313,6 +305,15 @@ def _stop_group(pid: int, clock: Clock, grace: float) -> None:
     deadline = clock.now() + grace
     while _running(pid) and clock.now() < deadline:
         clock.sleep(0.02)
+
+
+def _kill_if_running(pid: int) -> None:
+    """SIGKILL a process group that outlived its grace."""
+    if _running(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _running(pid: int) -> bool:

@@ -119,6 +119,15 @@ class SimShard:
     def run(self, until: float | None = None) -> None:
         self.loop.run(until=until)
 
+    def answer(self, req: SimRequest, limit: float = 5.0, step: float = 0.05):
+        """Run virtual time until `req` is answered (it must be, within `limit`: never a hang)."""
+        waited = 0.0
+        while not req.done:
+            assert waited < limit, f"no answer after {limit}s of virtual time"
+            self.run_for(step)
+            waited += step
+        return req.result
+
     def run_for(self, seconds: float) -> None:
         """Advance `seconds` of virtual time, ticking every replica's clock on the way."""
         end = self.loop.now() + seconds

@@ -39,7 +39,8 @@ REFUSED_ALIGNING = f"{NOT_SERVING} replica is aligning with its shard after a sw
 
 
 class Entering:
-    """Alignment state of an aa-ec replica (mixed into LastWriterWins)."""
+    """Alignment state of an aa-ec replica, mixed into LastWriterWins, whose merge_pair (merge stored
+    bytes by version) and reset_table (forget every version) it uses for a snapshot."""
 
     def init_entry(self) -> None:
         self.align = ALIGNED
@@ -176,10 +177,4 @@ class Entering:
         """Equal positions with equal, known checksums: the same unversioned state."""
         position, chain = theirs
         return position >= 0 and position == self.position and chain != -1 and chain == self.chain
-
-    def merge_pair(self, key: bytes, raw: bytes) -> list[Action]:
-        raise NotImplementedError
-
-    def reset_table(self) -> None:
-        raise NotImplementedError
 
