@@ -43,7 +43,9 @@ class RoundPlan:
     weights: Weights
     train: dict[str, Any]  # the TrainSpec as a dict
     seeds: dict[int, int]  # per-client training seed
-    deadline: float
+    deadline: float  # absolute, on the coordinator's clock
+    deadline_s: float = 0.0  # its length, kept as chosen: deadline - opened differs in the last bits
+
 
 
 class Coordinator:
@@ -75,7 +77,6 @@ class Coordinator:
                                 data.num_features, data.num_classes, val_accuracy)
         self.strategy = STRATEGIES.get(config.strategy)(config, evaluator, validation)
         self._local_only = local_only
-        self._round_opened_at = 0.0
         if scheduler is not None and scheduler.name != config.scheduler:
             raise ValueError(f"the scheduler given ({scheduler.name}) is not the job's ({config.scheduler or 'none'})")
         if config.scheduler:  # before _resume, which restores the selector's memory
@@ -196,9 +197,8 @@ class Coordinator:
             deadline_s = self.config.round_timeout_s
             if proposed is not None and selected:
                 deadline_s = min(deadline_s, proposed(selected) or deadline_s)
-        self._round_opened_at = now
         self._plan = RoundPlan(number, selected, self.weights, self.config.train.__dict__.copy(), seeds,
-                               now + deadline_s)
+                               now + deadline_s, deadline_s)
         self._reports, self._updates = {}, {}
         return self._plan
 
@@ -261,7 +261,7 @@ class Coordinator:
             self.kept_val_accuracy = outcome.global_metrics["val_accuracy"]
             self.kept_accuracy = outcome.global_metrics["accuracy"]
         outcome.global_metrics |= {"kept_round": self.kept_round, "kept_accuracy": self.kept_accuracy,
-                                   "deadline_s": plan.deadline - self._round_opened_at}
+                                   "deadline_s": plan.deadline_s}
         t2 = now() if now else 0.0
         incentive = self.strategy.incentive
         with self.store.transaction():
