@@ -95,6 +95,14 @@ class _Map:
         pass
 
 
+def _until_stopped(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until a SIGSTOPped process is seen stopped (a busy machine may take a while to run it)."""
+    deadline = time.monotonic() + timeout_s
+    while psutil.Process(pid).status() != psutil.STATUS_STOPPED:
+        assert time.monotonic() < deadline, f"pid {pid} never stopped"
+        time.sleep(0.005)
+
+
 def _without(smap: ShardMap, *gone: str) -> ShardMap:
     return ShardMap(smap.epoch + 1, smap.controlet, smap.datalet,
                     tuple(tuple(n for n in reps if n not in gone) for reps in smap.shards), smap.nodes)
@@ -146,6 +154,7 @@ def test_the_supervisor_acts_on_its_decisions_and_keeps_the_record(tmp_path: Pat
 
         # SIGSTOP: left alone while in the map and during the grace (1.2 s), then killed and replaced
         os.kill(procs["node:s0r2"].pid, signal.SIGSTOP)
+        _until_stopped(procs["node:s0r2"].pid)  # the kernel stops it when it next runs: not at once
         sup.step()
         coord.current = _without(smap, "s0r2")
         sup.step()

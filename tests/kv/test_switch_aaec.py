@@ -28,17 +28,17 @@ def read_everywhere(shard: SimShard, key: bytes) -> list:
     return [shard.values(n).get(key) for n in shard.members]
 
 
-def lagging_ms_ec(seed: int) -> SimShard:
-    """ms-ec whose last replica missed the newest writes (cut off from the master while they were made)."""
+def lagging_ms_ec(seed: int, lagging: str = "r2") -> SimShard:
+    """ms-ec where one replica missed the newest writes (cut off from the master while they were made)."""
     shard = SimShard("ms-ec", replicas=3, seed=seed)
     for i in range(5):
         assert ask(shard, "r0", "put", b"k%d" % i, b"old%d" % i) == "OK"
     settle(shard, 0.5)
-    shard.partition("r0", "r2")
+    shard.partition("r0", lagging)
     for i in range(5):
         assert ask(shard, "r0", "put", b"k%d" % i, b"new%d" % i) == "OK"
     settle(shard, 0.2)
-    assert shard.values("r2")[b"k0"] == b"old0"  # the attacker's setting: replicas disagree at the switch
+    assert shard.values(lagging)[b"k0"] == b"old0"  # the attacker's setting: replicas disagree at the switch
     return shard
 
 
@@ -72,6 +72,28 @@ def test_without_alignment_the_disagreement_is_never_repaired(monkeypatch) -> No
     shard.heal()
     settle(shard, 5.0)
     assert read_everywhere(shard, b"k0") == [b"new0", b"new0", b"old0"]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:2])
+@pytest.mark.parametrize("lagging", ["r1", "r2"])
+@pytest.mark.parametrize("crash_after_s", [0.0, 0.004, 0.5])
+def test_the_old_origin_failing_during_alignment_hands_it_on(seed: int, lagging: str, crash_after_s: float) -> None:
+    """replicas[0] dies while the others align with it (before any answer, mid-way, after): the next
+    replicas[0] (r1, lagging or not) polls the survivors and aligns the shard on the most advanced state."""
+    shard = lagging_ms_ec(seed, lagging)
+    shard.switch("aa-ec")
+    settle(shard, crash_after_s)
+    shard.crash("r0")
+    shard.reconfigure(["r1", "r2"])
+    shard.heal()
+    settle(shard, 5.0)
+    assert all(shard.controlets[n].ready for n in ("r1", "r2"))
+    for i in range(5):  # the survivor that missed r0's newest writes copied the one that has them
+        assert read_everywhere(shard, b"k%d" % i) == [b"new%d" % i] * 2
+    assert shard.controlets[lagging].alignments == 1
+    assert ask(shard, "r2", "put", b"k0", b"aa") == "OK"
+    settle(shard)
+    assert read_everywhere(shard, b"k0") == [b"aa"] * 2 and shard.converged()
 
 
 def disagreeing_aa_ec(seed: int) -> tuple[SimShard, dict[bytes, bytes | None]]:
