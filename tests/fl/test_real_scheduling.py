@@ -69,7 +69,9 @@ def test_client_slowed_mid_run_is_re_tiered_by_the_scheduler_from_measured_laten
 def test_a_stopped_client_is_masked_by_its_missing_heartbeats_and_offered_again_when_resumed(proc_manager, tmp_path):
     """SIGSTOP freezes client 2 between rounds: its connection stays up (gRPC keepalive would notice only after
     ~40 s), but its heartbeats stop, so within 3 x 0.3 s rounds select among the other two without waiting for
-    it; after SIGCONT it is offered again. The job completes with all three processes."""
+    it; after SIGCONT it is offered again. The job completes with all three processes. (30 rounds: the
+    round after the SIGSTOP still selects client 2 and waits out its 5 s deadline, by when it is masked; the
+    whole sequence took 6 rounds here.)"""
     import os
     import signal
     import time
@@ -78,7 +80,7 @@ def test_a_stopped_client_is_masked_by_its_missing_heartbeats_and_offered_again_
     run_dir = tmp_path / "run"
     (tmp_path / "job.toml").write_text("[train]\nepochs = 1\nlocal_only_epochs = 1\n")
     server = start_server(proc_manager, port, run_dir, "--config", str(tmp_path / "job.toml"), "--strategy",
-                          "fedavg", "--clients", "3", "--per-round", "3", "--rounds", "100", "--min-clients", "2",
+                          "fedavg", "--clients", "3", "--per-round", "3", "--rounds", "30", "--min-clients", "2",
                           "--fill-timeout", "0", "--round-timeout", "5", "--heartbeat", "0.3", "--linger", "5")
     clients = [start_client(proc_manager, port, cid, "--slowdown", "1:0.1") for cid in range(3)]
     events = run_dir / "events.jsonl"
