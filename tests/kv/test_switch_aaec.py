@@ -96,6 +96,36 @@ def test_the_old_origin_failing_during_alignment_hands_it_on(seed: int, lagging:
     assert read_everywhere(shard, b"k0") == [b"aa"] * 2 and shard.converged()
 
 
+def test_the_next_origin_waits_for_a_silent_replica_that_may_hold_the_reference_state() -> None:
+    """The attacker: after a failover during alignment, the one replica that had aligned with the old
+    origin is cut off from the next one, and the others it hears are behind. Deciding without it would
+    align the shard on the older state while the silent replica keeps the newer one at the same version
+    (0, 0), for ever; the next origin therefore waits for every replica in the map (a dead one leaves the
+    map by failover)."""
+    shard = SimShard("ms-ec", replicas=4, seed=3)
+    for i in range(5):
+        assert ask(shard, "r0", "put", b"k%d" % i, b"old%d" % i) == "OK"
+    settle(shard, 0.5)
+    shard.partition("r0", "r1")
+    shard.partition("r0", "r2")
+    for i in range(5):
+        assert ask(shard, "r0", "put", b"k%d" % i, b"new%d" % i) == "OK"
+    settle(shard, 0.2)
+    shard.switch("aa-ec")
+    settle(shard, 1.0)
+    assert shard.controlets["r3"].ready and not shard.controlets["r1"].ready  # r3 aligned with r0: new state
+    shard.crash("r0")
+    shard.partition("r1", "r3")
+    shard.reconfigure(["r1", "r2", "r3"])
+    settle(shard, 5.0)  # well past 4 x sync_timeout
+    assert not shard.controlets["r1"].ready  # it has not heard r3: it does not guess
+    shard.heal()
+    settle(shard, 5.0)
+    assert all(shard.controlets[n].ready for n in shard.members)
+    for i in range(5):
+        assert read_everywhere(shard, b"k%d" % i) == [b"new%d" % i] * 3
+
+
 def disagreeing_aa_ec(seed: int) -> tuple[SimShard, dict[bytes, bytes | None]]:
     """aa-ec where each replica holds acknowledged writes (and a delete) the others never received."""
     shard = SimShard("aa-ec", replicas=3, seed=seed)

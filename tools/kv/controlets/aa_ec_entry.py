@@ -18,7 +18,10 @@ enters serves nothing until it is *aligned* with a reference state:
 - a replicas[0] with no valid position (it was catching up at the switch, or it became replicas[0]
   by a failover during alignment) polls the others (ALPOLL -> ALPOS aligned position checksum) and copies
   from an aligned replica if one answered, else from the most advanced position ahead of its own
-  (ALQ with force: an unaligned replica then sends the state it holds), and is then aligned.
+  (ALQ with force: an unaligned replica then sends the state it holds), and is then aligned. It
+  decides only once every replica in the map has answered: a silent one may be the only holder of
+  the reference state. A dead replica leaves the map by failover; a replica cut off from it only
+  (the coordinator still sees it) holds the shard's entry until the partition heals.
 
 While entering, writes propagated by aligned replicas (LWW, anti-entropy) are merged as usual:
 they carry real versions, which an emptied datalet and a snapshot merged by version keep.
@@ -52,8 +55,7 @@ class Entering:
         self.align_token = self.incarnation << 32
         self.align_target: str | None = None
         self.align_deadline = 0.0
-        self.polled: dict[str, tuple[bool, int]] = {}
-        self.poll_began = 0.0
+        self.polled: dict[str, tuple[bool, int, int]] = {}
         self.alignments = 0  # snapshots received to align
 
     @property
@@ -88,7 +90,7 @@ class Entering:
             return []
         if self.index == 0:
             if self.align is not POLLING:
-                self.align, self.polled, self.poll_began = POLLING, {}, self.now
+                self.align, self.polled = POLLING, {}
                 self.align_token += 1
             return [Send(n, b"ALPOLL", (self.align_token,)) for n in self.others if n not in self.polled]
         self.align_token += 1
@@ -102,9 +104,10 @@ class Entering:
     def tick_entry(self, now: float) -> list[Action]:
         if self.align is ALIGNED or now <= self.align_deadline:
             return []
-        if self.align is POLLING and self.polled and now > self.poll_began + 4 * self.options.sync_timeout:
-            return self._decide()  # a silent replica does not block the shard for ever
-        return self.start_aligning()  # replicas[0] polls again, the others ask it again
+        # replicas[0] polls again until every replica in the map has answered: a silent one may be the
+        # only holder of the reference state (deciding without it would leave two states at version
+        # (0, 0) for ever); a dead one leaves the map by failover, and the new map restarts the poll
+        return self.start_aligning()
 
     def on_entry_message(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
         token = int(fields[0])
