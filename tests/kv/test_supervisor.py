@@ -56,6 +56,25 @@ def test_paused_is_replaced_after_the_grace_but_partitioned_is_left_alone() -> N
         assert q.decide("node:b", Seen.RUNNING, False, t).action is Action.LEAVE
 
 
+def test_a_nodes_redis_server_is_restarted_first_and_killed_when_stopped_under_a_dead_node() -> None:
+    p = RestartPolicy(CONFIG)
+    # the node fail-stopped because its redis-server died: the store first, then the node
+    assert p.decide("redis:a", Seen.GONE, None, 0.0, is_node=False, partner_running=False).action \
+        is Action.RESTART_KEEP
+    assert p.decide("node:a", Seen.GONE, False, 0.0, partner_running=False).action is Action.WAIT
+    assert p.decide("node:a", Seen.GONE, False, 0.5, partner_running=True).action is Action.RESTART_EMPTY
+    # a SIGSTOPped redis-server: left alone while its node runs (the node's watchdog decides), killed
+    # and restarted once the node is gone (a replacement cannot start against a stopped store)
+    assert p.decide("redis:b", Seen.STOPPED, None, 0.0, is_node=False, partner_running=True).action \
+        is Action.LEAVE
+    assert p.decide("redis:b", Seen.STOPPED, None, 1.0, is_node=False, partner_running=False).action \
+        is Action.KILL_RESTART
+    assert p.decide("node:b", Seen.GONE, False, 1.0, partner_running=False).action is Action.WAIT
+    # the proxy and coordinators are not affected by the rule
+    assert p.decide("proxy", Seen.STOPPED, None, 0.0, is_node=False, partner_running=False).action \
+        is Action.LEAVE
+
+
 def test_crash_loop_backs_off_then_gives_up_and_the_window_slides() -> None:
     p = RestartPolicy(CONFIG)
     actions = []

@@ -96,15 +96,21 @@ async def _coordinator_map(backend, spec: CoordinatorSpec, timeout_s: float = 30
 async def _serve(node: Node, host: str | None, port: int | None, agent: ControlAgent | None = None) -> None:
     # A node process may be a restart: it catches up from a live replica before serving
     # (a whole shard starting together settles who starts first; see controlets/stream.py).
+    stop = asyncio.Event()
+    lost: list[str] = []
+    if node.datalet is not None:  # fail-stop when the store behind the datalet is gone (redis_store.py)
+        node.datalet.on_lost = lambda why: (lost.append(why), stop.set())
     await start_node(node, host, port, catch_up=True)
     if agent is not None:
         agent.start()
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await node.stop()
+    if lost:
+        raise RuntimeFailure(f"{lost[0]}: this node cannot store, so it exits (fail-stop) to be failed over "
+                             f"and replaced")
 
 
 def _run(coro) -> None:

@@ -26,6 +26,7 @@ class RespConnection(asyncio.Protocol):
         self.flush_pending = False
         self.closed = False
         self.on_lost = None  # called once if the peer (not close()) ends the connection
+        self.replies = 0  # replies received so far: a caller's watchdog tells a stalled peer by it
 
     @classmethod
     async def connect(cls, host: str, port: int, timeout: float = 5.0) -> RespConnection:
@@ -47,6 +48,7 @@ class RespConnection(asyncio.Protocol):
         gets = self.reader.gets
         waiters = self.waiters
         while (reply := gets()) is not False:
+            self.replies += 1
             if not waiters:
                 continue  # a reply nobody waits for (after a cancelled call): drop it
             fut = waiters.popleft()

@@ -17,6 +17,11 @@ not answer). `RestartPolicy.decide` answers with an `Action`:
   node stopped, in the map / < grace LEAVE (a pause the coordinator has not acted on, or a short one)
   node running, absent               LEAVE: partitioned or rejoining; it rejoins by itself
   proxy or coordinator gone          RESTART_KEEP at once (no data of their own to recover)
+  node whose redis-server is down    WAIT: the store is restarted first (a node cannot start without it)
+  redis-server gone                  RESTART_KEEP at once; its node fail-stopped when it went (see
+                                     datalets/redis_store.py), and a replacement flushes it anyway
+  redis-server stopped, node gone    KILL_RESTART: the node fail-stopped on it, and a replacement
+                                     cannot start against a stopped store
 
 Crash-loop protection: at most `max_restarts` restarts of one process per `window_s`; the next
 restart it needs is refused with GIVE_UP (once; GIVEN_UP afterwards). Between restarts of one
@@ -89,18 +94,24 @@ class RestartPolicy:
         return self._tracks.get(name, _Track()).given_up
 
     def decide(self, name: str, seen: Seen, in_map: bool | None, now: float, is_node: bool = True,
-               survivor: bool = True) -> Decision:
+               survivor: bool = True, partner_running: bool = True) -> Decision:
         """The action for process `name` observed as `seen` at `now` (in_map: None = unknown;
-        survivor: another replica of its shard in the map has a running process)."""
+        survivor: another replica of its shard in the map has a running process; partner_running: for
+        a node, its redis-server runs (True without one); for a redis-server, its node runs)."""
         t = self._tracks.setdefault(name, _Track())
         t.gone_since = (t.gone_since if t.gone_since is not None else now) if seen is Seen.GONE else None
         if in_map is False:
             t.absent_since = t.absent_since if t.absent_since is not None else now
         elif in_map is True:
             t.absent_since = None
-        want = self._wanted(t, seen, in_map, now, is_node)
-        if want.action in (Action.RESTART_EMPTY, Action.KILL_RESTART) and not survivor:
+        if not is_node and name.startswith("redis:") and seen is Seen.STOPPED and not partner_running:
+            want = Decision(Action.KILL_RESTART, "stopped while its node is gone (the node fail-stopped on it)")
+        else:
+            want = self._wanted(t, seen, in_map, now, is_node)
+        if want.action in (Action.RESTART_EMPTY, Action.KILL_RESTART) and is_node and not survivor:
             return Decision(Action.WAIT, "no other replica of its shard runs: nothing to copy the state from")
+        if want.action.restarts and is_node and not partner_running:
+            return Decision(Action.WAIT, "its redis-server is not running: it is restarted first")
         if not want.action.restarts:
             return want
         if t.given_up:

@@ -1,7 +1,7 @@
 """`bespokv supervise`: the process that replaces a cluster's failed nodes (started by `up`).
 
-Every heartbeat interval it looks at each node, the proxy and the coordinator processes of the
-record and at the coordinator's current map, and acts on `restartpolicy.RestartPolicy`'s
+Every heartbeat interval it looks at each node (and its redis-server), the proxy and the
+coordinator processes of the record and at the coordinator's current map, and acts on `restartpolicy.RestartPolicy`'s
 decision. A node whose process is gone is restarted once the coordinator has failed it over,
 with the command line `up` used (record.process_argv, on its host through the host's exec
 prefix) and EMPTY: its lmdb directory is moved aside to `lmdb.failed-<n>` (kept for
@@ -9,7 +9,8 @@ inspection), so it starts in recovery mode, rejoins its shard and copies the sta
 survivor (nodeproc.py, controlplane.py). A node SIGSTOPped long enough to be replaced (absent
 from the map for 2 x the failure timeout) is SIGKILLed first, so it cannot resume as an old
 incarnation holding the port. A node that runs but is absent from the map (partitioned) is left
-alone: it rejoins by itself. Each restart updates the record atomically (record.update_record)
+alone: it rejoins by itself. A node's redis-server (redis datalet) is restarted before its node,
+which fail-stopped when the store went (datalets/redis_store.py). Each restart updates the record atomically (record.update_record)
 before the next decision, so `down` (which stops the supervisor first) stops the new process.
 
 Why empty and not the old lmdb files: every catch-up today begins with a snapshot that empties
@@ -43,7 +44,7 @@ from mlsyskit.tools.kv.record import entry, load_record, same_process, spawn, up
 from mlsyskit.tools.kv.restartpolicy import Action, PolicyConfig, RestartPolicy, Seen
 from mlsyskit.tools.kv.shardmap import ShardMap
 
-SUPERVISED = ("node:", "proxy", "coordinator:")
+SUPERVISED = ("redis:", "node:", "proxy", "coordinator:")  # a node's redis-server before the node
 STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
 
@@ -118,7 +119,8 @@ class Supervisor:
                 del self.children[pid]
         record = load_record(self.data_dir)
         current = self.map_source()
-        watched = [e for e in record.get("processes", []) if e["name"].startswith(SUPERVISED)]
+        watched = sorted((e for e in record.get("processes", []) if e["name"].startswith(SUPERVISED)),
+                         key=lambda e: next(i for i, p in enumerate(SUPERVISED) if e["name"].startswith(p)))
         seen = {e["name"]: self._observe(e) for e in watched}
         home = ShardMap.from_dict(record["map"])
         for e in watched:
@@ -130,7 +132,11 @@ class Supervisor:
             survivor = is_node and current is not None and any(
                 seen.get(f"node:{n}") is Seen.RUNNING
                 for n in current.shards[home.shard_of_node(name[5:])] if n != name[5:])
-            decision = self.policy.decide(name, seen[name], in_map, self.clock.now(), is_node, survivor)
+            kind, _, ident = name.partition(":")
+            partner = f"redis:{ident}" if kind == "node" else f"node:{ident}" if kind == "redis" else None
+            partner_running = seen.get(partner, Seen.RUNNING) is Seen.RUNNING  # a node without redis: True
+            decision = self.policy.decide(name, seen[name], in_map, self.clock.now(), is_node, survivor,
+                                          partner_running)
             action = decision.action
             if action.restarts:
                 self._restart(record, e, action, decision.why)

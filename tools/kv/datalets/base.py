@@ -23,6 +23,11 @@ class Datalet(ABC):
     is_async: ClassVar[bool] = False  # True: get/put/delete/exists return asyncio futures
     ordered: ClassVar[bool] = False  # True: scan() is supported
 
+    # Set by the node process: called once, with the reason, when the store behind a remote datalet
+    # is gone (connection lost, or no reply while requests wait). The node then fail-stops: a node
+    # that heartbeats but cannot store is never failed over, and it would stall its shard for ever.
+    on_lost: Any = None
+
     async def open(self) -> None:  # noqa: B027 - most datalets need no setup
         """Connect or create storage; called once before any operation."""
 

@@ -2,9 +2,16 @@
 
 One pipelined connection: commands are written as they are issued and replies come back
 in the same order, so the node keeps its apply order without waiting a round trip per op.
+
+The server is a separate process that can die or stop on its own. Reconnecting is not safe (a
+restarted server may have lost its last writes: appendfsync everysec), so the datalet reports the
+server lost (`on_lost`) when the connection closes, or when requests wait `stall_s` with no reply
+(a SIGSTOPped server), and fails every later operation; the node process then exits and is failed
+over like any crashed node (nodeproc.py).
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from mlsyskit.tools.kv.datalets.base import Datalet
@@ -15,16 +22,59 @@ class RedisDatalet(Datalet):
     name = "redis"
     is_async = True
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 6379, db: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 6379, db: int = 0, stall_s: float = 2.0,
+                 connect_s: float = 5.0) -> None:
         self.host, self.port, self.db = host, port, db
+        self.stall_s = stall_s  # requests waiting this long with no reply: the server is lost
+        self.connect_s = connect_s  # how long open() retries a refused connection (a server starting)
         self.conn: RespConnection | None = None
+        self.lost: str | None = None
+        self._watchdog: asyncio.Task | None = None
 
     async def open(self) -> None:
-        self.conn = await RespConnection.connect(self.host, self.port)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.connect_s
+        while True:
+            try:
+                self.conn = await RespConnection.connect(self.host, self.port)
+                break
+            except ConnectionRefusedError:
+                if loop.time() >= deadline:
+                    raise ConnectionRefusedError(
+                        f"redis-server at {self.host}:{self.port} refused connections for {self.connect_s:g} s"
+                    ) from None
+                await asyncio.sleep(0.05)
         if self.db:
             await self.conn.call(b"SELECT", self.db)
+        self.conn.on_lost = lambda: self._lose(f"redis-server at {self.host}:{self.port} closed the connection")
+        self._watchdog = loop.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        """Lose the server when requests wait a whole stall_s without any reply."""
+        conn, step = self.conn, self.stall_s / 4
+        seen, since = conn.replies, None
+        while self.lost is None and not conn.closed:
+            await asyncio.sleep(step)
+            now = asyncio.get_running_loop().time()
+            if conn.replies != seen or not conn.waiters:
+                seen, since = conn.replies, None
+            elif since is None:
+                since = now - step  # waiting since at most one step ago
+            elif now - since >= self.stall_s:
+                self._lose(f"redis-server at {self.host}:{self.port} sent no reply for {self.stall_s:g} s "
+                           f"with {len(conn.waiters)} requests waiting (stopped or hung)")
+                conn.transport.abort()  # fails every waiting request; later calls fail at once
+
+    def _lose(self, why: str) -> None:
+        if self.lost is None:
+            self.lost = why
+            if self.on_lost is not None:
+                self.on_lost(why)
 
     async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if self.conn is not None:
             await self.conn.close()
             self.conn = None
@@ -42,10 +92,10 @@ class RedisDatalet(Datalet):
         return self.conn.call(b"EXISTS", key)
 
     def clear(self):
-        return self.conn.call(b"FLUSHDB")
+        return self.conn.call(b"FLUSHDB", b"ASYNC")  # freed in the background: a large db answers at once
 
     async def flush(self) -> None:
-        await self.conn.call(b"FLUSHDB")
+        await self.conn.call(b"FLUSHDB", b"ASYNC")
 
     async def export_pairs(self) -> AsyncIterator[tuple[bytes, bytes]]:
         cursor = b"0"
