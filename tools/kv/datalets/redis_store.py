@@ -22,10 +22,11 @@ class RedisDatalet(Datalet):
     name = "redis"
     is_async = True
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 6379, db: int = 0, stall_s: float = 2.0,
+    def __init__(self, host: str = "127.0.0.1", port: int = 6379, db: int = 0, stall_s: float = 3.0,
                  connect_s: float = 5.0) -> None:
         self.host, self.port, self.db = host, port, db
-        self.stall_s = stall_s  # requests waiting this long with no reply: the server is lost
+        self.stall_s = stall_s  # requests waiting this long with no reply: the server is lost (above the
+        # 2 s Redis may block writes on a busy disk with appendfsync everysec)
         self.connect_s = connect_s  # how long open() retries a refused connection (a server starting)
         self.conn: RespConnection | None = None
         self.lost: str | None = None
