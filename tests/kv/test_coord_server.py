@@ -179,3 +179,52 @@ def test_sigstop_of_the_leader_neither_splits_the_brain_nor_fails_everyone_on_re
         stop.set()
         beater.join()
         admin.close()
+
+
+def test_with_a_secret_only_clients_that_prove_it_are_served(procs, tmp_path):
+    """The attacker reaches the coordinator's port: without the cluster secret it can neither read nor
+    replace the map nor keep a dead node alive with forged heartbeats; a proof recorded on one
+    connection is useless on another (the nonce), and a wrong secret is refused."""
+    import json
+
+    from mlsyskit.tools.kv.peerauth import coord_proof, load_or_create_secret, new_secret
+
+    secret = load_or_create_secret(tmp_path)
+    port = free_port()
+    with open(tmp_path / "coord.log", "ab") as log:
+        proc = procs.start([sys.executable, "-m", "mlsyskit.tools.kv.coord.server", "--state-dir",
+                            str(tmp_path / "state"), "--port", str(port), "--interval", str(INTERVAL),
+                            "--secret-file", str(tmp_path / "cluster.secret")], stderr=log)
+    serving(proc)
+    admin = CoordClient([("127.0.0.1", port)], secret=secret)
+    m = admin.init(layout("ms-sc", "memory", 1, 3, "127.0.0.1", [7001, 7002, 7003]))
+
+    def raw(*lines: dict) -> list[dict]:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s, s.makefile("rb") as f:
+            replies = []
+            for line in lines:
+                s.sendall(json.dumps(line).encode() + b"\n")
+                replies.append(json.loads(f.readline()))
+            return replies
+
+    hostile = layout("ms-sc", "memory", 1, 1, "127.0.0.1", [6666]).to_dict()
+    for request in ({"op": "map"}, {"op": "cas", "expected_epoch": m.epoch, "map": hostile},
+                    {"op": "heartbeat", "node": "s0r1"}, {"op": "join", "shard": 0, "node": "evil",
+                                                           "host": "127.0.0.1", "port": 6666}):
+        (reply,) = raw(request)
+        assert reply["ok"] is False and reply["kind"] == "refused" and "authenticate first" in reply["error"]
+    # a recorded proof replayed on a new connection, a proof without a nonce, and a wrong secret
+    hello, good = raw({"op": "hello"}, {"op": "auth", "proof": "x"})
+    assert good["ok"] is False
+    nonce = bytes.fromhex(hello["nonce"])
+    (_, replayed, after) = raw({"op": "hello"}, {"op": "auth", "proof": coord_proof(secret, nonce)}, {"op": "map"})
+    assert replayed["ok"] is False and after["ok"] is False
+    (no_nonce,) = raw({"op": "auth", "proof": coord_proof(secret, b"")})
+    assert no_nonce["ok"] is False
+    with pytest.raises(RuntimeFailure, match="refused this client"):
+        CoordClient([("127.0.0.1", port)], secret=new_secret()).map()
+    # the map is the one the admin stored, and the right secret is served as before
+    assert admin.map() == m and admin.heartbeat("s0r0") is True
+    (hello, ok, served) = raw({"op": "hello"}, {"op": "auth", "proof": "0"}, {"op": "map"})
+    assert ok["ok"] is False and served["ok"] is False
+    admin.close()

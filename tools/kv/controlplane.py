@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from mlsyskit.core.clock import Clock, RealClock
@@ -34,6 +34,7 @@ from mlsyskit.core.console import log, warn
 from mlsyskit.tools.kv.controlets import controlet_class
 from mlsyskit.tools.kv.controlets.learner import Learner
 from mlsyskit.tools.kv.coord.aclient import AsyncCoordClient, CoordRefused, CoordUnavailable
+from mlsyskit.tools.kv.peerauth import read_secret
 from mlsyskit.tools.kv.shardmap import NodeAddr, ShardMap
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class CoordinatorSpec:
     root: str = "/bespokv"
     interval_s: float = 0.5
     misses: int = 3
+    secret_file: str | None = None  # the cluster secret the embedded coordinator's clients prove
 
     def __post_init__(self) -> None:
         require(self.kind in ("embedded", "zookeeper"), f"unknown coordinator kind {self.kind!r}")
@@ -61,12 +63,18 @@ class CoordinatorSpec:
         hosts = ",".join(f"{h}:{p}" for h, p in self.addrs)
         return f"zookeeper://{hosts}{self.root}" if self.kind == "zookeeper" else f"embedded://{hosts}"
 
+    def secret(self) -> bytes | None:
+        """The cluster secret for the embedded coordinator's handshake (None: none configured)."""
+        return read_secret(self.secret_file) if self.secret_file and self.kind == "embedded" else None
+
     def to_dict(self) -> dict[str, Any]:
-        return {"url": self.url(), "interval_s": self.interval_s, "misses": self.misses}
+        d = {"url": self.url(), "interval_s": self.interval_s, "misses": self.misses}
+        return d | ({"secret_file": self.secret_file} if self.secret_file else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CoordinatorSpec:
-        return parse_coordinator(d["url"], float(d.get("interval_s", 0.5)), int(d.get("misses", 3)))
+        spec = parse_coordinator(d["url"], float(d.get("interval_s", 0.5)), int(d.get("misses", 3)))
+        return replace(spec, secret_file=d.get("secret_file"))
 
 
 def parse_coordinator(url: str, interval_s: float = 0.5, misses: int = 3) -> CoordinatorSpec:
@@ -163,7 +171,7 @@ def become_learner(node: Node, current: ShardMap, shard: int, start: bool = True
 def make_backend(spec: CoordinatorSpec) -> Any:
     if spec.kind == "zookeeper":
         return ZkBackend(spec)
-    return AsyncCoordClient(list(spec.addrs), timeout_s=min(1.0, spec.interval_s * 2))
+    return AsyncCoordClient(list(spec.addrs), timeout_s=min(1.0, spec.interval_s * 2), secret=spec.secret())
 
 
 class ControlAgent:

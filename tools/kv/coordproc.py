@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from mlsyskit.core.config import ConfigError
 from mlsyskit.core.errors import RuntimeFailure
 from mlsyskit.tools.kv.controlplane import CoordinatorSpec, parse_coordinator
 from mlsyskit.tools.kv.coord.client import CoordClient
+from mlsyskit.tools.kv.peerauth import SECRET_FILE, load_or_create_secret
 from mlsyskit.tools.kv.shardmap import ShardMap
 
 
@@ -36,9 +38,10 @@ def coordinator_argv(spec: CoordinatorSpec, state_dir: Path, index: int = 0) -> 
                 "--interval", str(spec.interval_s / 2), "--misses", "2",
                 "--session-timeout", str(max(spec.timeout_s, 2.0)), "-q"]
     host, port = spec.addrs[index]
+    secret = ["--secret-file", spec.secret_file] if spec.secret_file else []
     return [sys.executable, "-m", "mlsyskit.tools.kv.coord.server", "--state-dir", str(state_dir),
             "--host", host, "--port", str(port), "--interval", str(spec.interval_s),
-            "--misses", str(spec.misses)]
+            "--misses", str(spec.misses), *secret]
 
 
 def spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
@@ -69,7 +72,7 @@ def _initialize_once(spec: CoordinatorSpec, shard_map: ShardMap) -> ShardMap:
         hosts = ",".join(f"{h}:{p}" for h, p in spec.addrs)
         with ZkCoordinator(hosts, spec.root) as coord:
             return coord.initialize(shard_map)
-    client = CoordClient(list(spec.addrs), timeout_s=1.0)
+    client = CoordClient(list(spec.addrs), timeout_s=1.0, secret=spec.secret())
     try:
         return client.init(shard_map)
     finally:
@@ -84,7 +87,7 @@ def current_map(spec: CoordinatorSpec) -> ShardMap | None:
         hosts = ",".join(f"{h}:{p}" for h, p in spec.addrs)
         with ZkCoordinator(hosts, spec.root, connect_timeout_s=3.0) as coord:
             return coord.read_map()
-    client = CoordClient(list(spec.addrs), timeout_s=1.0)
+    client = CoordClient(list(spec.addrs), timeout_s=1.0, secret=spec.secret())
     try:
         return client.map()
     finally:
@@ -101,7 +104,11 @@ def spec_for_up(url: str, host: str, heartbeat: float, misses: int, data_dir: Pa
         with socket.socket() as s:
             s.bind((host, 0))
             url = f"embedded://{host}:{s.getsockname()[1]}"
-    return parse_coordinator(url, heartbeat, misses)
+    spec = parse_coordinator(url, heartbeat, misses)
+    if spec.kind == "embedded":  # its clients prove the cluster secret (peerauth.py), created here
+        load_or_create_secret(data_dir)
+        spec = replace(spec, secret_file=str(data_dir / SECRET_FILE))
+    return spec
 
 
 def wait_leases(endpoints: list[tuple[str, str, int]], clock: Clock, timeout: float, where: str,
@@ -134,7 +141,7 @@ def status_row(coord: CoordinatorSpec, pid: int | None) -> dict[str, Any]:
         current = current_map(coord)
         row.update(up=True, epoch=current.epoch if current else "-", state="leading")
         if coord.kind == "embedded":
-            client = CoordClient(list(coord.addrs), timeout_s=1.0)
+            client = CoordClient(list(coord.addrs), timeout_s=1.0, secret=coord.secret())
             try:
                 st = client.status()
             finally:

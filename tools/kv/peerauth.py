@@ -11,6 +11,11 @@ every message on it is the authenticated name, never a field the message claims.
 that knows the shard map (it is public: BKV.SHARDMAP) still cannot forge an ACK, a CHAIN
 write or a WACK. The nonce makes a recorded proof useless on another connection, and the
 target name makes it useless against another node.
+
+The embedded coordinator's clients (nodes, the supervisor, `bespokv switch`/`status`) prove the
+same secret on each connection (hello -> nonce, auth -> HMAC-SHA256(secret, "bespokv-coord" |
+nonce)) before any request: without it anyone who reaches the coordinator's port could replace
+the shard map or keep a dead node alive with forged heartbeats.
 """
 from __future__ import annotations
 
@@ -41,6 +46,16 @@ def verify(secret: bytes, nonce: bytes | None, me: bytes, target: bytes, claimed
     if not nonce:
         return False
     return hmac.compare_digest(proof(secret, nonce, me, target), claimed)
+
+
+def coord_proof(secret: bytes, nonce: bytes) -> str:
+    """A coordinator client's proof that it holds the cluster secret (coord/protocol.py)."""
+    return hmac.new(secret, b"bespokv-coord\x00" + nonce, hashlib.sha256).hexdigest()
+
+
+def read_secret(path: str | Path) -> bytes:
+    """The secret in `path` (hex), as written by load_or_create_secret."""
+    return bytes.fromhex(Path(path).read_text().strip())
 
 
 def load_or_create_secret(data_dir: Path) -> bytes:

@@ -72,7 +72,7 @@ class MapSource:
             return ZkCoordinator(hosts, self.spec.root, connect_timeout_s=3.0)
         from mlsyskit.tools.kv.coord.client import CoordClient
 
-        return CoordClient(list(self.spec.addrs), timeout_s=1.0)
+        return CoordClient(list(self.spec.addrs), timeout_s=1.0, secret=self.spec.secret())
 
     def close(self) -> None:
         if self._conn is not None:

@@ -47,7 +47,7 @@ class _MapStore:
 
             self.zk = ZkCoordinator(",".join(f"{h}:{p}" for h, p in spec.addrs), spec.root)
         else:
-            self.client = CoordClient(list(spec.addrs), timeout_s=2.0)
+            self.client = CoordClient(list(spec.addrs), timeout_s=2.0, secret=spec.secret())
 
     def read(self) -> ShardMap | None:
         return self.zk.read_map() if self.zk else self.client.map()

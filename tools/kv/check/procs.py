@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from mlsyskit.core.errors import RuntimeFailure
 from mlsyskit.tools.kv import coordproc
 from mlsyskit.tools.kv.check.faultproxy import FaultProxy
 from mlsyskit.tools.kv.controlplane import CoordinatorSpec, parse_coordinator
+from mlsyskit.tools.kv.peerauth import SECRET_FILE, load_or_create_secret
 from mlsyskit.tools.kv.pipeline import RespConnection
 from mlsyskit.tools.kv.processes import parse_info
 from mlsyskit.tools.kv.shardmap import ShardMap, layout
@@ -117,6 +119,9 @@ class ProcCluster:
         if self.coord_spec is None:
             url = self.coordinator if self.coordinator != "embedded" else f"embedded://{HOST}:{free_ports(1)[0]}"
             self.coord_spec = parse_coordinator(url, self.heartbeat, self.misses)
+            if self.coord_spec.kind == "embedded":  # clients prove the cluster secret (peerauth.py)
+                load_or_create_secret(self.data_dir)
+                self.coord_spec = replace(self.coord_spec, secret_file=str(self.data_dir / SECRET_FILE))
             self.record["coordinator"] = self.coord_spec.to_dict()
         wanted = 2 if self.coord_spec.kind == "zookeeper" and not self.coord_procs else 1
         for _ in range(wanted):

@@ -11,6 +11,7 @@ import asyncio
 import json
 from typing import Any
 
+from mlsyskit.tools.kv.peerauth import coord_proof
 from mlsyskit.tools.kv.shardmap import ShardMap
 
 
@@ -23,7 +24,7 @@ class CoordRefused(Exception):
 
 
 class AsyncCoordClient:
-    def __init__(self, addrs: list[tuple[str, int]], timeout_s: float = 1.0) -> None:
+    def __init__(self, addrs: list[tuple[str, int]], timeout_s: float = 1.0, secret: bytes | None = None) -> None:
         if not addrs:
             raise ValueError("a coordinator client needs at least one address")
         self.addrs = list(addrs)
@@ -31,6 +32,7 @@ class AsyncCoordClient:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.lock = asyncio.Lock()  # one request at a time per connection (replies are not tagged)
+        self.secret = secret  # proved on each new connection (protocol.Session)
 
     async def close(self) -> None:
         if self.writer is not None:
@@ -47,11 +49,9 @@ class AsyncCoordClient:
                         host, port = self.addrs[0]
                         self.reader, self.writer = await asyncio.wait_for(
                             asyncio.open_connection(host, port, limit=1 << 21), self.timeout_s)
-                    self.writer.write(payload)
-                    line = await asyncio.wait_for(self.reader.readline(), self.timeout_s)
-                    if not line:
-                        raise ConnectionError("coordinator closed the connection")
-                    reply = json.loads(line)
+                        if self.secret is not None:
+                            await self._authenticate()
+                    reply = await self._round_trip(payload)
                     break
                 except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as e:
                     errors.append(f"{self.addrs[0][0]}:{self.addrs[0][1]}: {e!r}")
@@ -62,6 +62,21 @@ class AsyncCoordClient:
         if not reply.get("ok"):
             raise CoordRefused(f"{reply.get('kind')}: {reply.get('error')}")
         return reply
+
+    async def _round_trip(self, payload: bytes) -> dict:
+        self.writer.write(payload)
+        line = await asyncio.wait_for(self.reader.readline(), self.timeout_s)
+        if not line:
+            raise ConnectionError("coordinator closed the connection")
+        return json.loads(line)
+
+    async def _authenticate(self) -> None:
+        hello = await self._round_trip(b'{"op": "hello"}\n')
+        proof = coord_proof(self.secret, bytes.fromhex(hello.get("nonce") or ""))
+        reply = await self._round_trip(json.dumps({"op": "auth", "proof": proof}).encode() + b"\n")
+        if not reply.get("ok"):
+            await self.close()
+            raise CoordRefused(f"the coordinator refused this node: {reply.get('error')}")
 
     async def map(self) -> ShardMap | None:
         d = (await self.request("map"))["map"]

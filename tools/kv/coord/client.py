@@ -14,11 +14,12 @@ from typing import Any
 
 from mlsyskit.core.errors import RuntimeFailure, UsageError
 from mlsyskit.tools.kv.coord.base import EpochConflict
+from mlsyskit.tools.kv.peerauth import coord_proof
 from mlsyskit.tools.kv.shardmap import ShardMap
 
 
 class CoordClient:
-    def __init__(self, addrs: list[tuple[str, int]], timeout_s: float = 2.0) -> None:
+    def __init__(self, addrs: list[tuple[str, int]], timeout_s: float = 2.0, secret: bytes | None = None) -> None:
         if not addrs:
             raise UsageError("a coordinator client needs at least one address")
         self.addrs = list(addrs)
@@ -26,6 +27,7 @@ class CoordClient:
         self._sock: socket.socket | None = None
         self._file: Any = None
         self.last_epoch: int | None = None
+        self.secret = secret  # proved on each new connection (protocol.Session)
 
     def _connect(self) -> None:
         errors = []
@@ -33,12 +35,28 @@ class CoordClient:
             try:
                 self._sock = socket.create_connection((host, port), timeout=self.timeout_s)
                 self._file = self._sock.makefile("rb")
+                if self.secret is not None:
+                    self._authenticate()
                 self.addrs.remove((host, port))
                 self.addrs.insert(0, (host, port))   # remember who answered
                 return
             except OSError as e:
                 errors.append(f"{host}:{port}: {e.strerror or e}")
         raise RuntimeFailure(f"no coordinator reachable ({'; '.join(errors)})")
+
+    def _round_trip(self, op: str, **fields: Any) -> dict:
+        self._sock.sendall(json.dumps({"op": op, **fields}).encode() + b"\n")
+        line = self._file.readline()
+        if not line:
+            raise ConnectionError("coordinator closed the connection")
+        return json.loads(line)
+
+    def _authenticate(self) -> None:
+        nonce = self._round_trip("hello").get("nonce")
+        reply = self._round_trip("auth", proof=coord_proof(self.secret, bytes.fromhex(nonce or "")))
+        if not reply.get("ok"):
+            self.close()
+            raise RuntimeFailure(f"the coordinator refused this client: {reply.get('error')}")
 
     def close(self) -> None:
         if self._sock is not None:

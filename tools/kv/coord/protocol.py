@@ -7,9 +7,17 @@
     reply    {"ok": true, ...} | {"ok": false, "kind": "conflict"|"bad_request"|"refused", "error": TEXT}
 
 Anything malformed gets a "bad_request" reply; a request can never raise out of `handle`.
+
+With a cluster secret (peerauth.py) each connection is a `Session` that must authenticate first:
+
+    {"op": "hello"} -> {"nonce": HEX}        16 fresh random bytes, good for one auth on this connection
+    {"op": "auth", "proof": HEX}             HMAC-SHA256(secret, "bespokv-coord" | nonce)
+
+and every other request before that is refused ("refused", "authenticate first ...").
 """
 from __future__ import annotations
 
+import hmac
 import json
 from typing import Any
 
@@ -18,6 +26,7 @@ from mlsyskit.core.errors import UserError
 from mlsyskit.tools.kv.coord.base import EpochConflict
 from mlsyskit.tools.kv.coord.embedded import EmbeddedCoordinator
 from mlsyskit.tools.kv.coord.orchestrator import join
+from mlsyskit.tools.kv.peerauth import coord_proof, new_nonce
 from mlsyskit.tools.kv.shardmap import NodeAddr, ShardMap
 
 MAX_LINE = 1 << 20  # a shard map of thousands of nodes fits; anything larger is refused
@@ -43,6 +52,37 @@ def _node(req: dict) -> NodeAddr:
 
 def _map_dict(m: ShardMap | None) -> dict | None:
     return None if m is None else m.to_dict()
+
+
+class Session:
+    """One client connection: with a secret, nothing but hello/auth until the client proved it."""
+
+    def __init__(self, secret: bytes | None) -> None:
+        self.secret = secret
+        self.authenticated = secret is None
+        self.nonce: bytes | None = None
+
+    def handle(self, coord: EmbeddedCoordinator, line: bytes) -> dict:
+        if self.authenticated:
+            return handle(coord, line)
+        try:
+            req = json.loads(line)
+            op = req.get("op") if isinstance(req, dict) else None
+        except (ValueError, RecursionError):
+            op = None
+        if op == "hello":
+            self.nonce = new_nonce()
+            return {"ok": True, "nonce": self.nonce.hex()}
+        if op == "auth":
+            nonce, self.nonce = self.nonce, None  # one try per nonce
+            claimed = req.get("proof")
+            if nonce is not None and isinstance(claimed, str) and hmac.compare_digest(
+                    coord_proof(self.secret, nonce).encode(), claimed.encode("utf-8", "replace")):
+                self.authenticated = True
+                return {"ok": True}
+            return {"ok": False, "kind": "refused", "error": "authentication failed (wrong cluster secret?)"}
+        return {"ok": False, "kind": "refused",
+                "error": "authenticate first (hello, then auth with the cluster secret)"}
 
 
 def handle(coord: EmbeddedCoordinator, line: bytes) -> dict:

@@ -25,7 +25,8 @@ from mlsyskit.tools.kv.coord.detector import DetectorConfig
 from mlsyskit.tools.kv.coord.embedded import EmbeddedCoordinator
 from mlsyskit.tools.kv.coord.failover import ShardLost
 from mlsyskit.tools.kv.coord.orchestrator import fail_over
-from mlsyskit.tools.kv.coord.protocol import MAX_LINE, handle
+from mlsyskit.tools.kv.coord.protocol import MAX_LINE, Session
+from mlsyskit.tools.kv.peerauth import read_secret
 
 # One command, no sub-commands (make_app's version callback would turn it into a group).
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -34,8 +35,9 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
                                     "auto_envvar_prefix": env_prefix("bespokv-coord")})
 
 
-async def _serve_client(coord: EmbeddedCoordinator, reader: asyncio.StreamReader,
+async def _serve_client(coord: EmbeddedCoordinator, secret: bytes | None, reader: asyncio.StreamReader,
                         writer: asyncio.StreamWriter) -> None:
+    session = Session(secret)
     try:
         while True:
             try:
@@ -45,7 +47,7 @@ async def _serve_client(coord: EmbeddedCoordinator, reader: asyncio.StreamReader
                 break
             except asyncio.IncompleteReadError:
                 break
-            writer.write(json.dumps(handle(coord, line)).encode() + b"\n")
+            writer.write(json.dumps(session.handle(coord, line)).encode() + b"\n")
             await writer.drain()
     except ConnectionError:
         pass
@@ -75,8 +77,9 @@ async def _watch(coord: EmbeddedCoordinator) -> None:
             log(f"failover: epoch {new.epoch}, shards {[list(s) for s in new.shards]}")
 
 
-async def _main(coord: EmbeddedCoordinator, host: str, port: int) -> None:
-    server = await asyncio.start_server(lambda r, w: _serve_client(coord, r, w), host, port, limit=MAX_LINE)
+async def _main(coord: EmbeddedCoordinator, host: str, port: int, secret: bytes | None) -> None:
+    server = await asyncio.start_server(lambda r, w: _serve_client(coord, secret, r, w), host, port,
+                                        limit=MAX_LINE)
     current = coord.read_map()
     epoch = None if current is None else current.epoch
     print(f"serving {host} {port} epoch {epoch}", flush=True)
@@ -91,10 +94,22 @@ def main(state_dir: Path = typer.Option(..., help="Directory of coord.db and the
          name: str = typer.Option("", help="This coordinator's name in status (default host:port/pid)."),
          interval: float = typer.Option(0.5, help="Heartbeat interval nodes use, seconds."),
          misses: int = typer.Option(3, help="Missed heartbeats before a node is failed over."),
+         secret_file: Path = typer.Option(None, help="The cluster secret (hex; `bespokv up` passes "
+                                                      "<data-dir>/cluster.secret): clients must prove it "
+                                                      "before any request. Without it anyone who reaches "
+                                                      "the port can change the shard map."),
          verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     set_verbosity(verbose, quiet)
     if not 0 < port < 65536:
         raise UsageError(f"--port must be 1..65535, got {port}")
+    secret = None
+    if secret_file is not None:
+        try:
+            secret = read_secret(secret_file)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--secret-file {secret_file}: {e}") from None
+    else:
+        warn("no --secret-file: clients are not authenticated")
     detector = DetectorConfig(interval_s=interval, misses=misses)
     try:
         coord = EmbeddedCoordinator(state_dir, detector=detector)
@@ -107,7 +122,7 @@ def main(state_dir: Path = typer.Option(..., help="Directory of coord.db and the
     log(f"{name} leads {state_dir}")
     debug(f"members: {sorted(coord.members())}")
     try:
-        asyncio.run(_main(coord, host, port))
+        asyncio.run(_main(coord, host, port, secret))
     except KeyboardInterrupt:
         pass
     finally:
