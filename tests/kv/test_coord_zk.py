@@ -242,3 +242,40 @@ def test_a_sigstopped_zk_leader_is_replaced_and_exits_when_resumed(zk, root, coo
         assert b.poll() is None and admin.leader() == "B"
     finally:
         procs.stop_all()
+
+
+def test_with_a_secret_clients_without_it_can_neither_read_nor_change_anything(zk, root):
+    """The attacker reaches ZooKeeper: the cluster's znodes carry a digest ACL for the secret's
+    holders only, including a root made earlier without one; another cluster secret is refused."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoAuthError
+    from kazoo.security import OPEN_ACL_UNSAFE
+
+    from mlsyskit.tools.kv.peerauth import new_secret
+
+    secret = new_secret()
+    ZkCoordinator(zk.hosts, root, session_timeout_s=SESSION_S).close()  # an unprotected root from before
+    owner = ZkCoordinator(zk.hosts, root, session_timeout_s=SESSION_S, secret=secret)
+    attacker = KazooClient(hosts=zk.hosts)
+    attacker.start(timeout=10)
+    try:
+        m = owner.initialize(first_map())
+        owner.register(NodeAddr("s0r0", "127.0.0.1", 7001))
+        assert owner.campaign("c1", timeout_s=5)
+        hostile = layout("ms-sc", "memory", 1, 1, "127.0.0.1", [6666]).to_json().encode()
+        for attempt in (lambda: attacker.get(f"{root}/map"),
+                        lambda: attacker.set(f"{root}/map", hostile),
+                        lambda: attacker.create(f"{root}/live/s0r1", b"", ephemeral=True),
+                        lambda: attacker.get_children(f"{root}/live"),
+                        lambda: attacker.delete(f"{root}/live/s0r0"),
+                        lambda: attacker.create(f"{root}/leader/evil", b""),
+                        lambda: attacker.set_acls(root, OPEN_ACL_UNSAFE)):
+            with pytest.raises(NoAuthError):
+                attempt()
+        with pytest.raises(RuntimeFailure, match="another cluster secret"):
+            ZkCoordinator(zk.hosts, root, session_timeout_s=SESSION_S, secret=new_secret())
+        assert owner.read_map() == m and owner.live() == ["s0r0"] and owner.is_leader()
+    finally:
+        attacker.stop()
+        attacker.close()
+        owner.close()

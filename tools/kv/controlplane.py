@@ -64,8 +64,9 @@ class CoordinatorSpec:
         return f"zookeeper://{hosts}{self.root}" if self.kind == "zookeeper" else f"embedded://{hosts}"
 
     def secret(self) -> bytes | None:
-        """The cluster secret for the embedded coordinator's handshake (None: none configured)."""
-        return read_secret(self.secret_file) if self.secret_file and self.kind == "embedded" else None
+        """The cluster secret the coordinator's clients prove (embedded: the handshake; ZooKeeper:
+        digest auth and ACLs); None: none configured."""
+        return read_secret(self.secret_file) if self.secret_file else None
 
     def to_dict(self) -> dict[str, Any]:
         d = {"url": self.url(), "interval_s": self.interval_s, "misses": self.misses}
@@ -99,7 +100,7 @@ class ZkBackend:
 
         hosts = ",".join(f"{h}:{p}" for h, p in spec.addrs)
         # The session is this node's liveness: it expires after timeout_s without contact.
-        self.coord = ZkCoordinator(hosts, spec.root, session_timeout_s=spec.timeout_s)
+        self.coord = ZkCoordinator(hosts, spec.root, session_timeout_s=spec.timeout_s, secret=spec.secret())
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         from mlsyskit.tools.kv.coord.zk import KazooException

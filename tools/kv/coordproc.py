@@ -34,9 +34,10 @@ def coordinator_argv(spec: CoordinatorSpec, state_dir: Path, index: int = 0) -> 
         # The node's lease assumes ZooKeeper grants the session timeout asked for: the server's
         # maxSessionTimeout (20 x tickTime) must be at least interval x misses.
         hosts = ",".join(f"{h}:{p}" for h, p in spec.addrs)
+        secret = ["--secret-file", spec.secret_file] if spec.secret_file else []
         return [sys.executable, "-m", "mlsyskit.tools.kv.coord.zk_main", "--zk", hosts, "--root", spec.root,
                 "--interval", str(spec.interval_s / 2), "--misses", "2",
-                "--session-timeout", str(max(spec.timeout_s, 2.0)), "-q"]
+                "--session-timeout", str(max(spec.timeout_s, 2.0)), *secret, "-q"]
     host, port = spec.addrs[index]
     secret = ["--secret-file", spec.secret_file] if spec.secret_file else []
     return [sys.executable, "-m", "mlsyskit.tools.kv.coord.server", "--state-dir", str(state_dir),
@@ -70,7 +71,7 @@ def _initialize_once(spec: CoordinatorSpec, shard_map: ShardMap) -> ShardMap:
         from mlsyskit.tools.kv.coord.zk import ZkCoordinator
 
         hosts = ",".join(f"{h}:{p}" for h, p in spec.addrs)
-        with ZkCoordinator(hosts, spec.root) as coord:
+        with ZkCoordinator(hosts, spec.root, secret=spec.secret()) as coord:
             return coord.initialize(shard_map)
     client = CoordClient(list(spec.addrs), timeout_s=1.0, secret=spec.secret())
     try:
@@ -85,7 +86,7 @@ def current_map(spec: CoordinatorSpec) -> ShardMap | None:
         from mlsyskit.tools.kv.coord.zk import ZkCoordinator
 
         hosts = ",".join(f"{h}:{p}" for h, p in spec.addrs)
-        with ZkCoordinator(hosts, spec.root, connect_timeout_s=3.0) as coord:
+        with ZkCoordinator(hosts, spec.root, connect_timeout_s=3.0, secret=spec.secret()) as coord:
             return coord.read_map()
     client = CoordClient(list(spec.addrs), timeout_s=1.0, secret=spec.secret())
     try:
@@ -105,10 +106,8 @@ def spec_for_up(url: str, host: str, heartbeat: float, misses: int, data_dir: Pa
             s.bind((host, 0))
             url = f"embedded://{host}:{s.getsockname()[1]}"
     spec = parse_coordinator(url, heartbeat, misses)
-    if spec.kind == "embedded":  # its clients prove the cluster secret (peerauth.py), created here
-        load_or_create_secret(data_dir)
-        spec = replace(spec, secret_file=str(data_dir / SECRET_FILE))
-    return spec
+    load_or_create_secret(data_dir)  # the coordinator's clients prove the cluster secret (peerauth.py)
+    return replace(spec, secret_file=str(data_dir / SECRET_FILE))
 
 
 def wait_leases(endpoints: list[tuple[str, str, int]], clock: Clock, timeout: float, where: str,

@@ -69,7 +69,7 @@ class MapSource:
             from mlsyskit.tools.kv.coord.zk import ZkCoordinator
 
             hosts = ",".join(f"{h}:{p}" for h, p in self.spec.addrs)
-            return ZkCoordinator(hosts, self.spec.root, connect_timeout_s=3.0)
+            return ZkCoordinator(hosts, self.spec.root, connect_timeout_s=3.0, secret=self.spec.secret())
         from mlsyskit.tools.kv.coord.client import CoordClient
 
         return CoordClient(list(self.spec.addrs), timeout_s=1.0, secret=self.spec.secret())

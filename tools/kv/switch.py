@@ -45,7 +45,7 @@ class _MapStore:
         if spec.kind == "zookeeper":
             from mlsyskit.tools.kv.coord.zk import ZkCoordinator
 
-            self.zk = ZkCoordinator(",".join(f"{h}:{p}" for h, p in spec.addrs), spec.root)
+            self.zk = ZkCoordinator(",".join(f"{h}:{p}" for h, p in spec.addrs), spec.root, secret=spec.secret())
         else:
             self.client = CoordClient(list(spec.addrs), timeout_s=2.0, secret=spec.secret())
 

@@ -119,9 +119,8 @@ class ProcCluster:
         if self.coord_spec is None:
             url = self.coordinator if self.coordinator != "embedded" else f"embedded://{HOST}:{free_ports(1)[0]}"
             self.coord_spec = parse_coordinator(url, self.heartbeat, self.misses)
-            if self.coord_spec.kind == "embedded":  # clients prove the cluster secret (peerauth.py)
-                load_or_create_secret(self.data_dir)
-                self.coord_spec = replace(self.coord_spec, secret_file=str(self.data_dir / SECRET_FILE))
+            load_or_create_secret(self.data_dir)  # the coordinator's clients prove it (peerauth.py)
+            self.coord_spec = replace(self.coord_spec, secret_file=str(self.data_dir / SECRET_FILE))
             self.record["coordinator"] = self.coord_spec.to_dict()
         wanted = 2 if self.coord_spec.kind == "zookeeper" and not self.coord_procs else 1
         for _ in range(wanted):

@@ -7,6 +7,11 @@ Layout under a root path (default /bespokv):
     <root>/live/<node>         ephemeral: present while the node's ZooKeeper session lives
     <root>/leader/...          kazoo Lock recipe: the first contender leads, the others stand by
 
+With a cluster secret every client authenticates (digest scheme, user `bespokv`, the secret as
+password) and every znode it creates carries a digest ACL for that identity only: a client without
+the secret can neither read nor change the map, membership, liveness or the leader lock. The
+root's existing znodes get the ACL when an authenticated client opens them (`_protect`).
+
 Liveness is the session: a node that dies (even by kill -9) loses its ephemeral znode once its
 session times out, and a coordinator process that dies loses its place in the leader lock the
 same way, so a standby takes over. `heartbeat` is therefore only a check that the znode exists.
@@ -23,24 +28,31 @@ from mlsyskit.tools.kv.shardmap import NodeAddr, ShardMap
 
 try:
     from kazoo.client import KazooClient, KazooState
-    from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+    from kazoo.exceptions import BadVersionError, KazooException, NoAuthError, NodeExistsError, NoNodeError
     from kazoo.handlers.threading import KazooTimeoutError
+    from kazoo.security import make_digest_acl
 except ImportError:  # pragma: no cover - reported when the backend is chosen
     KazooClient = None
 
     class KazooException(Exception):  # type: ignore[no-redef]  # so callers can name it without kazoo
         pass
 
+ZK_USER = "bespokv"  # the digest identity every client of one cluster shares
 INSTALL_HINT = "the zookeeper coordinator needs kazoo: pip install 'mlsyskit[kv]' (or pip install kazoo)"
 
 
 class ZkCoordinator(Coordinator):
     def __init__(self, hosts: str, root: str = "/bespokv", *, session_timeout_s: float = 4.0,
-                 connect_timeout_s: float = 10.0) -> None:
+                 connect_timeout_s: float = 10.0, secret: bytes | None = None) -> None:
         if KazooClient is None:
             raise RuntimeFailure(INSTALL_HINT)
         self.root = root.rstrip("/") or "/bespokv"
-        self.client = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        auth, acl = None, None
+        if secret is not None:  # digest auth: the ACL holds only a hash of user:password
+            auth = [("digest", f"{ZK_USER}:{secret.hex()}")]
+            acl = [make_digest_acl(ZK_USER, secret.hex(), all=True)]
+        self.acl = acl
+        self.client = KazooClient(hosts=hosts, timeout=session_timeout_s, auth_data=auth, default_acl=acl)
         self._leading = threading.Event()
         self._lock_recipe = None
         try:
@@ -49,8 +61,26 @@ class ZkCoordinator(Coordinator):
             self.client.close()
             raise RuntimeFailure(f"ZooKeeper at {hosts} not reachable within {connect_timeout_s:g} s") from None
         self.client.add_listener(self._on_state)
-        for sub in ("members", "live", "leader"):
-            self.client.ensure_path(f"{self.root}/{sub}")
+        try:
+            for sub in ("members", "live", "leader"):
+                self.client.ensure_path(f"{self.root}/{sub}")
+            if acl is not None:
+                self._protect()
+        except NoAuthError:
+            self.client.stop()
+            self.client.close()
+            raise RuntimeFailure(f"ZooKeeper refused access to {self.root}: it is protected by another "
+                                 "cluster secret (or this client has none)") from None
+
+    def _protect(self) -> None:
+        """Put this cluster's ACL on the root and its fixed children (made before a secret was used,
+        or by an older version): znodes created later inherit it through default_acl."""
+        for path in (self.root, *(f"{self.root}/{sub}" for sub in ("members", "live", "leader", "map"))):
+            try:
+                if self.client.get_acls(path)[0] != self.acl:
+                    self.client.set_acls(path, self.acl)
+            except NoNodeError:
+                continue
 
     def _on_state(self, state: str) -> None:
         # A lost session took our ephemeral lock znode with it: we no longer lead.

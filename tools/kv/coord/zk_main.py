@@ -10,16 +10,18 @@ standby, rather than acting on a lock it no longer holds.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import typer
 
 from mlsyskit.core.cli import env_prefix, quiet_option, run_app, verbose_option
 from mlsyskit.core.clock import RealClock
 from mlsyskit.core.console import log, set_verbosity, warn
-from mlsyskit.core.errors import RuntimeFailure
+from mlsyskit.core.errors import RuntimeFailure, UsageError
 from mlsyskit.tools.kv.coord.detector import DetectorConfig
 from mlsyskit.tools.kv.coord.watcher import LiveListFailover
 from mlsyskit.tools.kv.coord.zk import KazooException, ZkCoordinator
+from mlsyskit.tools.kv.peerauth import read_secret
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="The ZooKeeper-backed bespokv coordinator (leader or standby).",
@@ -35,11 +37,19 @@ def main(zk: str = typer.Option(..., help="ZooKeeper connect string, host:port,h
          connect_timeout: float = typer.Option(10.0, help="Give up when ZooKeeper does not answer, seconds."),
          interval: float = typer.Option(0.25, help="How often the live list is checked, seconds."),
          misses: int = typer.Option(2, help="Checks a node may be absent before it is failed over."),
+         secret_file: Path = typer.Option(None, help="The cluster secret (hex; `bespokv up` passes "
+                                                      "<data-dir>/cluster.secret): digest auth, and ACLs "
+                                                      "that shut out clients without it."),
          verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     set_verbosity(verbose, quiet)
     config = DetectorConfig(interval_s=interval, misses=misses)   # validates before connecting
     clock = RealClock()
-    coord = ZkCoordinator(zk, root, session_timeout_s=session_timeout, connect_timeout_s=connect_timeout)
+    try:
+        secret = read_secret(secret_file) if secret_file is not None else None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--secret-file {secret_file}: {e}") from None
+    coord = ZkCoordinator(zk, root, session_timeout_s=session_timeout, connect_timeout_s=connect_timeout,
+                          secret=secret)
     name = name or f"zk-coord/{os.getpid()}"
     try:
         if not coord.campaign(name, timeout_s=0):
