@@ -228,3 +228,16 @@ def test_with_a_secret_only_clients_that_prove_it_are_served(procs, tmp_path):
     (hello, ok, served) = raw({"op": "hello"}, {"op": "auth", "proof": "0"}, {"op": "map"})
     assert ok["ok"] is False and served["ok"] is False
     admin.close()
+
+
+def test_a_client_with_a_secret_is_served_by_a_coordinator_without_one(procs, tmp_path):
+    """A coordinator started by hand without --secret-file checks nothing; a client that proves a
+    secret anyway is served as before (its hello and auth are answered, not refused as unknown)."""
+    from mlsyskit.tools.kv.peerauth import new_secret
+
+    port = free_port()
+    serving(start_coord(procs, tmp_path / "state", port, tmp_path / "coord.log", "c1"))
+    client = CoordClient([("127.0.0.1", port)], secret=new_secret())
+    m = client.init(layout("ms-sc", "memory", 1, 3, "127.0.0.1", [7001, 7002, 7003]))
+    assert client.map() == m
+    client.close()
