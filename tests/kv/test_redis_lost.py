@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from mlsyskit.tools.kv import processes
 from mlsyskit.tools.kv.datalets import make_datalet
 from mlsyskit.tools.kv.pipeline import ConnectionLost
 from mlsyskit.tools.kv.processes import sync_call
@@ -108,6 +109,8 @@ def test_a_dead_or_stopped_redis_server_is_failed_over_and_replaced(tmp_path: Pa
         assert missing == []
         log = (d / "logs" / "supervisor.log").read_text()
         assert "redis:s0r0 " in log and "node:s0r0 restart-empty" in log
+        stores = {s["node"]: s for s in processes.store_status(d)}  # `bespokv status`'s redis-servers table
+        assert stores["s0r0"]["up"] and stores["s0r0"]["restarts"] == 1 and stores["s0r1"]["restarts"] == 0
         node_log = (d / "logs" / "node-s0r0.log").read_text()
         assert "fail-stop" in node_log
     finally:

@@ -153,6 +153,11 @@ def _status_table(data_dir: Path, rows: list | None = None) -> None:
                           [[r["name"], r["endpoint"], r["pid"] or "-", "yes" if r["up"] else "NO",
                             r.get("role", "-"), r.get("epoch", "-"), r.get("state", "-"), r.get("commands", "-"),
                             r.get("keys", "-"), r.get("restarts", 0)] for r in rows]))
+    stores = processes.store_status(data_dir)
+    if stores:
+        emit_table(make_table("redis-servers (redis datalet)", ["node", "endpoint", "pid", "up", "restarts"],
+                              [[s["node"], s["endpoint"], s["pid"], "yes" if s["up"] else "NO", s["restarts"]]
+                               for s in stores]))
     coord = processes.coordinator_status(data_dir)
     if coord is not None:
         emit_table(make_table("coordinator", ["endpoint", "pid", "up", "epoch", "state"],

@@ -348,6 +348,19 @@ def status(data_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def store_status(data_dir: Path) -> list[dict[str, Any]]:
+    """The nodes' redis-servers (redis datalet) for `bespokv status`: pid, up, restarts."""
+    record = load_record(Path(data_dir))
+    rows = []
+    for e in record.get("processes", []):
+        if e["name"].startswith("redis:"):
+            nid = e["name"][6:]
+            up = same_process(e) is not None and alive(e["pid"])
+            rows.append({"node": nid, "endpoint": f"{record['proxy']['host']}:{record['redis_ports'][nid]}",
+                         "pid": e["pid"], "up": up, "restarts": e.get("restarts", 0)})
+    return rows
+
+
 def coordinator_status(data_dir: Path) -> dict[str, Any] | None:
     """The coordinator's line for `bespokv status` (None: the cluster runs without one)."""
     record = load_record(Path(data_dir))
