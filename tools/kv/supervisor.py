@@ -1,8 +1,8 @@
 """`bespokv supervise`: the process that replaces a cluster's failed nodes (started by `up`).
 
 Every heartbeat interval it looks at each node (and its redis-server), the proxy and the
-coordinator processes of the record and at the coordinator's current map, and acts on `restartpolicy.RestartPolicy`'s
-decision. A node whose process is gone is restarted once the coordinator has failed it over,
+coordinator processes of the record and at the coordinator's current map, and acts on
+`restartpolicy.RestartPolicy`'s decision. A node whose process is gone is restarted once the coordinator has failed it over,
 with the command line `up` used (record.process_argv, on its host through the host's exec
 prefix) and EMPTY: its lmdb directory is moved aside to `lmdb.failed-<n>` (kept for
 inspection), so it starts in recovery mode, rejoins its shard and copies the state from a
@@ -10,8 +10,9 @@ survivor (nodeproc.py, controlplane.py). A node SIGSTOPped long enough to be rep
 from the map for 2 x the failure timeout) is SIGKILLed first, so it cannot resume as an old
 incarnation holding the port. A node that runs but is absent from the map (partitioned) is left
 alone: it rejoins by itself. A node's redis-server (redis datalet) is restarted before its node,
-which fail-stopped when the store went (datalets/redis_store.py). Each restart updates the record atomically (record.update_record)
-before the next decision, so `down` (which stops the supervisor first) stops the new process.
+which fail-stopped when the store went (datalets/redis_store.py). Each restart updates the record
+atomically (record.update_record) before the next decision, so `down` (which stops the supervisor
+first) stops the new process.
 
 Why empty and not the old lmdb files: every catch-up today begins with a snapshot that empties
 the datalet (Reset on SNAPBEGIN), so the old files would be overwritten anyway and reusing them
