@@ -233,8 +233,9 @@ def _replaced(d: Path, node: str, old_pid: int):
     return None
 
 
-def _up(d: Path, seed: int, *extra: str) -> None:
-    cli("up", "--replicas", "3", "--base-port", str(free_range(4, seed=seed)), "--data-dir", str(d),
+def _up(d: Path, seed: int, *extra: str, ports: int = 4) -> None:
+    """A 3-replica cluster: the proxy and 3 nodes on `ports` free ports (7 with redis-servers after them)."""
+    cli("up", "--replicas", "3", "--base-port", str(free_range(ports, seed=seed)), "--data-dir", str(d),
         "--heartbeat", "0.2", "-q", *extra, timeout=120)
 
 

@@ -44,8 +44,7 @@ class RoundPlan:
     train: dict[str, Any]  # the TrainSpec as a dict
     seeds: dict[int, int]  # per-client training seed
     deadline: float  # absolute, on the coordinator's clock
-    deadline_s: float = 0.0  # its length, kept as chosen: deadline - opened differs in the last bits
-
+    deadline_s: float  # its length, kept as chosen: deadline - opened differs in the last bits
 
 
 class Coordinator:

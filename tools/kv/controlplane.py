@@ -68,6 +68,19 @@ class CoordinatorSpec:
         digest auth and ACLs); None: none configured."""
         return read_secret(self.secret_file) if self.secret_file else None
 
+    def zookeeper(self, **options: Any) -> Any:
+        """A ZkCoordinator on this spec's ensemble and root, authenticated with the cluster secret."""
+        from mlsyskit.tools.kv.coord.zk import ZkCoordinator
+
+        hosts = ",".join(f"{h}:{p}" for h, p in self.addrs)
+        return ZkCoordinator(hosts, self.root, secret=self.secret(), **options)
+
+    def embedded_client(self, timeout_s: float) -> Any:
+        """A blocking client of the embedded coordinator(s), proving the cluster secret."""
+        from mlsyskit.tools.kv.coord.client import CoordClient
+
+        return CoordClient(list(self.addrs), timeout_s=timeout_s, secret=self.secret())
+
     def to_dict(self) -> dict[str, Any]:
         d = {"url": self.url(), "interval_s": self.interval_s, "misses": self.misses}
         return d | ({"secret_file": self.secret_file} if self.secret_file else {})
@@ -96,11 +109,8 @@ class ZkBackend:
     """The same calls as AsyncCoordClient, on ZooKeeper (kazoo is blocking: run in a thread)."""
 
     def __init__(self, spec: CoordinatorSpec) -> None:
-        from mlsyskit.tools.kv.coord.zk import ZkCoordinator
-
-        hosts = ",".join(f"{h}:{p}" for h, p in spec.addrs)
         # The session is this node's liveness: it expires after timeout_s without contact.
-        self.coord = ZkCoordinator(hosts, spec.root, session_timeout_s=spec.timeout_s, secret=spec.secret())
+        self.coord = spec.zookeeper(session_timeout_s=spec.timeout_s)
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         from mlsyskit.tools.kv.coord.zk import KazooException

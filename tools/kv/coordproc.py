@@ -21,25 +21,23 @@ from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.core.config import ConfigError
 from mlsyskit.core.errors import RuntimeFailure
 from mlsyskit.tools.kv.controlplane import CoordinatorSpec, parse_coordinator
-from mlsyskit.tools.kv.coord.client import CoordClient
 from mlsyskit.tools.kv.peerauth import SECRET_FILE, load_or_create_secret
 from mlsyskit.tools.kv.shardmap import ShardMap
 
 
 def coordinator_argv(spec: CoordinatorSpec, state_dir: Path, index: int = 0) -> list[str]:
     """The command line of coordinator number `index` (0 leads; others are standbys)."""
+    secret = ["--secret-file", spec.secret_file] if spec.secret_file else []
     if spec.kind == "zookeeper":
         # A node's liveness is its session (timeout interval x misses): once its znode is gone the
         # session has expired, so the watcher only rides out flaps (2 checks at half the interval).
         # The node's lease assumes ZooKeeper grants the session timeout asked for: the server's
         # maxSessionTimeout (20 x tickTime) must be at least interval x misses.
         hosts = ",".join(f"{h}:{p}" for h, p in spec.addrs)
-        secret = ["--secret-file", spec.secret_file] if spec.secret_file else []
         return [sys.executable, "-m", "mlsyskit.tools.kv.coord.zk_main", "--zk", hosts, "--root", spec.root,
                 "--interval", str(spec.interval_s / 2), "--misses", "2",
                 "--session-timeout", str(max(spec.timeout_s, 2.0)), *secret, "-q"]
     host, port = spec.addrs[index]
-    secret = ["--secret-file", spec.secret_file] if spec.secret_file else []
     return [sys.executable, "-m", "mlsyskit.tools.kv.coord.server", "--state-dir", str(state_dir),
             "--host", host, "--port", str(port), "--interval", str(spec.interval_s),
             "--misses", str(spec.misses), *secret]
@@ -68,12 +66,9 @@ def initialize(spec: CoordinatorSpec, shard_map: ShardMap, clock: Clock | None =
 
 def _initialize_once(spec: CoordinatorSpec, shard_map: ShardMap) -> ShardMap:
     if spec.kind == "zookeeper":
-        from mlsyskit.tools.kv.coord.zk import ZkCoordinator
-
-        hosts = ",".join(f"{h}:{p}" for h, p in spec.addrs)
-        with ZkCoordinator(hosts, spec.root, secret=spec.secret()) as coord:
+        with spec.zookeeper() as coord:
             return coord.initialize(shard_map)
-    client = CoordClient(list(spec.addrs), timeout_s=1.0, secret=spec.secret())
+    client = spec.embedded_client(timeout_s=1.0)
     try:
         return client.init(shard_map)
     finally:
@@ -83,12 +78,9 @@ def _initialize_once(spec: CoordinatorSpec, shard_map: ShardMap) -> ShardMap:
 def current_map(spec: CoordinatorSpec) -> ShardMap | None:
     """The coordinator's map now (RuntimeFailure when it does not answer)."""
     if spec.kind == "zookeeper":
-        from mlsyskit.tools.kv.coord.zk import ZkCoordinator
-
-        hosts = ",".join(f"{h}:{p}" for h, p in spec.addrs)
-        with ZkCoordinator(hosts, spec.root, connect_timeout_s=3.0, secret=spec.secret()) as coord:
+        with spec.zookeeper(connect_timeout_s=3.0) as coord:
             return coord.read_map()
-    client = CoordClient(list(spec.addrs), timeout_s=1.0, secret=spec.secret())
+    client = spec.embedded_client(timeout_s=1.0)
     try:
         return client.map()
     finally:
@@ -140,7 +132,7 @@ def status_row(coord: CoordinatorSpec, pid: int | None) -> dict[str, Any]:
         current = current_map(coord)
         row.update(up=True, epoch=current.epoch if current else "-", state="leading")
         if coord.kind == "embedded":
-            client = CoordClient(list(coord.addrs), timeout_s=1.0, secret=coord.secret())
+            client = coord.embedded_client(timeout_s=1.0)
             try:
                 st = client.status()
             finally:

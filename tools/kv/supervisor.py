@@ -67,13 +67,8 @@ class MapSource:
 
     def _connect(self) -> Any:
         if self.spec.kind == "zookeeper":
-            from mlsyskit.tools.kv.coord.zk import ZkCoordinator
-
-            hosts = ",".join(f"{h}:{p}" for h, p in self.spec.addrs)
-            return ZkCoordinator(hosts, self.spec.root, connect_timeout_s=3.0, secret=self.spec.secret())
-        from mlsyskit.tools.kv.coord.client import CoordClient
-
-        return CoordClient(list(self.spec.addrs), timeout_s=1.0, secret=self.spec.secret())
+            return self.spec.zookeeper(connect_timeout_s=3.0)
+        return self.spec.embedded_client(timeout_s=1.0)
 
     def close(self) -> None:
         if self._conn is not None:

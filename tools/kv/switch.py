@@ -17,7 +17,6 @@ from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.core.errors import RuntimeFailure
 from mlsyskit.tools.kv.controlplane import CoordinatorSpec
 from mlsyskit.tools.kv.coord.base import EpochConflict
-from mlsyskit.tools.kv.coord.client import CoordClient
 from mlsyskit.tools.kv.coord.failover import plan_switch
 from mlsyskit.tools.kv.processes import parse_info, sync_call
 from mlsyskit.tools.kv.shardmap import ShardMap
@@ -43,11 +42,9 @@ class _MapStore:
     def __init__(self, spec: CoordinatorSpec) -> None:
         self.zk = None
         if spec.kind == "zookeeper":
-            from mlsyskit.tools.kv.coord.zk import ZkCoordinator
-
-            self.zk = ZkCoordinator(",".join(f"{h}:{p}" for h, p in spec.addrs), spec.root, secret=spec.secret())
+            self.zk = spec.zookeeper()
         else:
-            self.client = CoordClient(list(spec.addrs), timeout_s=2.0, secret=spec.secret())
+            self.client = spec.embedded_client(timeout_s=2.0)
 
     def read(self) -> ShardMap | None:
         return self.zk.read_map() if self.zk else self.client.map()

@@ -63,15 +63,13 @@ class Session:
         self.nonce: bytes | None = None
 
     def handle(self, coord: EmbeddedCoordinator, line: bytes) -> dict:
+        if self.authenticated:  # parsed once, by handle (hello/auth are answered there too)
+            return handle(coord, line)
         try:
             req = json.loads(line)
             op = req.get("op") if isinstance(req, dict) else None
         except (ValueError, RecursionError):
             op = None
-        if self.secret is None and op in ("hello", "auth"):  # a client with a secret, a server without
-            return {"ok": True, "nonce": new_nonce().hex()} if op == "hello" else {"ok": True}
-        if self.authenticated:
-            return handle(coord, line)
         if op == "hello":
             self.nonce = new_nonce()
             return {"ok": True, "nonce": self.nonce.hex()}
@@ -103,6 +101,10 @@ def handle(coord: EmbeddedCoordinator, line: bytes) -> dict:
 
 
 def _dispatch(coord: EmbeddedCoordinator, req: dict, op: str) -> dict:
+    if op == "hello":  # an authenticated session, or a server without a secret: nothing to prove
+        return {"nonce": new_nonce().hex()}
+    if op == "auth":
+        return {}
     if op == "map":
         return {"map": _map_dict(coord.read_map())}
     if op == "init":
