@@ -205,6 +205,29 @@ def test_the_supervisor_acts_on_its_decisions_and_keeps_the_record(tmp_path: Pat
             p.wait()
 
 
+def test_killing_a_stopped_node_leaves_its_exit_status_to_its_own_parent(tmp_path: Path) -> None:
+    """The supervisor SIGKILLs a stopped node and waits until it is gone, but reaps only processes it
+    started. It used to waitpid() any pid: run in-process, it stole the status of its host's child,
+    whose Popen then read 0 instead of -9 (a CI failure of the test above, about one run in twenty)."""
+    import subprocess
+
+    from mlsyskit.tools.kv import supervisor
+    from mlsyskit.tools.kv.record import entry
+
+    sup = supervisor.Supervisor.__new__(supervisor.Supervisor)  # _kill needs only its children
+    sup.children = {}
+    for _ in range(20):  # the steal needed the first poll to see the process before it died
+        proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        os.kill(proc.pid, signal.SIGSTOP)
+        _until_stopped(proc.pid)
+        sup._kill(entry("node:x", proc.pid))
+        assert proc.wait(timeout=5) == -signal.SIGKILL
+    own = subprocess.Popen(["sleep", "60"], start_new_session=True)  # one it started: reaped by it
+    sup.children = {own.pid: own}
+    sup._kill(entry("node:y", own.pid))
+    assert own.returncode == -signal.SIGKILL and not psutil.pid_exists(own.pid)
+
+
 # -- processes ---------------------------------------------------------------------------------
 def _record(d: Path) -> dict:
     return json.loads((d / "cluster.json").read_text())

@@ -118,12 +118,12 @@ class SmartClient:
             raise
         if self.history is not None:
             outcome = result if f == "get" else value if f == "put" else ("1" if result else "0")
-            self._record("ok", f, key, outcome)
+            self._record("ok", f, key, outcome, node)
         return result
 
-    def _record(self, kind: str, f: str, key: bytes, value) -> None:
+    def _record(self, kind: str, f: str, key: bytes, value, node: str | None = None) -> None:
         if self.history is not None:
-            self.history.complete(self.process, kind, f, key, value)
+            self.history.complete(self.process, kind, f, key, value, node)
 
     async def get(self, key: bytes) -> bytes | None:
         if self.history is None:  # the load generator's path: no recording, one coroutine

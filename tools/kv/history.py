@@ -32,12 +32,14 @@ class Event:
     key: str
     value: str | None
     time: float
+    node: str | None = None  # a completion's: the node that answered (which replica acked a write)
 
     @classmethod
     def from_dict(cls, d: dict) -> Event:
         try:
             event = cls(int(d["process"]), str(d["type"]), str(d["f"]), str(d["key"]),
-                        None if d.get("value") is None else str(d["value"]), float(d["time"]))
+                        None if d.get("value") is None else str(d["value"]), float(d["time"]),
+                        None if d.get("node") is None else str(d["node"]))
         except (KeyError, TypeError, ValueError) as e:
             raise HistoryFormatError(f"not a history event: {d!r} ({e})") from None
         if event.type not in KINDS or event.f not in FUNCTIONS:
@@ -53,15 +55,17 @@ class History:
     def invoke(self, process: int, f: str, key: bytes, value: bytes | None = None) -> None:
         self._add(process, "invoke", f, key, value)
 
-    def complete(self, process: int, kind: str, f: str, key: bytes, value: bytes | str | None = None) -> None:
+    def complete(self, process: int, kind: str, f: str, key: bytes, value: bytes | str | None = None,
+                 node: str | None = None) -> None:
         if kind not in ("ok", "fail", "info"):
             raise ValueError(f"completion must be ok, fail or info, not {kind!r}")
-        self._add(process, kind, f, key, value)
+        self._add(process, kind, f, key, value, node)
 
-    def _add(self, process: int, kind: str, f: str, key: bytes, value: bytes | str | None) -> None:
+    def _add(self, process: int, kind: str, f: str, key: bytes, value: bytes | str | None,
+             node: str | None = None) -> None:
         text = value.decode(errors="backslashreplace") if isinstance(value, bytes) else value
         self.events.append(Event(process, kind, f, key.decode(errors="backslashreplace"),
-                                 None if text is None else str(text), self.clock.now()))
+                                 None if text is None else str(text), self.clock.now(), node))
 
     def pending(self) -> int:
         """Operations invoked but not completed (must be 0 when a run ends cleanly)."""
@@ -79,7 +83,10 @@ class History:
     def write_jsonl(self, path: Path) -> None:
         with open(path, "w") as fh:
             for e in self.events:
-                fh.write(json.dumps(asdict(e)) + "\n")
+                record = asdict(e)
+                if record["node"] is None:  # invokes, and histories of clients that do not know
+                    del record["node"]
+                fh.write(json.dumps(record) + "\n")
 
     @classmethod
     def read_jsonl(cls, path: Path) -> History:

@@ -49,11 +49,11 @@ class FollowingClient(SmartClient):
                 await self.refresh()
             raise
 
-    def _record(self, kind: str, f: str, key: bytes, value) -> None:
+    def _record(self, kind: str, f: str, key: bytes, value, node: str | None = None) -> None:
         if kind == "info":  # decided in _following, which sees the error
             self._held = (kind, f, key, value)
         else:
-            super()._record(kind, f, key, value)
+            super()._record(kind, f, key, value, node)
 
     async def get(self, key: bytes) -> bytes | None:
         return await self._following(super().get(key))

@@ -210,13 +210,14 @@ class Supervisor:
                 break
             except (ProcessLookupError, PermissionError):
                 continue
+        # Reap only what we started, through its Popen: a bare waitpid would also reap a child of
+        # whoever runs the supervisor in-process, whose Popen then reads exit status 0 (ECHILD).
+        own = self.children.get(e["pid"])
         deadline = time.monotonic() + 5.0  # real time: the kernel's, whatever clock drives the policy
         while self._observe(e) is not Seen.GONE and time.monotonic() < deadline:
-            try:
-                os.waitpid(e["pid"], os.WNOHANG)
-            except ChildProcessError:
-                pass
             time.sleep(0.01)
+        if own is not None:
+            own.poll()  # gone is a zombie until reaped
 
     def run(self) -> None:
         """Poll every heartbeat interval until self.stop[0] (set by SIGTERM/SIGINT: never mid-restart)."""

@@ -38,7 +38,8 @@ def operations(history: History) -> dict[str, list[Op]]:
             result = arg if f == "put" else completion.value
             if f == "del" and result is None:
                 result = UNKNOWN  # recorded without the existed flag
-            op = Op(next_id, call.process, f, key, arg if f == "put" else None, result, t0, completion.time, True)
+            op = Op(next_id, call.process, f, key, arg if f == "put" else None, result, t0, completion.time, True,
+                    completion.node)
         else:
             op = Op(next_id, call.process, f, key, arg if f == "put" else None, UNKNOWN, t0, math.inf, False)
         next_id += 1

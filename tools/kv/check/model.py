@@ -24,6 +24,7 @@ class Op:
     call: float
     ret: float  # math.inf for info: it may take effect any time after its invoke
     definite: bool  # False for info
+    node: str | None = None  # the node that answered it, where the history says
 
     def describe(self) -> str:
         ret = "?" if not self.definite else f"{self.ret:.6f}"

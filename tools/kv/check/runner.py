@@ -32,7 +32,7 @@ from mlsyskit.tools.kv.pipeline import RespConnection
 MODES = ("ms-sc", "ms-ec", "aa-sc", "aa-ec")
 FINAL_PROCESS = 1_000_000_000  # process ids of the final reads, far from the clients'
 HISTORY_FILE = "history.jsonl"
-ASYNC_WINDOW_S = 1.0  # ms-ec: how long before a master's failure an acked write may still be unreplicated
+ASYNC_WINDOW_S = 1.0  # eventual modes: how long before a node's failure its acked write may be unpropagated
 RESULT_FILE = "result.json"
 
 
@@ -85,9 +85,9 @@ class CheckResult:
     violations: list[str] = field(default_factory=list)
     lost_acked_writes: int = 0
     lww_inversions: int = 0  # eventual modes: acked register writes outlived by an older write (reported)
-    # ms-ec with failover: acked writes lost because the master died (or was paused) before it had
-    # streamed them (acked within ASYNC_WINDOW_S before the fault started): asynchronous replication's
-    # documented loss, counted apart, not a failure
+    # eventual modes: acked writes lost because the node that held them died (or, with failover, was
+    # paused) before it had propagated them (acked within ASYNC_WINDOW_S before the fault started; for
+    # aa-ec acked BY the victim): asynchronous replication's documented loss, counted apart, not a failure
     async_failover_losses: int = 0
     reconfigurations: int = 0  # shard maps the coordinator committed (failovers and rejoins)
     phantoms: int = 0
@@ -150,10 +150,7 @@ async def run_check(spec: CheckSpec, out_dir: Path, log: Callable[[str], None] =
         await final_reads(cluster, history, workload.register_keys() + workload.once_keys,
                           every_replica=not spec.strong, timeout=spec.timeout)
         result.reconfigurations = cluster.map.epoch - 1
-        windows = ([(f["at"] - ASYNC_WINDOW_S, f["at"]) for f in nemesis.journal
-                    if f["phase"] == "start" and f["fault"] in ("kill", "pause")]
-                   if spec.mode == "ms-ec" and spec.coordinator != "none" else [])
-        verify(spec.strong, history, result, windows)
+        verify(spec.strong, history, result, async_loss_windows(spec, nemesis.journal))
     except Exception as e:  # noqa: BLE001 - any failure of the run is its verdict (error, exit 1)
         result.error = f"{type(e).__name__}: {e}"
         if not isinstance(e, (RuntimeError, OSError)):  # unexpected: keep the traceback for whoever debugs it
@@ -168,11 +165,30 @@ async def run_check(spec: CheckSpec, out_dir: Path, log: Callable[[str], None] =
     return result
 
 
+def async_loss_windows(spec: CheckSpec, journal: list[dict]) -> list[tuple[float, float, str | None]]:
+    """(from, to, node) spans in which an eventual mode may lose the writes it acknowledged:
+    the ASYNC_WINDOW_S before a fault that discards what a node had not yet propagated.
+
+    ms-ec, with failover only: a killed or paused master is replaced by a replica that may lack
+    its last writes, whichever path they came by (node None: any write). Without a coordinator
+    the master comes back and the replicas keep what it streamed.
+    aa-ec: a killed replica restarts empty and copies a survivor, so what it alone had acked is
+    gone; with failover a paused one is replaced likewise. Only writes acked BY the victim."""
+    if spec.mode == "ms-ec" and spec.coordinator != "none":
+        kinds, by_victim = ("kill", "pause"), False
+    elif spec.mode == "aa-ec":
+        kinds, by_victim = ("kill",) if spec.coordinator == "none" else ("kill", "pause"), True
+    else:
+        return []
+    return [(f["at"] - ASYNC_WINDOW_S, f["at"], f["node"] if by_victim else None) for f in journal
+            if f["phase"] == "start" and f["fault"] in kinds]
+
+
 def verify(strong: bool, history: History, result: CheckResult,
-           async_windows: list[tuple[float, float]] = ()) -> None:
+           async_windows: list[tuple[float, float, str | None]] = ()) -> None:
     """Linearizability (strong modes), lost and phantom writes, write availability; into result.
     An acked write lost that was answered inside one of `async_windows` (clock times before a
-    fault on an ms-ec cluster that fails over) counts as an async failover loss instead."""
+    fault, and by its victim where the window names one) counts as an async loss instead."""
     ops = operations(history)
     if strong:
         report = check_history(history)
@@ -187,7 +203,8 @@ def verify(strong: bool, history: History, result: CheckResult,
         inverted = [op for op in lost.lost if not is_write_once(op.key)]
         lost.lost = [op for op in lost.lost if is_write_once(op.key)]
         result.lww_inversions = len(inverted)
-        in_window = [op for op in lost.lost if any(a <= op.ret <= b for a, b in async_windows)]
+        in_window = [op for op in lost.lost
+                     if any(a <= op.ret <= b and node in (None, op.node) for a, b, node in async_windows)]
         lost.lost = [op for op in lost.lost if op not in in_window]
         result.async_failover_losses = len(in_window)
         result.lost = [f"LWW kept an older value over acknowledged {op.key!r} {op.describe()}" for op in inverted[:5]]
