@@ -109,6 +109,33 @@ def test_liveness_is_the_session(coords):
     assert "s0r1" in watcher.members() and not watcher.heartbeat("s0r1")
 
 
+def test_a_restarted_nodes_agent_waits_for_its_old_session_instead_of_dying(zk, root, coords):
+    """A node restarted within a session timeout of its kill -9 finds its liveness znode still held
+    by the dead process's session. That is retriable (CoordUnavailable: the agent tries again next
+    round), not a RuntimeFailure out of the agent's task: that killed the agent silently, so the
+    restarted node held no lease and never rejoined (a check run that 'did not settle')."""
+    import asyncio
+
+    from mlsyskit.tools.kv.controlplane import ZkBackend, parse_coordinator
+    from mlsyskit.tools.kv.coord.aclient import CoordUnavailable
+
+    old = coords()
+    old.register(NodeAddr("s0r0", "127.0.0.1", 7001))  # the killed process's session, not yet expired
+    spec = parse_coordinator(f"zookeeper://{zk.hosts}{root}", interval_s=0.2, misses=5)
+
+    async def restarted() -> None:
+        backend = ZkBackend(spec)
+        try:
+            with pytest.raises(CoordUnavailable, match="already live in another session"):
+                await backend.register("s0r0", "127.0.0.1", 7001)
+            old.close()  # its session ends (expiry, for a killed one)
+            await backend.register("s0r0", "127.0.0.1", 7001)
+            assert (await backend.heartbeat("s0r0", 5))[0]
+        finally:
+            await backend.close()
+    asyncio.run(restarted())
+
+
 def test_leader_election_hands_over_on_close(coords):
     a, b = coords(), coords()
     assert a.campaign("coord-a", timeout_s=5) and a.is_leader()

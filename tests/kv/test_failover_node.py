@@ -270,3 +270,44 @@ def test_a_promoted_ms_ec_master_first_copies_from_a_survivor_that_is_ahead(tmp_
             await after.close()
 
     run(body())
+
+
+def test_the_control_agent_outlives_an_unexpected_error_and_still_takes_its_lease() -> None:
+    """Any exception out of one round is logged and retried, never the end of the agent: a dead
+    agent leaves its node without a lease (refusing every client) and never rejoining, and the
+    task's exception would surface only when the task is collected, which it never is."""
+    from types import SimpleNamespace
+
+    from mlsyskit.tools.kv.controlplane import ControlAgent, parse_coordinator
+    from mlsyskit.tools.kv.coord.aclient import CoordUnavailable
+    from mlsyskit.tools.kv.shardmap import NodeAddr
+
+    leases: list[float] = []
+    node = SimpleNamespace(node_id="s0r0", map=SimpleNamespace(epoch=1), deposed=False, controlet=None,
+                           applied=lambda: 0, renew_lease=leases.append, _refresh_fast_paths=lambda: None)
+    failures = [RuntimeError("a bug in a round"), CoordUnavailable("coordinator restarting")]
+
+    class Backend:
+        registered = 0
+
+        async def register(self, node_id: str, host: str, port: int) -> None:
+            if failures:
+                raise failures.pop(0)
+            self.registered += 1
+
+        async def heartbeat(self, node_id: str, applied: int) -> tuple[bool, int]:
+            return True, 1
+
+    backend = Backend()
+    agent = ControlAgent(node, parse_coordinator("embedded://127.0.0.1:9", interval_s=0.01),
+                         NodeAddr("s0r0", "127.0.0.1", 7001), 0, backend=backend)
+
+    async def main() -> None:
+        agent.start()
+        try:
+            await wait_until(lambda: leases, timeout=10)
+        finally:
+            agent.task.cancel()
+    run(main())
+    assert backend.registered == 1 and agent.stats["unexpected_errors"] == 1
+    assert agent.stats["heartbeat_failures"] == 2

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import traceback
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -113,12 +114,14 @@ class ZkBackend:
         self.coord = spec.zookeeper(session_timeout_s=spec.timeout_s)
 
     async def _call(self, fn: Any, *args: Any) -> Any:
-        from mlsyskit.tools.kv.coord.zk import KazooException
+        from mlsyskit.tools.kv.coord.zk import KazooException, SessionStillLive
 
         try:
             return await asyncio.to_thread(fn, *args)
         except KazooException as e:
             raise CoordUnavailable(repr(e)) from None
+        except SessionStillLive as e:  # our previous process's session, not yet expired: retry
+            raise CoordUnavailable(str(e)) from None
 
     async def map(self) -> ShardMap | None:
         return await self._call(self.coord.read_map)
@@ -198,7 +201,8 @@ class ControlAgent:
         self.wake = asyncio.Event()
         self.registered = False
         self.task: asyncio.Task | None = None
-        self.stats = {"heartbeats": 0, "heartbeat_failures": 0, "maps": 0, "rejoins": 0, "learner_starts": 0}
+        self.stats = {"heartbeats": 0, "heartbeat_failures": 0, "unexpected_errors": 0, "maps": 0, "rejoins": 0,
+                      "learner_starts": 0}
         self.announce_pending = False  # joined before the node ran (nodeproc): announce at the first step
         node.agent = self
         if node.node_id is not None:  # no lease until the first heartbeat is answered
@@ -220,6 +224,9 @@ class ControlAgent:
         self.wake.set()
 
     async def run(self) -> None:
+        # Nothing may end this loop but cancellation: a node whose agent died would hold no lease,
+        # refuse every client and never rejoin, silently (a task's exception is only reported when
+        # the task is collected, and the agent keeps it).
         while True:
             try:
                 await self.step()
@@ -227,6 +234,12 @@ class ControlAgent:
                 self.stats["heartbeat_failures"] += 1
                 if self.stats["heartbeat_failures"] % 20 == 1:
                     warn(f"control plane: {e}")
+            except Exception as e:  # noqa: BLE001 - logged, then retried next round
+                self.stats["heartbeat_failures"] += 1
+                self.stats["unexpected_errors"] += 1
+                if self.stats["unexpected_errors"] % 20 == 1:
+                    warn(f"control plane step failed: {type(e).__name__}: {e}; retrying\n"
+                         + "".join(traceback.format_exception(e)).rstrip())
             self.wake.clear()
             try:
                 await asyncio.wait_for(self.wake.wait(), self.spec.interval_s)

@@ -38,6 +38,11 @@ except ImportError:  # pragma: no cover - reported when the backend is chosen
         pass
 
 ZK_USER = "bespokv"  # the digest identity every client of one cluster shares
+
+
+class SessionStillLive(RuntimeFailure):
+    """A node's liveness znode belongs to another session: an impostor, or this node's previous
+    process killed less than a session timeout ago (then it goes once that session expires)."""
 INSTALL_HINT = "the zookeeper coordinator needs kazoo: pip install 'mlsyskit[kv]' (or pip install kazoo)"
 
 
@@ -137,8 +142,8 @@ class ZkCoordinator(Coordinator):
             stat = self.client.exists(f"{self.root}/live/{node.node_id}")
             if stat is None or stat.ephemeralOwner == self.client.client_id[0]:
                 return   # ours already, or gone between the two calls (the next register recreates it)
-            raise RuntimeFailure(f"node {node.node_id} is already live in another session "
-                                 "(wait for that session to expire)") from None
+            raise SessionStillLive(f"node {node.node_id} is already live in another session "
+                                   "(wait for that session to expire)") from None
 
     def members(self) -> dict[str, NodeAddr]:
         out = {}
