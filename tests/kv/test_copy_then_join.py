@@ -115,6 +115,8 @@ def test_a_replacement_copies_as_a_learner_then_joins_and_takes_only_the_tail(tm
     copied_under = int(info["learner_epoch"])
     assert copied_under == joined - 1
     assert victim not in next(m for m in r["history"] if m.epoch == copied_under).nodes
-    # the write-acknowledgement outage of the join (the new tail's catch-up) is shorter than the copy
-    assert 0 <= float(info["join_catch_up_s"]) < float(info["learner_copy_s"])
+    # the join's catch-up (the write-acknowledgement outage) is measured; that it is shorter than the
+    # copy is a timing claim, made by `bench_kv_faults.py --join` (here, 3000 keys, both are ~30 ms and
+    # a loaded machine ordered them either way: 0.0278 vs 0.0275 s failed a run)
+    assert float(info["join_catch_up_s"]) >= 0 and float(info["learner_copy_s"]) > 0
     assert r["last_read"] == b"%d" % r["last"]  # the new tail holds the last acknowledged write

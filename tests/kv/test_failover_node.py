@@ -311,3 +311,33 @@ def test_the_control_agent_outlives_an_unexpected_error_and_still_takes_its_leas
     run(main())
     assert backend.registered == 1 and agent.stats["unexpected_errors"] == 1
     assert agent.stats["heartbeat_failures"] == 2
+
+
+def test_a_node_whose_controlet_tick_fails_stops_instead_of_serving_without_timeouts(tmp_path) -> None:
+    """The tick fires every timeout a controlet has (waiting writes, retries, anti-entropy). A tick
+    that raised used to end the ticker task silently, leaving a node that heartbeats (so it is never
+    failed over) while no waiting write is ever answered or failed. Now the node calls on_fatal
+    (a node process then fail-stops, to be failed over and replaced)."""
+    from mlsyskit.tools.kv.cluster import node_datalet
+    from mlsyskit.tools.kv.controlets import controlet_class
+    from mlsyskit.tools.kv.node import Node
+
+    smap = make_map("ms-sc", shards=1)
+    node = Node(smap, "s0r0", node_datalet("memory", "s0r0", tmp_path, None), tick_interval=0.01)
+    fatal: list[str] = []
+    node.on_fatal = fatal.append
+
+    async def main() -> None:
+        await node.open()
+        assert isinstance(node.controlet, controlet_class("ms-sc"))
+
+        def broken(now: float) -> list:
+            raise KeyError("a bug in on_tick")
+        node.controlet.on_tick = broken
+        try:
+            await wait_until(lambda: fatal, timeout=10)
+            assert node.ticker.done() and node.ticker.exception() is None  # it ended by itself, reported
+        finally:
+            await node.stop()
+    run(main())
+    assert "tick failed: KeyError" in fatal[0] and "a bug in on_tick" in fatal[0]

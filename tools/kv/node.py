@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets as _secrets
+import traceback
 from collections import deque
 from typing import Any
 
@@ -111,6 +112,7 @@ class Node(ControlledNode):
         self.client_connections: set[Any] = set()
         self.server: asyncio.base_events.Server | None = None
         self.ticker: asyncio.Task | None = None
+        self.on_fatal: Any = None  # called with a reason when the node cannot go on (nodeproc: fail-stop)
         self.tasks: set[asyncio.Task] = set()
         self.stats = {"commands": 0, "forwarded": 0, "peer_messages": 0, "fenced": 0, "errors": 0,
                       "connections": 0, "refused_peer_messages": 0, "auth_failures": 0,
@@ -163,7 +165,16 @@ class Node(ControlledNode):
     async def _tick_forever(self) -> None:
         while True:
             await self.clock.asleep(self.tick_interval)
-            self.tick()
+            try:
+                self.tick()
+            except Exception as e:
+                # Without ticks no timeout fires and no write is ever failed: never carry on silently.
+                # A process fail-stops (on_fatal) so that it is failed over and replaced.
+                if self.on_fatal is None:
+                    raise
+                self.on_fatal(f"the controlet's tick failed: {type(e).__name__}: {e}\n"
+                              + "".join(traceback.format_exception(e)).rstrip())
+                return
 
     def tick(self) -> None:
         if self.deposed:

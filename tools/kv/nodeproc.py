@@ -99,7 +99,8 @@ async def _serve(node: Node, host: str | None, port: int | None, agent: ControlA
     stop = asyncio.Event()
     lost: list[str] = []
     if node.datalet is not None:  # fail-stop when the store behind the datalet is gone (redis_store.py)
-        node.datalet.on_lost = lambda why: (lost.append(why), stop.set())
+        node.datalet.on_lost = lambda why: (lost.append(f"{why}: this node cannot store"), stop.set())
+    node.on_fatal = lambda why: (lost.append(why), stop.set())
     await start_node(node, host, port, catch_up=True)
     if agent is not None:
         agent.start()
@@ -109,8 +110,7 @@ async def _serve(node: Node, host: str | None, port: int | None, agent: ControlA
     await stop.wait()
     await node.stop()
     if lost:
-        raise RuntimeFailure(f"{lost[0]}: this node cannot store, so it exits (fail-stop) to be failed over "
-                             f"and replaced")
+        raise RuntimeFailure(f"{lost[0]}; so it exits (fail-stop) to be failed over and replaced")
 
 
 def _run(coro) -> None:

@@ -167,19 +167,18 @@ async def run_check(spec: CheckSpec, out_dir: Path, log: Callable[[str], None] =
 
 def async_loss_windows(spec: CheckSpec, journal: list[dict]) -> list[tuple[float, float, str | None]]:
     """(from, to, node) spans in which an eventual mode may lose the writes it acknowledged:
-    the ASYNC_WINDOW_S before a fault that discards what a node had not yet propagated.
+    the ASYNC_WINDOW_S before a fault that discards what a node had not yet propagated. Both
+    eventual controlets answer a write before they send it on.
 
-    ms-ec, with failover only: a killed or paused master is replaced by a replica that may lack
-    its last writes, whichever path they came by (node None: any write). Without a coordinator
-    the master comes back and the replicas keep what it streamed.
-    aa-ec: a killed replica restarts empty and copies a survivor, so what it alone had acked is
-    gone; with failover a paused one is replaced likewise. Only writes acked BY the victim."""
-    if spec.mode == "ms-ec" and spec.coordinator != "none":
-        kinds, by_victim = ("kill", "pause"), False
-    elif spec.mode == "aa-ec":
-        kinds, by_victim = ("kill",) if spec.coordinator == "none" else ("kill", "pause"), True
-    else:
+    A killed node restarts empty and copies a survivor, so what it alone had acked is gone: only
+    writes acked BY the victim (an ms-ec master's, an aa-ec replica's own). With failover a paused
+    node is replaced likewise; and an ms-ec master's last writes are lost whichever node relayed
+    them to it (a client on an older map), so there any write in the window counts (node None)."""
+    if spec.mode not in ("ms-ec", "aa-ec"):
         return []
+    failover = spec.coordinator != "none"
+    kinds = ("kill", "pause") if failover else ("kill",)
+    by_victim = not (spec.mode == "ms-ec" and failover)
     return [(f["at"] - ASYNC_WINDOW_S, f["at"], f["node"] if by_victim else None) for f in journal
             if f["phase"] == "start" and f["fault"] in kinds]
 
