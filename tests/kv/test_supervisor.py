@@ -205,7 +205,7 @@ def test_the_supervisor_acts_on_its_decisions_and_keeps_the_record(tmp_path: Pat
             p.wait()
 
 
-def test_killing_a_stopped_node_leaves_its_exit_status_to_its_own_parent(tmp_path: Path) -> None:
+def test_killing_a_stopped_node_leaves_its_exit_status_to_its_own_parent() -> None:
     """The supervisor SIGKILLs a stopped node and waits until it is gone, but reaps only processes it
     started. It used to waitpid() any pid: run in-process, it stole the status of its host's child,
     whose Popen then read 0 instead of -9 (a CI failure of the test above, about one run in twenty)."""

@@ -86,8 +86,9 @@ class CheckResult:
     lost_acked_writes: int = 0
     lww_inversions: int = 0  # eventual modes: acked register writes outlived by an older write (reported)
     # eventual modes: acked writes lost because the node that held them died (or, with failover, was
-    # paused) before it had propagated them (acked within ASYNC_WINDOW_S before the fault started; for
-    # aa-ec acked BY the victim): asynchronous replication's documented loss, counted apart, not a failure
+    # paused) before it had propagated them (acked within ASYNC_WINDOW_S before the fault started, by
+    # the victim itself; see async_loss_windows): asynchronous replication's documented loss, counted
+    # apart, not a failure
     async_failover_losses: int = 0
     reconfigurations: int = 0  # shard maps the coordinator committed (failovers and rejoins)
     phantoms: int = 0

@@ -38,12 +38,12 @@ except ImportError:  # pragma: no cover - reported when the backend is chosen
         pass
 
 ZK_USER = "bespokv"  # the digest identity every client of one cluster shares
+INSTALL_HINT = "the zookeeper coordinator needs kazoo: pip install 'mlsyskit[kv]' (or pip install kazoo)"
 
 
 class SessionStillLive(RuntimeFailure):
     """A node's liveness znode belongs to another session: an impostor, or this node's previous
     process killed less than a session timeout ago (then it goes once that session expires)."""
-INSTALL_HINT = "the zookeeper coordinator needs kazoo: pip install 'mlsyskit[kv]' (or pip install kazoo)"
 
 
 class ZkCoordinator(Coordinator):
