@@ -30,8 +30,9 @@ from mlsyskit.core.cli import (
 from mlsyskit.core.console import debug, emit_json, emit_table, log, make_table, reporter, set_verbosity
 from mlsyskit.core.errors import RuntimeFailure, UsageError
 from mlsyskit.tools.kv import processes
-from mlsyskit.tools.kv.client import KVError, SmartClient
+from mlsyskit.tools.kv.client import KVError
 from mlsyskit.tools.kv.controlets import controlet_name
+from mlsyskit.tools.kv.mapfollow import FollowingClient, retrying
 from mlsyskit.tools.kv.shardmap import ShardMap
 
 app = make_app(
@@ -241,14 +242,21 @@ def fetch_map(host: str, port: int, password: bytes | None = None) -> ShardMap:
         raise RuntimeFailure(f"cannot reach bespokv at {host}:{port}: {e}") from None
 
 
-def _kv(fn, data_dir: Path | None, host: str | None, port: int | None, password: str | None):
+def _kv(fn, data_dir: Path | None, host: str | None, port: int | None, password: str | None,
+        idempotent: bool = True):
+    """Run fn(client) against the cluster, following its map and retrying what is retriable for
+    up to 10 s (mapfollow.retrying): a failover or a just-joined replica answers -TRYAGAIN briefly."""
     secret = cluster_password(data_dir, password)
-    smap = fetch_map(*cluster_address(data_dir, host, port), password=secret)
+    address = cluster_address(data_dir, host, port)
+    smap = fetch_map(*address, password=secret)
+
+    async def current() -> ShardMap:
+        return await asyncio.to_thread(fetch_map, *address, password=secret)
 
     async def body():
-        client = SmartClient(smap, timeout=10.0, password=secret)
+        client = FollowingClient(smap, current, timeout=10.0, password=secret)
         try:
-            return await fn(client)
+            return await retrying(lambda: fn(client), idempotent)
         finally:
             await client.close()
 
@@ -294,7 +302,8 @@ def delete(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PO
            as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Delete KEY; prints 1 if it existed, else 0."""
     set_verbosity(verbose, quiet)
-    existed = _kv(lambda c: c.delete(key.encode()), data_dir, host, port, password)
+    # not idempotent in what it reports: after an unknown outcome a second DEL would say 0
+    existed = _kv(lambda c: c.delete(key.encode()), data_dir, host, port, password, idempotent=False)
     if as_json:
         emit_json({"key": key, "existed": existed})
     else:

@@ -227,9 +227,11 @@ class ControlAgent:
         # Nothing may end this loop but cancellation: a node whose agent died would hold no lease,
         # refuse every client and never rejoin, silently (a task's exception is only reported when
         # the task is collected, and the agent keeps it).
+        hurried = False
         while True:
+            again = False
             try:
-                await self.step()
+                again = await self.step()
             except (CoordUnavailable, CoordRefused) as e:
                 self.stats["heartbeat_failures"] += 1
                 if self.stats["heartbeat_failures"] % 20 == 1:
@@ -241,17 +243,24 @@ class ControlAgent:
                     warn(f"control plane step failed: {type(e).__name__}: {e}; retrying\n"
                          + "".join(traceback.format_exception(e)).rstrip())
             self.wake.clear()
+            if again and not hurried:  # just joined: heartbeat at once for a lease, not an interval later
+                hurried = True  # (once: a node that keeps rejoining must not hammer the coordinator)
+                continue
+            hurried = False
             try:
                 await asyncio.wait_for(self.wake.wait(), self.spec.interval_s)
             except TimeoutError:
                 pass
 
-    async def step(self) -> None:
-        """One round: heartbeat (a proxy only polls the map), follow a new map, renew the lease."""
+    async def step(self) -> bool:
+        """One round: heartbeat (a proxy only polls the map), follow a new map, renew the lease.
+        True when this round joined the node to its shard: it serves only once a heartbeat under
+        the new map grants it a lease, so the next round should follow at once (clients' reads
+        at a new ms-sc tail are refused with -TRYAGAIN until then)."""
         node = self.node
         if node.node_id is None:
             await self.follow(await self.backend.map())
-            return
+            return False
         if not self.registered:
             await self.backend.register(node.node_id, self.home.host, self.home.port)
             self.registered = True
@@ -264,15 +273,14 @@ class ControlAgent:
         if epoch is not None and epoch != node.map.epoch or not known or node.deposed or self.learning:
             await self.follow(await self.backend.map())
         if self.learning:
-            await self.join_when_copied()
-            return
+            return await self.join_when_copied()
         if node.deposed:
-            await self.rejoin()
-            return
+            return await self.rejoin()
         if not known:  # our liveness record is gone (a new ZooKeeper session, a coordinator reset)
             self.registered = False
         elif epoch == node.map.epoch:
             node.renew_lease(sent + self.spec.timeout_s - self.margin_s)
+        return False
 
     @property
     def learning(self) -> bool:
@@ -291,17 +299,18 @@ class ControlAgent:
         log(f"{self.node.node_id} copies shard {self.home_shard} as a learner (epoch {current.epoch})")
         become_learner(self.node, current, self.home_shard)
 
-    async def join_when_copied(self) -> None:
+    async def join_when_copied(self) -> bool:
         """A learner that holds its snapshot joins; its new controlet then takes the log tail."""
         node = self.node
         if not node.controlet.copied:
-            return
+            return False
         new = await self.backend.join(self.home_shard, node.node_id, self.home.host, self.home.port)
         self.stats["rejoins"] += 1
         self.registered = False
         log(f"{node.node_id} copied shard {self.home_shard} to position {node.controlet.applied}: joined at epoch {new.epoch}")
         node.reconfigure(new)
         self.announce()
+        return True
 
     def announce(self) -> None:
         """Tell the shard's members at once that a newer map exists: a peer message stamped with its
@@ -314,17 +323,18 @@ class ControlAgent:
             if member != node.node_id:
                 node.link(member).send(node.frame(b"JOINED", ()))
 
-    async def rejoin(self) -> None:
+    async def rejoin(self) -> bool:
         """Deposed (failed over while paused, or restarted after its failover): join as a replacement."""
         node = self.node
         if self.home_shard is None or self.home_shard >= len(node.map.shards):
-            return
+            return False
         log(f"{node.node_id} is not in the shard map (epoch {node.map.epoch}): rejoining shard {self.home_shard}")
         if copy_first() and node.map.controlet in COPY_FIRST_MODES:
             self.learn(node.map)
-            return
+            return False
         new = await self.backend.join(self.home_shard, node.node_id, self.home.host, self.home.port)
         self.stats["rejoins"] += 1
         self.registered = False  # join registered us; the next round re-registers our liveness (ZooKeeper)
         node.reconfigure(new)
         self.announce()
+        return True

@@ -91,3 +91,32 @@ class FollowingClient(SmartClient):
         for node in [n for n in self.conns if n not in current.nodes]:
             conn = self.conns.pop(node)
             asyncio.get_running_loop().create_task(conn.close())
+
+
+# Refused before anything ran, and over once the map settles: always worth another try.
+TRANSIENT_REFUSALS = ("CLUSTERDOWN", FENCED, "TRYAGAIN not serving yet:")
+
+
+def retriable(error: BaseException, idempotent: bool) -> bool:
+    """Another try cannot hurt: the operation was refused before it ran, or running it twice has
+    the effect of running it once (GET; SET of one value) and its outcome is merely unknown
+    (any -TRYAGAIN, a timeout, a node that dropped the connection)."""
+    if isinstance(error, KVError):
+        text = str(error).removeprefix("ERR ")
+        return text.startswith(TRANSIENT_REFUSALS) or (idempotent and text.startswith("TRYAGAIN"))
+    return idempotent and isinstance(error, (OSError, TimeoutError))
+
+
+async def retrying(call: Callable[[], Awaitable], idempotent: bool, within_s: float = 10.0,
+                   pause_s: float = 0.1):
+    """`await call()` again on retriable errors for up to `within_s` (a failover or a replica that
+    has just joined answers -TRYAGAIN for about a heartbeat), then the last error."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while True:
+        try:
+            return await call()
+        except (KVError, OSError, TimeoutError) as e:
+            if not retriable(e, idempotent) or loop.time() + pause_s > deadline:
+                raise
+        await asyncio.sleep(pause_s)
