@@ -75,7 +75,7 @@ def test_up_put_get_down_and_lmdb_survives_a_restart(cluster_dir) -> None:
     for n in nodes:
         n.terminate()
     psutil.wait_procs(nodes, timeout=10)
-    orphaned = cli("get", "city", "--data-dir", d, check=False)
+    orphaned = cli("get", "city", "--data-dir", d, "--retry-for", "0", check=False)  # before the supervisor acts
     assert orphaned.returncode == 1 and "unreachable" in orphaned.stderr and "Traceback" not in orphaned.stderr
 
     cli("down", "--data-dir", d)

@@ -50,6 +50,9 @@ PORT = typer.Option(None, "--port", help="Port of --host (default host 127.0.0.1
 PASSWORD_ENV = "MLSYSKIT_BESPOKV_PASSWORD"
 PASSWORD = typer.Option(None, "--password", envvar=PASSWORD_ENV, show_envvar=False,
                         help=f"The cluster's requirepass (or ${PASSWORD_ENV}; default: <data-dir>/requirepass).")
+RETRY_FOR = typer.Option(10.0, "--retry-for", min=0.0,
+                         help="Seconds to retry retriable answers (a failover, a replica that has just joined: "
+                              "-TRYAGAIN, -CLUSTERDOWN, an unreachable node); 0: one try.")
 
 
 def _data_dir(data_dir: Path | None) -> Path:
@@ -243,9 +246,9 @@ def fetch_map(host: str, port: int, password: bytes | None = None) -> ShardMap:
 
 
 def _kv(fn, data_dir: Path | None, host: str | None, port: int | None, password: str | None,
-        idempotent: bool = True):
-    """Run fn(client) against the cluster, following its map and retrying what is retriable for
-    up to 10 s (mapfollow.retrying): a failover or a just-joined replica answers -TRYAGAIN briefly."""
+        retry_for: float, idempotent: bool = True):
+    """Run fn(client) against the cluster, following its map and retrying what is retriable for up
+    to `retry_for` s (mapfollow.retrying): a failover or a just-joined replica answers -TRYAGAIN briefly."""
     secret = cluster_password(data_dir, password)
     address = cluster_address(data_dir, host, port)
     smap = fetch_map(*address, password=secret)
@@ -256,7 +259,7 @@ def _kv(fn, data_dir: Path | None, host: str | None, port: int | None, password:
     async def body():
         client = FollowingClient(smap, current, timeout=10.0, password=secret)
         try:
-            return await retrying(lambda: fn(client), idempotent)
+            return await retrying(lambda: fn(client), idempotent, within_s=retry_for)
         finally:
             await client.close()
 
@@ -272,10 +275,11 @@ def _kv(fn, data_dir: Path | None, host: str | None, port: int | None, password:
 
 @app.command()
 def get(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT, password: str = PASSWORD,
-        as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+        retry_for: float = RETRY_FOR, as_json: bool = json_option(), verbose: bool = verbose_option(),
+        quiet: bool = quiet_option()) -> None:
     """Print the value of KEY (exit 1 if it does not exist)."""
     set_verbosity(verbose, quiet)
-    value = _kv(lambda c: c.get(key.encode()), data_dir, host, port, password)
+    value = _kv(lambda c: c.get(key.encode()), data_dir, host, port, password, retry_for)
     text = None if value is None else value.decode(errors="backslashreplace")
     if as_json:
         emit_json({"key": key, "value": text})
@@ -287,10 +291,11 @@ def get(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT,
 
 @app.command()
 def put(key: str, value: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT,
-        password: str = PASSWORD, as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+        password: str = PASSWORD, retry_for: float = RETRY_FOR, as_json: bool = json_option(),
+        verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Set KEY to VALUE."""
     set_verbosity(verbose, quiet)
-    _kv(lambda c: c.put(key.encode(), value.encode()), data_dir, host, port, password)
+    _kv(lambda c: c.put(key.encode(), value.encode()), data_dir, host, port, password, retry_for)
     if as_json:
         emit_json({"key": key, "ok": True})
     else:
@@ -299,11 +304,12 @@ def put(key: str, value: str, data_dir: Path = DATA_DIR, host: str = HOST, port:
 
 @app.command("del")
 def delete(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT, password: str = PASSWORD,
-           as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+           retry_for: float = RETRY_FOR, as_json: bool = json_option(), verbose: bool = verbose_option(),
+           quiet: bool = quiet_option()) -> None:
     """Delete KEY; prints 1 if it existed, else 0."""
     set_verbosity(verbose, quiet)
     # not idempotent in what it reports: after an unknown outcome a second DEL would say 0
-    existed = _kv(lambda c: c.delete(key.encode()), data_dir, host, port, password, idempotent=False)
+    existed = _kv(lambda c: c.delete(key.encode()), data_dir, host, port, password, retry_for, idempotent=False)
     if as_json:
         emit_json({"key": key, "existed": existed})
     else:
