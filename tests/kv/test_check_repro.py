@@ -19,6 +19,7 @@ from mlsyskit.tools.kv.check.verify import converge
 from mlsyskit.tools.kv.client import SmartClient
 from mlsyskit.tools.kv.pipeline import RespConnection
 from mlsyskit.tools.kv.processes import ClusterSpec
+from tests.kv.test_cli import free_range
 
 CLOCK = RealClock()
 
@@ -245,7 +246,7 @@ def test_a_pipelined_read_never_sees_a_later_write_of_the_same_connection(tmp_pa
 
     reordered = []
     for trial in range(3):  # a fresh cluster each time: the race is widest while links are new
-        base = free_base(5, seed=trial)
+        base = free_range(5, seed=trial)
         data_dir = tmp_path / f"c{trial}"
         processes.up(ClusterSpec(shards=1, replicas=3, controlet="ms-sc", base_port=base, data_dir=data_dir))
         try:
@@ -261,12 +262,3 @@ def test_a_pipelined_read_never_sees_a_later_write_of_the_same_connection(tmp_pa
         finally:
             processes.down(data_dir)
     assert not reordered, f"GET c; DEL c pipelined through the proxy read the deletion in trials {reordered}"
-
-
-def free_base(width: int, seed: int) -> int:
-    rng = random.Random(seed)
-    for _ in range(200):
-        base = rng.randrange(20_000, 60_000)
-        if all(processes.port_free("127.0.0.1", base + i) for i in range(width)):
-            return base
-    raise RuntimeError("no free port range")

@@ -20,11 +20,24 @@ from tests.kv.conftest import needs_redis
 BESPOKV = [sys.executable, "-m", "mlsyskit.tools.kv.cli"]
 
 
+def _below_ephemeral_ports() -> tuple[int, int]:
+    """Ports no outgoing connection is given as its source port: between the check and the bind,
+    any socket's connect() could take a port of the kernel's ephemeral range (a CI run lost a
+    node's port 35596 so: 'address already in use')."""
+    try:
+        low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    except (OSError, ValueError):
+        low, high = 32_768, 60_999  # Linux's default
+    return (20_000, low) if low - 20_000 >= 5_000 else (high + 1, 65_000)  # (Ray's workers: 10002-19999)
+
+
 def free_range(width: int, seed: int) -> int:
-    """A base port with `width` consecutive free ports after it (checked, not assumed)."""
+    """A base port with `width` consecutive free ports after it (checked, not assumed), outside
+    the ephemeral range."""
     rng = random.Random(seed)
+    start, stop = _below_ephemeral_ports()
     for _ in range(200):
-        base = rng.randrange(20_000, 60_000)
+        base = rng.randrange(start, stop - width)
         if all(port_free("127.0.0.1", base + i) for i in range(width)):
             return base
     raise RuntimeError("no free port range")
