@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -18,11 +19,48 @@ REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+def port_window() -> tuple[int, int]:
+    """Ports no outgoing connection is given as its source port. A port the OS picked (bind 0) is
+    in the ephemeral range, and between the pick and the test's bind any connect() may take it:
+    CI runs lost ports so ('address already in use'), a node's links connecting while the next
+    node of the same cluster was still to bind. Above Ray's worker ports (10002-19999)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32_768, 60_999  # Linux's default
+    return (20_000, low) if low - 20_000 >= 5_000 else (high + 1, 65_000)
+
+
+_ports_given: set[int] = set()  # never the same port twice in one run, bound yet or not
+_port_rng = random.Random(20_261_201)
+
+
+def port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def claim_ports(base: int, width: int) -> bool:
+    """Claim base..base+width-1 for this run if none was handed out before and all are free now."""
+    ports = range(base, base + width)
+    if any(p in _ports_given for p in ports) or not all(port_is_free(p) for p in ports):
+        return False
+    _ports_given.update(ports)
+    return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range."""
+    start, stop = port_window()
+    for _ in range(2000):
+        port = _port_rng.randrange(start, stop)
+        if claim_ports(port, 1):
+            return port
+    raise RuntimeError("no free port")
 
 
 def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 20.0,

@@ -14,31 +14,20 @@ import pytest
 
 from mlsyskit.core.config import ConfigError
 from mlsyskit.tools.kv.processes import ClusterSpec, port_free, up
-from tests.conftest import VENV_BIN
+from tests.conftest import VENV_BIN, claim_ports, port_window
 from tests.kv.conftest import needs_redis
 
 BESPOKV = [sys.executable, "-m", "mlsyskit.tools.kv.cli"]
 
 
-def _below_ephemeral_ports() -> tuple[int, int]:
-    """Ports no outgoing connection is given as its source port: between the check and the bind,
-    any socket's connect() could take a port of the kernel's ephemeral range (a CI run lost a
-    node's port 35596 so: 'address already in use')."""
-    try:
-        low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
-    except (OSError, ValueError):
-        low, high = 32_768, 60_999  # Linux's default
-    return (20_000, low) if low - 20_000 >= 5_000 else (high + 1, 65_000)  # (Ray's workers: 10002-19999)
-
-
 def free_range(width: int, seed: int) -> int:
     """A base port with `width` consecutive free ports after it (checked, not assumed), outside
-    the ephemeral range."""
+    the ephemeral range (conftest.port_window) and never handed out before in this run."""
     rng = random.Random(seed)
-    start, stop = _below_ephemeral_ports()
-    for _ in range(200):
+    start, stop = port_window()
+    for _ in range(500):
         base = rng.randrange(start, stop - width)
-        if all(port_free("127.0.0.1", base + i) for i in range(width)):
+        if claim_ports(base, width):
             return base
     raise RuntimeError("no free port range")
 
