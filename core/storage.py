@@ -1,4 +1,4 @@
-"""Storage: a SQLite (WAL) metadata store and, re-exported here, the aligned file tier.
+"""Storage: a SQLite (WAL) metadata store.
 
     store = MetaStore("run/meta.db")
     store.put("config", "rounds", 10)                 # typed values (msgpack): None/bool/int/float/str/bytes/list/dict
@@ -10,8 +10,8 @@
     store.ensure_table("CREATE TABLE IF NOT EXISTS jobs (id INTEGER PRIMARY KEY, name TEXT)")
     store.execute("INSERT INTO jobs (name) VALUES (?)", ("bert",)); store.query("SELECT * FROM jobs")
 
-The file tier for tensor blocks lives in `mlsyskit.core.filetier` (`FileTier`); errors in
-`mlsyskit.core.storage_errors`. Both are importable from this module.
+Storage errors live in `mlsyskit.core.storage_errors` and are importable from this module. (tencache's
+file tier for tensor blocks is `mlsyskit.tools.offload.filetier`: only tencache uses it.)
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from typing import Any
 
 import msgpack
 
-from mlsyskit.core.filetier import BLOCK_MAGIC, FileTier, aligned_buffer, round_up  # noqa: F401 (re-export)
 from mlsyskit.core.storage_errors import (  # noqa: F401 (re-export)
     BlockNotFoundError,
     BufferTooSmallError,

@@ -2,7 +2,7 @@
 """Host<->device copy figures on a CUDA GPU (run by scripts/gpu_check; needs CUDA).
 
 1. Bandwidth of one large copy from pinned memory (a pool slot page-locked exactly by
-   mlsyskit.core.memory) against the same copy from pageable memory, both directions; medians of
+   mlsyskit.tools.offload.memory) against the same copy from pageable memory, both directions; medians of
    `--repeats` copies timed with CUDA events, in the same run.
 2. Many small tensors host->device: one `batched_copy` launch (CuPy kernel, or torch's foreach copy
    without CuPy) against one `copy_(non_blocking=True)` per tensor, both from a pinned pool to a device
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from mlsyskit.core.copy_kernels import batched_copy, cupy_available
-from mlsyskit.core.memory import BufferPool, aligned_empty
+from mlsyskit.tools.offload.copy_kernels import batched_copy, cupy_available
+from mlsyskit.tools.offload.memory import BufferPool, aligned_empty
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

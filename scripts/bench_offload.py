@@ -28,8 +28,8 @@ import torch
 
 from mlsyskit.core.config import format_size, parse_size
 from mlsyskit.core.console import emit_table, err, make_table
-from mlsyskit.core.filetier import FileTier
-from mlsyskit.core.memory import aligned_empty
+from mlsyskit.tools.offload.filetier import FileTier
+from mlsyskit.tools.offload.memory import aligned_empty
 from mlsyskit.tools.offload.model import preset
 from mlsyskit.tools.offload.trainer import (
     TrainConfig,

@@ -43,7 +43,7 @@ def test_cuda_engine_uses_pinned_cpu_pool_and_device_pool(small_cfg, small_profi
 
 # -- the pieces of the GPU path on a real device (their CPU-side ordering tests: test_tencache_gpu_path_*) --
 def _cuda_store(n: int, numel: int, tmp_path=None):
-    from mlsyskit.core.filetier import FileTier
+    from mlsyskit.tools.offload.filetier import FileTier
     from mlsyskit.tools.offload.tiers import Entry, TierStore
 
     entries = []
@@ -135,8 +135,8 @@ def test_device_figures_from_nvml():
 
 
 def test_cuda_batched_copy_orders_after_the_producer_and_returns_done_without_a_stream():
-    from mlsyskit.core.copy_kernels import batched_copy
-    from mlsyskit.core.memory import aligned_empty
+    from mlsyskit.tools.offload.copy_kernels import batched_copy
+    from mlsyskit.tools.offload.memory import aligned_empty
 
     sizes = (100, 5000, 70_000)
     srcs = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in sizes]

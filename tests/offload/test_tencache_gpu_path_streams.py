@@ -313,7 +313,7 @@ def test_eviction_to_nvme_through_streams_is_async_staged_and_reuses_its_buffer(
     """The GPU's device->NVMe path on fake streams: the device->host copy into a staging buffer waits for
     the compute work before it, the file write waits for the copy's event (on a spill thread, not the
     caller's), the block read back holds what compute last wrote, and the staging buffer is reused."""
-    from mlsyskit.core.filetier import FileTier
+    from mlsyskit.tools.offload.filetier import FileTier
 
     fake = FakeStreams(seed, host_compute=False)
     (e,) = _entries(1, 3000)

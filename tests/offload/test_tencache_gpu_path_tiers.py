@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from mlsyskit.core import memory
-from mlsyskit.core.copy_kernels import batched_copy, plan_batches, segment_table
-from mlsyskit.core.filetier import FileTier
-from mlsyskit.core.memory import BufferPool, PoolError, aligned_empty
+from mlsyskit.tools.offload.copy_kernels import batched_copy, plan_batches, segment_table
+from mlsyskit.tools.offload.filetier import FileTier
+from mlsyskit.tools.offload.memory import BufferPool, PoolError, aligned_empty
 from mlsyskit.tools.offload.tiers import BATCH_SEGMENTS, DEVICE, NVME, SMALL_COPY, Entry, TierStore
 
 

@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from mlsyskit.core.storage import FileTier
+from mlsyskit.tools.offload.filetier import FileTier
 from mlsyskit.tools.offload.optimizer import AdamConfig, OptimizerStateCache, adam_update
 
 

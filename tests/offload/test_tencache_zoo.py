@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlsyskit.core.memory import round_up
 from mlsyskit.tools.offload import Budgets, offload, profile
+from mlsyskit.tools.offload.memory import round_up
 from mlsyskit.tools.offload.reference import plain
 
 STEPS = 20

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from mlsyskit.core.config import format_size
-from mlsyskit.core.filetier import FileTier
 from mlsyskit.core.storage_errors import DiskFullError, MissingDirectoryError, StorageError
+from mlsyskit.tools.offload.filetier import FileTier
 
 SCHEMA = 1
 _STEP_DIR = re.compile(r"step-(\d+)")

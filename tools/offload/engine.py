@@ -25,10 +25,10 @@ from torch import nn
 
 from mlsyskit.core.config import format_size
 from mlsyskit.core.errors import UsageError
-from mlsyskit.core.filetier import FileTier
-from mlsyskit.core.memory import round_up
+from mlsyskit.tools.offload.filetier import FileTier
 from mlsyskit.tools.offload.gpu_stats import DeviceFigures
 from mlsyskit.tools.offload.grad_pipeline import GradStager, OptimizerWorker
+from mlsyskit.tools.offload.memory import round_up
 from mlsyskit.tools.offload.nvme_run import NvmeRun
 from mlsyskit.tools.offload.optimizer import HyperParams, NonFiniteError, OptimizerStateCache, adam_update
 from mlsyskit.tools.offload.policies import Policy, make_policy

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from mlsyskit.core.memory import BufferPool, Slot
+from mlsyskit.tools.offload.memory import BufferPool, Slot
 from mlsyskit.tools.offload.streams import StreamOps, enqueue_copy
 
 

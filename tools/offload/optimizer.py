@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from mlsyskit.core.errors import RuntimeFailure, UsageError
-from mlsyskit.core.filetier import FileTier
-from mlsyskit.core.memory import BufferPool, Slot
+from mlsyskit.tools.offload.filetier import FileTier
+from mlsyskit.tools.offload.memory import BufferPool, Slot
 from mlsyskit.tools.offload.pools import BudgetError, class_slots
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from mlsyskit.core.config import format_size
-from mlsyskit.core.memory import round_up
+from mlsyskit.tools.offload.memory import round_up
 
 SMALL_TENSOR = 64 * 1024  # bytes
 SMALL_CLASS_SHARE = 0.05

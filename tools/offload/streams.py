@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import torch
 
-from mlsyskit.core.copy_kernels import batched_copy
+from mlsyskit.tools.offload.copy_kernels import batched_copy
 
 
 class Event(Protocol):

@@ -10,7 +10,7 @@ labelled "emulated device". Copies between CPU and device run on a side stream w
 (streams.py: a module waits on its own tensors' events, never on the whole side stream), or on a copy
 thread for the emulated device. Copies of small tensors (<= 64 KiB) to the device are queued and launched
 together by `flush_copies` (one batched kernel for many tensors, copy_kernels.plan_batches). CPU tier: a
-`BufferPool` (pinned with CUDA). NVMe tier: `mlsyskit.core.filetier.FileTier` (O_DIRECT, checksums,
+`BufferPool` (pinned with CUDA). NVMe tier: `mlsyskit.tools.offload.filetier.FileTier` (O_DIRECT, checksums,
 thread pool), one block per tensor; a device resident evicted to NVMe goes through a reused pinned
 staging buffer, asynchronously unless `sync`. Every read of a block first waits for a write of that block
 still in flight, so a read never sees a stale or half-written block.
@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from mlsyskit.core.copy_kernels import plan_batches
-from mlsyskit.core.filetier import FileTier
-from mlsyskit.core.memory import BufferPool, Slot, aligned_empty
+from mlsyskit.tools.offload.copy_kernels import plan_batches
+from mlsyskit.tools.offload.filetier import FileTier
+from mlsyskit.tools.offload.memory import BufferPool, Slot, aligned_empty
 from mlsyskit.tools.offload.streams import Mover, QueuedCopy, StreamOps
 
 DEVICE, CPU, NVME = "device", "cpu", "nvme"

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from mlsyskit.core.memory import Slot
+from mlsyskit.tools.offload.memory import Slot
 from mlsyskit.tools.offload.pools import Placement
 from mlsyskit.tools.offload.profiler import Profile
 from mlsyskit.tools.offload.tiers import CPU, DEVICE, NVME, Entry, TierStore

@@ -16,17 +16,16 @@ import numpy as np
 import pytest
 import torch
 
-from mlsyskit.core.filetier import ALIGN, address_of, aligned_buffer, as_bytes_view
-from mlsyskit.core.memory import aligned_empty
-from mlsyskit.core.storage import (
+from mlsyskit.core.storage_errors import (
     BlockNotFoundError,
     BufferTooSmallError,
     CorruptBlockError,
     DiskFullError,
-    FileTier,
     MissingDirectoryError,
     StoragePermissionError,
 )
+from mlsyskit.tools.offload.filetier import ALIGN, FileTier, address_of, aligned_buffer, as_bytes_view
+from mlsyskit.tools.offload.memory import aligned_empty
 
 
 @pytest.fixture(params=[None, False], ids=["auto-direct", "buffered"])
@@ -176,12 +175,14 @@ def _run_restricted(code: str, prefix: list[str], preexec=None) -> subprocess.Co
                           timeout=60, preexec_fn=preexec)
 
 
+@pytest.mark.slow  # a subprocess (setpriv)
 def test_read_only_directory(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o555)
     code = f"""
-        from mlsyskit.core.storage import FileTier, StoragePermissionError
+        from mlsyskit.core.storage_errors import StoragePermissionError
+        from mlsyskit.tools.offload.filetier import FileTier
         try:
             FileTier({str(ro)!r})
         except StoragePermissionError as e:
@@ -201,12 +202,14 @@ def test_read_only_directory(tmp_path):
         ro.chmod(0o755)
 
 
+@pytest.mark.slow  # a subprocess under RLIMIT_FSIZE
 def test_disk_full_via_file_size_limit(tmp_path):
     """RLIMIT_FSIZE = 64 KiB: the probe passes, a 1 MiB block write fails with EFBIG -> DiskFullError."""
     code = f"""
         import resource, signal
         import numpy as np
-        from mlsyskit.core.storage import DiskFullError, FileTier
+        from mlsyskit.core.storage_errors import DiskFullError
+        from mlsyskit.tools.offload.filetier import FileTier
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
         t = FileTier({str(tmp_path)!r})

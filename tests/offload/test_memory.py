@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlsyskit.core.copy_kernels import batched_copy, cupy_available
-from mlsyskit.core.memory import ALIGN, BufferPool, OwnershipError, PoolExhaustedError, aligned_empty
+from mlsyskit.tools.offload.copy_kernels import batched_copy, cupy_available
+from mlsyskit.tools.offload.memory import ALIGN, BufferPool, OwnershipError, PoolExhaustedError, aligned_empty
 
 
 def make_pool():

@@ -7,7 +7,7 @@ Each block file is a 4096-byte header followed by the payload (padded to 4096 by
     offset 4096  payload
 
 Reads go straight into a caller-provided buffer (zero-copy when it is 4096-aligned and holds the padded
-length, e.g. a slot of `mlsyskit.core.memory.BufferPool`); otherwise through a per-thread aligned bounce
+length, e.g. a slot of `mlsyskit.tools.offload.memory.BufferPool`); otherwise through a per-thread aligned bounce
 buffer, counted in `stats.bounce_copies`. Checksums are zlib.crc32 (measured ~6 GB/s here, well above the
 disk) and every mismatch raises `CorruptBlockError` naming the file and block. `submit_read`/`submit_write`
 run the same calls on a thread pool (os.preadv/pwritev release the GIL), returning futures.
