@@ -12,6 +12,8 @@ import pytest
 
 from mlsyskit.tools.sched.daemon.client import DaemonClient, Endpoint
 
+pytestmark = pytest.mark.slow   # real processes (and a server or Slurm)
+
 MARBLE = [sys.executable, "-c", "from mlsyskit.tools.sched.cli import main; main()"]
 CLUSTER = """
 [[nodes]]

@@ -4,6 +4,8 @@ import random
 import time
 from pathlib import Path
 
+import pytest
+
 from mlsyskit.core.clock import VirtualClock
 from mlsyskit.tools.sched.daemon import adapter
 from mlsyskit.tools.sched.daemon.jobstore import JobStore
@@ -12,6 +14,8 @@ from mlsyskit.tools.sched.daemon.specs import ClusterConfig, JobRequest, NodeCon
 from mlsyskit.tools.sched.executors.local import LocalExecutor
 from mlsyskit.tools.sched.policies import PolicyOptions, create_policy
 from mlsyskit.tools.sched.throughput import ThroughputModel
+
+pytestmark = pytest.mark.slow   # real processes (and a server or Slurm)
 
 MODEL = ThroughputModel()
 

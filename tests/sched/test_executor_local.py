@@ -4,9 +4,13 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from mlsyskit.core.clock import VirtualClock
 from mlsyskit.tools.sched.executors.base import EXITED, GONE, RUNNING, Launch, NodeSlice
 from mlsyskit.tools.sched.executors.local import LocalExecutor
+
+pytestmark = pytest.mark.slow   # real processes (and a server or Slurm)
 
 
 def launch(tmp_path: Path, cmd: str, job_id: int = 1) -> Launch:

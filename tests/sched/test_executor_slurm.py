@@ -17,6 +17,8 @@ from mlsyskit.tools.sched.executors.slurm import SlurmExecutor, parse_show_job, 
 from mlsyskit.tools.sched.policies import create_policy
 from mlsyskit.tools.sched.throughput import ThroughputModel
 
+pytestmark = pytest.mark.slow   # real processes (and a server or Slurm)
+
 INSTALL = ("needs a running Slurm: apt-get install slurmctld slurmd slurm-client munge, "
            "then run .ci/slurm_start.sh as root (single host, 4 fake GPUs)")
 

@@ -12,7 +12,9 @@ estimate remaining work exactly as they do in the simulator.
 (checkpoint-free: the process group is stopped and the job queued again with its attained service;
 a resized job restarts on the size the policy gives it next); until the processes are gone the job
 keeps its GPUs, so starts that only fit after them wait for a later step. A start below the job's
-`min_gpus` is raised to `min_gpus` on a compact layout if that fits now, else the job waits.
+`min_gpus` (= `gpus` unless the job is elastic) is raised to it, laid out as admission.fit_gpus does
+(full largest nodes, else as few nodes of any size), if that fits now, else the job waits; so is a
+start over the job's `nodes` bound.
 
 The daemon keeps the queued jobs' views between steps (`queued_view`, passed as `queued`), so a step
 with thousands queued reads only the few jobs that hold GPUs from the table.
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from sortedcontainers import SortedList
 
 from mlsyskit.tools.sched.cluster import FreeMap, Placement
+from mlsyskit.tools.sched.daemon.admission import fit_gpus
 from mlsyskit.tools.sched.daemon.jobstore import ACTIVE, DONE, QUEUED, RUNNING, Job
 from mlsyskit.tools.sched.daemon.progress import Progress
 from mlsyskit.tools.sched.daemon.specs import ClusterConfig
@@ -38,7 +41,7 @@ from mlsyskit.tools.sched.state import (
     WorkHistory,
     estimated_remaining,
 )
-from mlsyskit.tools.sched.throughput import ThroughputModel, compact_shape
+from mlsyskit.tools.sched.throughput import ThroughputModel
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,8 @@ def plan(policy: Policy, cluster: ClusterConfig, jobs: list[Job], model: Through
         if not isinstance(action, Start) or action.job_id not in state.queue:
             ignored.append(f"{action!r} does not start a queued job")
             continue
-        placement, shape = _layout(action, free, by_id[action.job_id].request.min_gpus, state.spec.gpus_per_node)
+        request = by_id[action.job_id].request
+        placement, shape = _layout(action, free, request.lower_gpus, state.spec.gpus_per_node, request.nodes)
         if placement is None:
             ignored.append(f"start of job {action.job_id} does not fit the free GPUs now")
             continue
@@ -168,12 +172,13 @@ def plan(policy: Policy, cluster: ClusterConfig, jobs: list[Job], model: Through
     return Plan(tuple(starts), tuple(ignored), tuple(preempts))
 
 
-def _layout(action: Start, free: FreeMap, min_gpus: int, gpus_per_node: int):
+def _layout(action: Start, free: FreeMap, min_gpus: int, gpus_per_node: int, max_nodes: int = 0):
     """(placement, per-entry computed GPUs) for a policy's start, or (None, ()) when it does not fit."""
     placement = tuple(sorted(action.placement, key=lambda p: -p[1]))
     shape = tuple(sorted(action.shape if action.shape is not None else (g for _, g in placement), reverse=True))
-    if sum(shape) < min_gpus:
-        placement = free.fit(compact_shape(min_gpus, gpus_per_node))
+    if sum(shape) < min_gpus or (max_nodes and len(placement) > max_nodes):
+        placement = fit_gpus(free, max(min_gpus, sum(shape)), gpus_per_node, max_nodes) or \
+            fit_gpus(free, min_gpus, gpus_per_node, max_nodes)
         if placement is None:
             return None, ()
         return placement, tuple(g for _, g in placement)

@@ -4,7 +4,7 @@ and an acknowledged submit survives a crash.
 
 States: queued -> launching -> running -> done | failed | cancelled | lost
         queued -> cancelled;  launching -> queued (a launch that provably never started, after a crash)
-        running -> cancelling -> cancelled
+        running -> cancelling -> cancelled | timeout (past its wall-time limit: reason "TimeLimit ...")
         running -> preempting -> queued (the policy preempted or resized it: the process group is
         stopped and the job queued again, its attained service kept and the restart counted)
 `launching` is written before the executor starts anything, so a crash in between is visible on restart.
@@ -23,19 +23,22 @@ from mlsyskit.tools.sched.daemon.specs import JobRequest
 
 QUEUED, LAUNCHING, RUNNING, CANCELLING = "queued", "launching", "running", "cancelling"
 PREEMPTING = "preempting"
-DONE, FAILED, CANCELLED, LOST = "done", "failed", "cancelled", "lost"
+DONE, FAILED, CANCELLED, LOST, TIMEOUT = "done", "failed", "cancelled", "lost", "timeout"
 ACTIVE = (LAUNCHING, RUNNING, CANCELLING, PREEMPTING)        # states that hold GPUs
-FINAL = (DONE, FAILED, CANCELLED, LOST)
+FINAL = (DONE, FAILED, CANCELLED, LOST, TIMEOUT)
+TIME_LIMIT = "TimeLimit"                                      # reason prefix of a job stopped at its wall time
 
 _DDL = """CREATE TABLE IF NOT EXISTS marble_jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, request TEXT NOT NULL, state TEXT NOT NULL,
     submitted REAL NOT NULL, started REAL, ended REAL, placement TEXT, shape TEXT, gpus TEXT, handle TEXT,
     exit_code INTEGER, reason TEXT NOT NULL DEFAULT '', run_dir TEXT, samples REAL,
-    attained REAL NOT NULL DEFAULT 0, restarts INTEGER NOT NULL DEFAULT 0)"""
+    attained REAL NOT NULL DEFAULT 0, restarts INTEGER NOT NULL DEFAULT 0, user TEXT NOT NULL DEFAULT '',
+    array_job INTEGER, array_task INTEGER)"""
 # Columns added after the first release, with their definitions (older tables get them by ALTER TABLE).
-_ADDED = {"attained": "REAL NOT NULL DEFAULT 0", "restarts": "INTEGER NOT NULL DEFAULT 0"}
+_ADDED = {"attained": "REAL NOT NULL DEFAULT 0", "restarts": "INTEGER NOT NULL DEFAULT 0",
+          "user": "TEXT NOT NULL DEFAULT ''", "array_job": "INTEGER", "array_task": "INTEGER"}
 _COLUMNS = ("id, name, request, state, submitted, started, ended, placement, shape, gpus, handle, exit_code, reason, "
-            "run_dir, samples, attained, restarts")
+            "run_dir, samples, attained, restarts, user, array_job, array_task")
 
 
 class UnknownJobError(UsageError):
@@ -61,6 +64,9 @@ class Job:
     samples: float | None = None             # last samples count the job reported (progress.py), once ended
     attained: float = 0.0                    # GPU-seconds held in runs that were preempted (Tiresias' service)
     restarts: int = 0                        # times the job was preempted or resized and queued again
+    user: str = ""                           # who submitted it (proven by a user token or certificate, if any)
+    array_job: int | None = None             # the first job id of its array (--array), else None
+    array_task: int | None = None            # its task id in that array
 
     @property
     def held(self) -> int:
@@ -72,7 +78,10 @@ class Job:
                 "started": self.started, "ended": self.ended, "placement": [list(p) for p in self.placement],
                 "shape": list(self.shape), "gpus": {str(k): list(v) for k, v in self.gpus.items()},
                 "handle": self.handle, "exit_code": self.exit_code, "reason": self.reason, "run_dir": self.run_dir,
-                "samples": self.samples, "attained": self.attained, "restarts": self.restarts}
+                "samples": self.samples, "attained": self.attained, "restarts": self.restarts, "user": self.user,
+                "array_job": self.array_job, "array_task": self.array_task, "time_limit_s": self.request.time_limit_s,
+                "dependency": self.request.dependency, "min_gpus": self.request.lower_gpus,
+                "max_gpus": self.request.upper_gpus}
 
 
 def _row(r: tuple, requests: dict[int, JobRequest]) -> Job:
@@ -82,7 +91,7 @@ def _row(r: tuple, requests: dict[int, JobRequest]) -> Job:
     gpus = {int(k): tuple(v) for k, v in json.loads(r[9]).items()} if r[9] else {}
     placement = tuple(tuple(p) for p in json.loads(r[7])) if r[7] else ()
     return Job(r[0], r[1], req, r[3], r[4], r[5], r[6], placement, tuple(json.loads(r[8])) if r[8] else (), gpus,
-               r[10], r[11], r[12], r[13], r[14], r[15], r[16])
+               r[10], r[11], r[12], r[13], r[14], r[15], r[16], r[17], r[18], r[19])
 
 
 class JobStore:
@@ -106,11 +115,36 @@ class JobStore:
         """A random id of this store (names Slurm jobs, so a restarted daemon finds its own)."""
         return self.db.get("marble", "instance")
 
-    def add(self, request: JobRequest, now: float) -> int:
+    def add(self, request: JobRequest, now: float, user: str = "", tasks: tuple[int, ...] = ()) -> list[int]:
+        """Queue a job, or one job per array task (all in one transaction: all or none); their ids."""
+        body = json.dumps(request.as_dict())
         with self.db.transaction():
-            self.db.execute("INSERT INTO marble_jobs (name, request, state, submitted) VALUES (?, ?, ?, ?)",
-                            (request.display_name, json.dumps(request.as_dict()), QUEUED, now))
-            return self.db.query("SELECT last_insert_rowid()")[0][0]
+            if not tasks:
+                self.db.execute("INSERT INTO marble_jobs (name, request, state, submitted, user) VALUES (?, ?, ?, ?, ?)",
+                                (request.display_name, body, QUEUED, now, user))
+                return [self.db.query("SELECT last_insert_rowid()")[0][0]]
+            ids: list[int] = []
+            for task in tasks:
+                self.db.execute("INSERT INTO marble_jobs (name, request, state, submitted, user, array_job, array_task) "
+                                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                (f"{request.display_name}[{task}]", body, QUEUED, now, user, ids[0] if ids else None,
+                                 task))
+                ids.append(self.db.query("SELECT last_insert_rowid()")[0][0])
+            self.db.execute("UPDATE marble_jobs SET array_job=? WHERE id=?", (ids[0], ids[0]))
+            return ids
+
+    def states_of(self, ids: tuple[int, ...] | list[int]) -> dict[int, list[str]]:
+        """For each id: the states of that job and, when it is an array's first job, of every task of the array."""
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        rows = self.db.query(f"SELECT id, state, array_job FROM marble_jobs WHERE id IN ({marks}) OR array_job IN "
+                             f"({marks})", (*ids, *ids))
+        out: dict[int, list[str]] = {i: [] for i in ids}
+        for job_id, state, array_job in rows:
+            for key in {job_id, array_job} & out.keys():
+                out[key].append(state)
+        return out
 
     def get(self, job_id: int) -> Job:
         rows = self.db.query(f"SELECT {_COLUMNS} FROM marble_jobs WHERE id=?", (job_id,))
@@ -150,8 +184,8 @@ class JobStore:
         return self._move(job_id, (LAUNCHING,), {"state": QUEUED, "started": None, "placement": None, "shape": None,
                                                   "gpus": None, "run_dir": None, "reason": reason})
 
-    def mark_cancelling(self, job_id: int) -> bool:
-        return self._move(job_id, (LAUNCHING, RUNNING, PREEMPTING), {"state": CANCELLING})
+    def mark_cancelling(self, job_id: int, reason: str = "") -> bool:
+        return self._move(job_id, (LAUNCHING, RUNNING, PREEMPTING), {"state": CANCELLING, "reason": reason})
 
     def mark_preempting(self, job_id: int) -> bool:
         return self._move(job_id, (RUNNING,), {"state": PREEMPTING})
@@ -163,8 +197,8 @@ class JobStore:
                                                    "gpus": None, "handle": None, "run_dir": None, "reason": reason,
                                                    "attained": attained, "restarts": restarts})
 
-    def cancel_queued(self, job_id: int, now: float) -> bool:
-        return self._move(job_id, (QUEUED,), {"state": CANCELLED, "ended": now, "reason": "cancelled while queued"})
+    def cancel_queued(self, job_id: int, now: float, reason: str = "cancelled while queued") -> bool:
+        return self._move(job_id, (QUEUED,), {"state": CANCELLED, "ended": now, "reason": reason})
 
     def finish(self, job_id: int, state: str, now: float, exit_code: int | None, reason: str,
                samples: float | None = None) -> bool:

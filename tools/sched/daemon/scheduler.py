@@ -12,6 +12,12 @@ that hold GPUs from SQLite. Preemption (an executor that can restart jobs, `rest
 policy's Preempt or Resize moves a running job to `preempting` and SIGTERMs its process group
 (SIGKILL after the cancel grace); once it is gone the job is queued again with the GPU-seconds it
 attained, a restart counted and logged, and its next run gets a fresh run directory.
+
+Slurm's everyday rules (admission.py): jobs that can never fit are refused at submit; queued jobs
+held by a dependency, the daemon's --max-time or a cluster they no longer fit never reach the
+policy; the rest reach it in fair-share order; every queued job carries a pending reason. A running
+job past its wall-time limit is stopped as a cancel is (SIGTERM, SIGKILL after the grace) and ends
+`timeout`.
 """
 from __future__ import annotations
 
@@ -21,7 +27,8 @@ from pathlib import Path
 
 from mlsyskit.core.clock import Clock
 from mlsyskit.core.errors import UsageError
-from mlsyskit.tools.sched.daemon import adapter
+from mlsyskit.tools.sched.cluster import FreeMap
+from mlsyskit.tools.sched.daemon import adapter, admission
 from mlsyskit.tools.sched.daemon.jobstore import (
     ACTIVE,
     CANCELLED,
@@ -34,6 +41,8 @@ from mlsyskit.tools.sched.daemon.jobstore import (
     PREEMPTING,
     QUEUED,
     RUNNING,
+    TIME_LIMIT,
+    TIMEOUT,
     Job,
     JobStore,
 )
@@ -49,19 +58,25 @@ from mlsyskit.tools.sched.throughput import ThroughputModel
 class Scheduler:
     def __init__(self, cluster: ClusterConfig, store: JobStore, executor: Executor, policy: Policy,
                  model: ThroughputModel, clock: Clock, state_dir: Path, *, cancel_grace_s: float = 10.0,
-                 log: Callable[[str], None] = lambda msg: None) -> None:
+                 max_time_s: float = 0.0, log: Callable[[str], None] = lambda msg: None) -> None:
         if len(cluster.nodes) > 1 and executor.one_machine and any(n.devices for n in cluster.nodes):
             ids = [d for n in cluster.nodes for d in n.devices]
             if len(set(ids)) != len(ids):
                 raise UsageError("nodes: on one machine (local executor) nodes must not list the same device ids")
         self.cluster, self.store, self.executor, self.policy, self.model = cluster, store, executor, policy, model
         self.clock, self.state_dir, self.cancel_grace_s, self.log = clock, Path(state_dir), cancel_grace_s, log
+        self.max_time_s = max_time_s
         self.lock = threading.RLock()
         self._cancel_deadline: dict[int, float] = {}
         self._said: set[str] = set()
         self.history = WorkHistory()   # finished jobs' sizes, read once here and kept up to date
-        for job in store.jobs((DONE,)):
+        self.fair = admission.FairShare()
+        for job in store.jobs(FINAL):
             adapter.learn(self.history, job, model)
+            self._account(job)
+        self._pending: dict[int, str] = {}          # queued job -> pending reason, as of the last step
+        self._never: dict[int, bool] = {}           # queued job -> it no longer fits this cluster
+        self._deps_done: set[int] = set()           # afterok targets known done (done is final)
         self._queued: dict[int, tuple[Job, JobView]] = {}
         self.reload_queue()
 
@@ -76,18 +91,26 @@ class Scheduler:
         self._queued = dict(sorted(self._queued.items()))
 
     # ---- requests ----------------------------------------------------------------------------------
-    def submit(self, request: JobRequest) -> Job:
+    def submit(self, request: JobRequest, user: str = "") -> Job:
+        return self.submit_all(request, user)[0]
+
+    def submit_all(self, request: JobRequest, user: str = "", tasks: tuple[int, ...] = ()) -> list[Job]:
+        """Queue a job (or one per array task); refuse one that can never run here or waits on no job."""
         self.model.check_app(request.app)
-        total = self.cluster.total_gpus
-        for name, value in (("gpus", request.gpus), ("max_gpus", request.upper_gpus)):
-            if value > total:  # as the simulator refuses: no policy could ever start it as asked
-                raise UsageError(f"{name}: {value} is more GPUs than the cluster has ({total})")
+        why = admission.unavailable(self.cluster, request)
+        if why:
+            raise UsageError(why)
         with self.lock:
-            job_id = self.store.add(request, self.clock.now())
-            job = self.store.get(job_id)
-            self._queued[job_id] = (job, adapter.queued_view(job, self.model))
-            self.log(f"job {job_id} ({request.display_name}) queued: {request.gpus} GPU(s), app {request.app}")
-            return self.store.get(job_id)
+            missing = [d for d, states in self.store.states_of(request.after_ok).items() if not states]
+            if missing:
+                raise UsageError(f"dependency: no job {missing[0]}")
+            jobs = [self.store.get(i) for i in self.store.add(request, self.clock.now(), user, tasks)]
+            for job in jobs:
+                self._queued[job.id] = (job, adapter.queued_view(job, self.model))
+            ids = str(jobs[0].id) if len(jobs) == 1 else f"{jobs[0].id}-{jobs[-1].id} (array of {len(jobs)})"
+            self.log(f"job {ids} ({request.display_name}) queued: {request.gpus} GPU(s), app {request.app}"
+                     + (f", user {user}" if user else ""))
+            return jobs
 
     def cancel(self, job_id: int) -> Job:
         with self.lock:
@@ -95,7 +118,8 @@ class Scheduler:
             if job.state == QUEUED:
                 self.store.cancel_queued(job_id, self.clock.now())
                 self._queued.pop(job_id, None)
-            elif job.state in (RUNNING, PREEMPTING) and self.store.mark_cancelling(job_id):
+                self._never.pop(job_id, None)
+            elif job.state in (RUNNING, PREEMPTING) and self.store.mark_cancelling(job_id, "cancel requested"):
                 self._cancel_deadline[job_id] = self.clock.now() + self.cancel_grace_s
                 self._signal(job, force=False)
             elif job.state in FINAL:
@@ -143,9 +167,10 @@ class Scheduler:
         if job.state in (CANCELLING, PREEMPTING):
             if status.kind != EXEC_RUNNING:
                 self._cancel_deadline.pop(job.id, None)
-                if job.state == CANCELLING:
-                    self.store.finish(job.id, CANCELLED, now, status.exit_code, "cancelled by request")
-                    self.log(f"job {job.id} cancelled")
+                if job.state == CANCELLING and job.reason.startswith(TIME_LIMIT):
+                    self._finish(job, TIMEOUT, now, status.exit_code, job.reason)
+                elif job.state == CANCELLING:
+                    self._finish(job, CANCELLED, now, status.exit_code, "cancelled by request")
                 elif status.kind == EXITED and status.exit_code == 0:
                     # it finished before the preemption took effect: done, never run again (a job
                     # that checkpoints on SIGTERM exits non-zero to be requeued)
@@ -156,20 +181,38 @@ class Scheduler:
                 self._signal(job, force=True)
             return
         if status.kind == EXEC_RUNNING:
+            limit = admission.wall_limit(job.request, self.max_time_s)
+            if (job.state == RUNNING and limit and job.started is not None and now - job.started >= limit
+                    and self.store.mark_cancelling(job.id, f"{TIME_LIMIT}: ran past its wall-time limit ({limit:g} s)")):
+                self._cancel_deadline[job.id] = now + self.cancel_grace_s
+                self._signal(job, force=False)
+                self.log(f"job {job.id} reached its wall-time limit ({limit:g} s): stopping it")
             return
         if status.kind == EXITED:
             self._finish_exited(job, status, now)
         else:
-            self.store.finish(job.id, LOST, now, None, status.reason)
-            self.log(f"job {job.id} lost: {status.reason}")
+            self._finish(job, LOST, now, None, status.reason)
+
+    def _finish(self, job: Job, state: str, now: float, exit_code: int | None, reason: str,
+                samples: float | None = None) -> None:
+        if self.store.finish(job.id, state, now, exit_code, reason, samples):
+            ended = self.store.get(job.id)
+            adapter.learn(self.history, ended, self.model)
+            self._account(ended)
+            self.log(f"job {job.id} {state}" + (f" (exit {exit_code})" if exit_code is not None else "")
+                     + (f": {reason}" if reason and state != FAILED else ""))
+
+    def _account(self, job: Job) -> None:
+        """Count an ended job's GPU-seconds to its user's fair share."""
+        ran = job.held * (job.ended - job.started) if job.started is not None and job.ended is not None else 0.0
+        if job.attained + ran > 0 and job.ended is not None:
+            self.fair.add(job.user, job.attained + max(0.0, ran), job.ended)
 
     def _finish_exited(self, job: Job, status, now: float) -> None:
         state = DONE if status.exit_code == 0 else FAILED
         report = read_progress(self.launch_of(job).run_dir / "progress")
-        self.store.finish(job.id, state, now, status.exit_code, "" if state == DONE else
-                          f"exit status {status.exit_code}", report.s_last if report else None)
-        adapter.learn(self.history, self.store.get(job.id), self.model)
-        self.log(f"job {job.id} {state} (exit {status.exit_code})")
+        self._finish(job, state, now, status.exit_code, "" if state == DONE else f"exit status {status.exit_code}",
+                     report.s_last if report else None)
 
     def _preempt(self, job_id: int, now: float) -> None:
         if self.store.mark_preempting(job_id):
@@ -194,11 +237,14 @@ class Scheduler:
 
     def _schedule(self) -> None:
         if not self._queued:
+            self._pending = {}
             return
         jobs = self.store.jobs(ACTIVE)
         now = self.clock.now()
+        eligible, reasons = self._eligible(now)
+        ordered = self._fair(eligible, jobs, now)
         result = adapter.plan(self.policy, self.cluster, jobs, self.model, now, self._reports(jobs), self.history,
-                              self._queued, preemptible=self.executor.restartable)
+                              ordered, preemptible=self.executor.restartable)
         for why in result.ignored:
             self._say(why)
         for job_id in result.preempts:
@@ -210,6 +256,62 @@ class Scheduler:
                     held[node].update(ids)
         for start in result.starts:
             self._start(start, held, now)
+        self._pending = {**reasons, **self._waiting(ordered, held)}
+
+    def _eligible(self, now: float) -> tuple[dict[int, tuple[Job, JobView]], dict[int, str]]:
+        """Queued jobs the policy may start, and the hold reason of each other one. A job whose
+        afterok dependency ended other than done is cancelled (Slurm: DependencyNeverSatisfied)."""
+        deps = {d for job, _ in self._queued.values() for d in job.request.after_ok} - self._deps_done
+        states = self.store.states_of(sorted(deps))
+        self._deps_done.update(d for d, s in states.items() if s and all(x == DONE for x in s))
+        states.update((d, [DONE]) for d in self._deps_done)
+        eligible: dict[int, tuple[Job, JobView]] = {}
+        reasons: dict[int, str] = {}
+        for job_id, (job, view) in list(self._queued.items()):
+            request = job.request
+            broken = admission.broken_dependency(request, states, FINAL) if request.after_ok else None
+            if broken is not None:
+                why = f"DependencyNeverSatisfied: job {broken} ended {'/'.join(sorted(set(states.get(broken) or ['gone'])))}"
+                if self.store.cancel_queued(job_id, now, why):
+                    self._queued.pop(job_id)
+                    self.log(f"job {job_id} cancelled: {why}")
+                continue
+            if job_id not in self._never:
+                self._never[job_id] = admission.unavailable(self.cluster, request) is not None
+            hold = admission.hold_reason(request, self.max_time_s, states, self._never[job_id])
+            if hold is None:
+                eligible[job_id] = (job, view)
+            else:
+                reasons[job_id] = hold
+        return eligible, reasons
+
+    def _fair(self, eligible: dict[int, tuple[Job, JobView]], jobs: list[Job], now: float):
+        """The eligible jobs in fair-share order (submission order while one user has jobs waiting)."""
+        if len({job.user for job, _ in eligible.values()}) <= 1:
+            return eligible
+        running: dict[str, float] = {}
+        for job in jobs:
+            ran = job.held * max(0.0, now - job.started) if job.started is not None else 0.0
+            running[job.user] = running.get(job.user, 0.0) + job.attained + ran
+        order = admission.fair_order(((i, job.user, job.request.lower_gpus) for i, (job, _) in eligible.items()),
+                                     self.fair.usage(now, running))
+        return {i: eligible[i] for i in order}
+
+    def _waiting(self, ordered: dict[int, tuple[Job, JobView]], held: dict[int, set[int]]) -> dict[int, str]:
+        """Resources for the first job left waiting that does not fit the free GPUs; Priority for the rest."""
+        spec = self.cluster.spec()
+        free = FreeMap(spec)
+        free.take(tuple((node, len(ids)) for node, ids in held.items() if ids))
+        reasons: dict[int, str] = {}
+        blocked = False
+        for job_id, (job, _) in ordered.items():
+            if job_id not in self._queued:
+                continue
+            fits = not blocked and admission.fit_gpus(free, job.request.lower_gpus, spec.gpus_per_node,
+                                                      job.request.nodes) is not None
+            reasons[job_id] = admission.PRIORITY if blocked or fits else admission.RESOURCES
+            blocked = blocked or not fits
+        return reasons
 
     def _start(self, start: adapter.PlannedStart, held: dict[int, set[int]], now: float) -> None:
         gpus: dict[int, tuple[int, ...]] = {}
@@ -219,6 +321,7 @@ class Scheduler:
                 raise RuntimeError(f"node {node} has {len(free)} free device ids, the plan needs {count}")
             gpus[node] = tuple(free[:count])
         queued_job, _ = self._queued.pop(start.job_id)
+        self._never.pop(start.job_id, None)
         # a restarted job runs in a fresh directory: the stopped run's pid and exit files stay apart
         attempt = str(start.job_id) + (f"-r{queued_job.restarts}" if queued_job.restarts else "")
         run_dir = self.state_dir / "jobs" / attempt
@@ -257,6 +360,8 @@ class Scheduler:
             slices.append(NodeSlice(spec.name, spec.slurm_host, ids, ids[:computed]))
         run_dir = Path(job.run_dir) if job.run_dir else self.state_dir / "jobs" / str(job.id)
         env = dict(job.request.env)
+        if job.array_job is not None:
+            env.update(MARBLE_ARRAY_JOB_ID=str(job.array_job), MARBLE_ARRAY_TASK_ID=str(job.array_task))
         if any(self.cluster.nodes[node].logical for node, _ in job.placement):
             env["MARBLE_LOGICAL_GPUS"] = "1"
         return Launch(job.id, job.name, job.request.cmd, run_dir, job.request.workdir, env, tuple(slices),
@@ -265,7 +370,8 @@ class Scheduler:
     def describe(self, job: Job) -> dict:
         """The job as clients see it, with `where` naming nodes and device ids."""
         where = " ".join(f"{s.node}:{','.join(map(str, s.held))}" for s in self.launch_of(job).nodes) if job.gpus else ""
-        return {**job.as_dict(), "where": where}
+        pending = self._pending.get(job.id, admission.NONE) if job.state == QUEUED else ""
+        return {**job.as_dict(), "where": where, "pending": pending}
 
     def nodes(self) -> list[dict]:
         with self.lock:

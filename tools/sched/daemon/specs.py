@@ -7,12 +7,20 @@
     gpus = 4                                host = "gpu-a"        # Slurm NodeName (default: name)
     min_gpus = 1        # optional          devices = [0, 1, 2, 3]  # CUDA ids (default: 0.. per machine)
     batch_size = 512    # optional          logical = true          # no physical GPUs behind the ids
+    time = "1:30:00"    # optional wall-time limit (Slurm formats)
+    dependency = "afterok:12"    # optional: start once job 12 (every task of array 12) is done
+    nodes = 1           # optional: at most this many nodes
+
+GPU counts are exact unless `min_gpus` (or `max_gpus`) opts into elasticity: `gpus = 8` runs on 8.
 
 Field errors name the field (`gpus: expected an integer`); unknown fields name the valid ones.
 `app` must be an application the throughput model knows (the policy sizes jobs from it).
 """
 from __future__ import annotations
 
+import math
+import re
+import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -21,6 +29,62 @@ from mlsyskit.core.config import ConfigError, from_dict, load_toml, require
 from mlsyskit.tools.sched.cluster import ClusterSpec
 
 MAX_NODES = 4096
+MAX_TIME_S = 365 * 86400           # a wall-time limit beyond a year is a typo, not a job
+MAX_BATCH = 10_000_000             # global batch (samples per step)
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def parse_time(text: str) -> float:
+    """Slurm's --time formats -> seconds: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+    ("" or "0" = no limit). Raises ValueError naming the formats."""
+    text = text.strip()
+    m = _TIME.fullmatch(text)
+    if not text or text == "0":
+        return 0.0
+    if m is None:
+        raise ValueError(f"time: {text!r} is not a wall time; use MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
+    days, a, b, c = (int(g) if g else None for g in m.groups())
+    if days is None:   # MM | MM:SS | HH:MM:SS
+        parts = [p for p in (a, b, c) if p is not None]
+        seconds = {1: lambda: parts[0] * 60, 2: lambda: parts[0] * 60 + parts[1],
+                   3: lambda: parts[0] * 3600 + parts[1] * 60 + parts[2]}[len(parts)]()
+    else:              # D-HH | D-HH:MM | D-HH:MM:SS
+        seconds = days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+    if seconds > MAX_TIME_S:
+        raise ValueError(f"time: {text!r} is {seconds / 86400:,.0f} days; the limit is 365 days")
+    return float(seconds)
+
+
+def parse_dependency(text: str) -> tuple[int, ...]:
+    """'afterok:12:13,afterok:14' -> (12, 13, 14). Only afterok (Slurm's most common type) is supported."""
+    ids: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, _, rest = part.partition(":")
+        if kind != "afterok" or not rest:
+            raise ValueError(f"dependency: {part!r}: use afterok:JOBID[:JOBID...] (the only dependency type supported)")
+        for token in rest.split(":"):
+            if not token.isdigit() or int(token) < 1:
+                raise ValueError(f"dependency: {token!r} in {part!r} is not a job id")
+            ids.append(int(token))
+    return tuple(dict.fromkeys(ids))
+
+
+def parse_array(text: str, limit: int = 1000) -> tuple[int, ...]:
+    """Slurm's --array: '0-9', '1,3,5-7', '0-20:5' -> task ids (at most `limit`)."""
+    tasks: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        m = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", part)
+        if m is None:
+            raise ValueError(f"array: {part!r} is not a task range; use e.g. 0-9, 1,3,5-7 or 0-20:5")
+        lo, hi, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
+        if hi < lo or step < 1:
+            raise ValueError(f"array: {part!r} is an empty range")
+        if (hi - lo) // step + 1 + len(tasks) > limit:
+            raise ValueError(f"array: {text!r} has more than {limit} tasks")
+        tasks.extend(range(lo, hi + 1, step))
+    if not tasks:
+        raise ValueError(f"array: {text!r} names no task")
+    return tuple(sorted(set(tasks)))
 
 
 @dataclass(frozen=True)
@@ -29,19 +93,30 @@ class JobRequest:
     app: str
     gpus: int
     name: str = ""
-    min_gpus: int = 1
+    min_gpus: int = 0              # 0 -> gpus (exact); fewer opts into elasticity
     max_gpus: int = 0              # 0 -> gpus; the policy never gives more than this
     batch_size: int = 0            # 0 -> the app's usual batch (see default_batch)
     workdir: str = ""              # "" -> the daemon's working directory
     env: dict[str, str] = field(default_factory=dict)
+    time: str = ""                 # wall-time limit (Slurm formats); "" -> none (or the daemon's default)
+    dependency: str = ""           # "afterok:ID[:ID...]"
+    nodes: int = 0                 # at most this many nodes; 0 -> any
 
     def __post_init__(self) -> None:
         require(bool(self.cmd.strip()), "cmd: must not be empty")
         require(1 <= self.gpus <= 4096, f"gpus: must be in 1..4096, got {self.gpus}")
-        require(1 <= self.min_gpus <= self.gpus, f"min_gpus: must be in 1..gpus ({self.gpus}), got {self.min_gpus}")
-        require(self.max_gpus == 0 or self.max_gpus >= self.gpus,
-                f"max_gpus: must be >= gpus ({self.gpus}), got {self.max_gpus}")
-        require(self.batch_size >= 0, f"batch_size: must be >= 0, got {self.batch_size}")
+        require(self.min_gpus == 0 or 1 <= self.min_gpus <= self.gpus,
+                f"min_gpus: must be in 1..gpus ({self.gpus}), got {self.min_gpus}")
+        require(self.max_gpus == 0 or self.gpus <= self.max_gpus <= 4096,
+                f"max_gpus: must be in gpus ({self.gpus})..4096, got {self.max_gpus}")
+        require(0 <= self.batch_size <= MAX_BATCH,
+                f"batch_size: must be in 1..{MAX_BATCH:,} samples (0 = the app's usual), got {self.batch_size:,}")
+        require(0 <= self.nodes <= MAX_NODES, f"nodes: must be in 1..{MAX_NODES} (0 = any), got {self.nodes}")
+        for parse, text in ((parse_time, self.time), (parse_dependency, self.dependency)):
+            try:
+                parse(text)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         require(len(self.name) <= 200 and "\n" not in self.name, "name: at most 200 characters, one line")
         for key in self.env:
             require(key.isidentifier() and not key.startswith(("MARBLE_", "CUDA_VISIBLE_DEVICES")),
@@ -52,19 +127,42 @@ class JobRequest:
         return self.max_gpus or self.gpus
 
     @property
+    def lower_gpus(self) -> int:
+        return self.min_gpus or self.gpus
+
+    @property
+    def time_limit_s(self) -> float:
+        return parse_time(self.time)
+
+    @property
+    def after_ok(self) -> tuple[int, ...]:
+        return parse_dependency(self.dependency)
+
+    @property
     def display_name(self) -> str:
         return self.name or self.cmd.split()[0].rsplit("/", 1)[-1][:40]
 
     def as_dict(self) -> dict[str, Any]:
         return {"cmd": self.cmd, "app": self.app, "gpus": self.gpus, "name": self.name, "min_gpus": self.min_gpus,
                 "max_gpus": self.max_gpus, "batch_size": self.batch_size,
-                "workdir": self.workdir, "env": dict(self.env)}
+                "workdir": self.workdir, "env": dict(self.env), "time": self.time, "dependency": self.dependency,
+                "nodes": self.nodes}
 
 
 def job_from_mapping(data: dict[str, Any], known_apps: list[str] | None = None, where: str = "job") -> JobRequest:
     """Validate a job spec; every error names the field (and, for `app`, the known applications)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: a job spec must be a table")
+    for key in ("gpus", "min_gpus", "max_gpus", "nodes"):
+        value = data.get(key)
+        if isinstance(value, float) and not isinstance(value, bool):
+            raise ConfigError(f"{where}: {key}: GPUs and nodes are whole numbers, got {value!r} "
+                              "(fractional GPUs are not supported)")
+    batch = data.get("batch_size")
+    if isinstance(batch, float) and math.isfinite(batch) and batch.is_integer() and 0 <= batch <= MAX_BATCH:
+        data = {**data, "batch_size": int(batch)}
+    elif isinstance(batch, float):
+        raise ConfigError(f"{where}: batch_size: a whole number of samples in 1..{MAX_BATCH:,} expected, got {batch!r}")
     try:
         job = from_dict(JobRequest, data)
     except ConfigError as e:
@@ -74,8 +172,25 @@ def job_from_mapping(data: dict[str, Any], known_apps: list[str] | None = None, 
     return job
 
 
+def read_job_file(path: str | Path) -> dict[str, Any]:
+    """A job.toml as a table; any problem (missing, not UTF-8, not TOML, not a table) is one ConfigError line."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the job file: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
+                          "a job file is TOML") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+
+
 def load_job(path: str | Path, known_apps: list[str] | None = None) -> JobRequest:
-    return job_from_mapping(load_toml(path), known_apps, where=str(path))
+    return job_from_mapping(read_job_file(path), known_apps, where=str(path))
 
 
 @dataclass(frozen=True)
