@@ -14,7 +14,6 @@ import sys
 from typing import Any
 
 import msgpack
-import numpy as np
 
 EXT_NDARRAY = 1
 EXT_TENSOR = 2
@@ -28,6 +27,14 @@ class CodecError(ValueError):
     """A payload that cannot be encoded or decoded (bad type, corrupt header, garbage bytes)."""
 
 
+def _numpy():
+    """numpy, imported when an array is sent or received: a payload of plain values never needs it
+    (command-line clients answer faster without its ~0.1 s import)."""
+    import numpy
+
+    return numpy
+
+
 def _torch():
     try:
         import torch
@@ -36,18 +43,19 @@ def _torch():
     return torch
 
 
-def _array_ext(code: int, array: np.ndarray, dtype_name: str) -> msgpack.ExtType:
-    array = np.ascontiguousarray(array)
+def _array_ext(code: int, array, dtype_name: str) -> msgpack.ExtType:
+    array = _numpy().ascontiguousarray(array)
     header = msgpack.packb([dtype_name, list(array.shape)])
     return msgpack.ExtType(code, _HEADER_LEN.pack(len(header)) + header + array.tobytes())
 
 
 def _default(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
+    np = sys.modules.get("numpy")  # if numpy was never imported, obj cannot be an array
+    if np is not None and isinstance(obj, np.ndarray):
         if obj.dtype.kind not in _ALLOWED_KINDS:
             raise CodecError(f"cannot send a numpy array of dtype {obj.dtype} (only numeric/bool dtypes)")
         return _array_ext(EXT_NDARRAY, obj, obj.dtype.str)
-    if isinstance(obj, np.generic):
+    if np is not None and isinstance(obj, np.generic):
         return obj.item()
     torch = sys.modules.get("torch")  # if torch was never imported, obj cannot be a tensor
     if torch is not None and isinstance(obj, torch.Tensor):
@@ -78,7 +86,8 @@ def _decode_array(data: bytes) -> tuple[str, tuple[int, ...], memoryview]:
     return dtype_name, tuple(shape), memoryview(data)[start:]
 
 
-def _numpy_from(dtype: np.dtype, shape: tuple[int, ...], body: memoryview) -> np.ndarray:
+def _numpy_from(dtype, shape: tuple[int, ...], body: memoryview):
+    np = _numpy()
     if dtype.kind not in _ALLOWED_KINDS:
         raise CodecError(f"refusing array dtype {dtype} (only numeric/bool dtypes)")
     expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -92,6 +101,7 @@ def _ext_hook(code: int, data: bytes) -> Any:
     if code not in (EXT_NDARRAY, EXT_TENSOR):
         raise CodecError(f"unknown msgpack extension type {code}")
     dtype_name, shape, body = _decode_array(data)
+    np = _numpy()
     if code == EXT_NDARRAY:
         try:
             dtype = np.dtype(dtype_name)
