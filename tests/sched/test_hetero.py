@@ -38,7 +38,7 @@ def test_marble_places_each_shape_on_a_node_big_enough_best_fit_first():
     # (best fit) instead of the big node's remaining 2.
     spec = ClusterSpec.parse("2x2+1x6")
     state = state_with(spec, [job(1, "sub", 6, 1e4), job(2, "lin", 2, 1e4)])
-    starts = {a.job_id: a for a in create_policy("marble", MODEL).decide(state).actions if isinstance(a, Start)}
+    starts = {a.job_id: a for a in create_policy("marble-fifo", MODEL).decide(state).actions if isinstance(a, Start)}
     assert starts[1].placement == ((2, 4),)
     assert starts[2].placement == ((0, 2),)
 
@@ -58,13 +58,14 @@ def test_daemon_on_mixed_nodes_keeps_device_ids_distinct_and_within_each_node(tm
     a = sched.submit(JobRequest(cmd="true", app="ncf", gpus=4)).id
     b = sched.submit(JobRequest(cmd="true", app="ncf", gpus=2)).id
     sched.step()
-    # fifo takes whole nodes of the largest size: the 4-GPU job gets "big"; the 2-GPU job waits for it
-    assert sched.store.get(a).gpus == {0: (0, 1, 2, 3)} and sched.store.get(b).state == "queued"
+    # fifo takes whole nodes of any size, the smallest that is big enough: "big" for the 4-GPU job,
+    # "small" for the 2-GPU one (it waited for "big" when only nodes of the largest size counted)
+    assert sched.store.get(a).gpus == {0: (0, 1, 2, 3)} and sched.store.get(b).gpus == {1: (4, 5)}
+    c = sched.submit(JobRequest(cmd="true", app="ncf", gpus=2)).id
     sched = Scheduler(cluster, sched.store, executor, create_policy("marble", truth), truth,
                       VirtualClock(0.0), tmp_path)
     sched.step()
-    # marble places by capacity: the 2-GPU job fits the small node while the big one is busy
-    assert sched.store.get(b).gpus == {1: (4, 5)}
+    assert sched.store.get(c).state == "queued"   # every GPU is held: nothing to place it on
     with pytest.raises(Exception, match="more GPUs than the cluster has"):
         sched.submit(JobRequest(cmd="true", app="ncf", gpus=7))
     bad = tmp_path / "bad.toml"

@@ -32,7 +32,7 @@ def test_marble_refusal_memo_decides_as_a_full_rescan():
     # of jobs of a few kinds are passed over behind it: the memo answers most of them.
     spec = ClusterSpec(4, 6)
     jobs = WorkloadSource("synthetic:200@2/1:4,2:2,4:1,8:1").load(TRUTH, 5, spec)
-    for name in ("marble", "marble-elastic"):
+    for name in ("marble-fifo", "marble-elastic"):
         policy = Compared(name, PolicyOptions(backfill_depth=100))
         Simulator(spec, policy, TRUTH, jobs, restart_cost=30.0).run()
         assert policy.compared > 100 and policy.passed_over > 3_000, (name, policy.compared, policy.passed_over)

@@ -1,6 +1,7 @@
 """Policies see what a real scheduler sees: never the true work, true rate or the simulator's model."""
 import ast
 import dataclasses
+import gc
 import inspect
 import random
 
@@ -8,9 +9,11 @@ import pytest
 
 from mlsyskit.tools.sched import ground_truth
 from mlsyskit.tools.sched.cluster import ClusterSpec
-from mlsyskit.tools.sched.experiment import WorkloadSource, run_one
-from mlsyskit.tools.sched.ground_truth import ModelWithError, loss_curve, noisy_loss
+from mlsyskit.tools.sched.experiment import WorkloadSource, policy_model, run_one
+from mlsyskit.tools.sched.ground_truth import loss_curve, noisy_loss
 from mlsyskit.tools.sched.policies import POLICIES, PolicyOptions, create_policy, loss_fit
+from mlsyskit.tools.sched.policies.learned import DEFAULT_MODEL_ERROR, LearnedModel, PriorModel
+from mlsyskit.tools.sched.profiles import AppProfile, Curve
 from mlsyskit.tools.sched.simulator import Simulator
 from mlsyskit.tools.sched.state import ClusterState, Decision, JobSpec, JobView, Start
 from mlsyskit.tools.sched.throughput import ThroughputModel
@@ -27,11 +30,11 @@ def test_the_observation_has_no_ground_truth_fields():
         view.work = 1.0   # __slots__: nothing can be attached by accident
     fields = {f.name for f in dataclasses.fields(ClusterState)}
     assert fields == {"spec", "free", "now", "queue", "running", "by_end", "restart_cost", "history", "arrived",
-                      "finished"}
+                      "finished", "samples"}
 
 
-@pytest.mark.parametrize("module", ["base", "common", "fifo", "backfill", "marble", "marble_elastic", "optimus",
-                                    "tiresias", "loss_fit"])
+@pytest.mark.parametrize("module", ["base", "common", "fifo", "backfill", "marble", "marble_fifo", "marble_elastic",
+                                    "marble_las", "optimus", "tiresias", "loss_fit", "sizing", "learned"])
 def test_policy_code_does_not_import_the_truth(module):
     tree = ast.parse(inspect.getsource(__import__(f"mlsyskit.tools.sched.policies.{module}", fromlist=["x"])))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -109,32 +112,90 @@ def test_the_comparison_catches_a_policy_that_reads_the_truth():
     assert logs[0][0] != logs[1][0]
 
 
-def test_loss_fit_recovers_total_work_from_the_first_half():
-    errors = []
+def test_loss_curves_are_not_of_the_family_optimus_fits():
+    # The simulator's curves are power laws with a floor and exponent 0.3-0.8; Optimus fits
+    # 1 / (b0 k + b1) + b2 (exponent 1). From the first half of training its estimate of the total
+    # work is usually off by more than 10%, as on real jobs, but it still gives one.
+    errors, estimates = [], 0
     for i in range(20):
         job = JobSpec(i, f"job-{i}", "bert", 0.0, 1, 384, work=random.Random(i).uniform(1e5, 1e8))
         curve = loss_curve(3, job)
+        assert curve.at(job.work) == pytest.approx(curve.target) and 0.3 <= curve.alpha <= 0.8
         points = [(job.work * f, noisy_loss(3, job, curve, job.work * f, n))
                   for n, f in enumerate((0.05, 0.1, 0.2, 0.3, 0.4, 0.5))]
         estimate = loss_fit.total_work(points, curve.target)
+        estimates += estimate is not None
         errors.append(abs(estimate - job.work) / job.work if estimate else 1.0)
     errors.sort()
-    assert errors[10] < 0.25, errors          # median error after half the training
+    assert errors[10] > 0.1, errors            # median error after half the training
+    assert estimates >= 5
     assert loss_fit.total_work(points[:2], curve.target) is None   # too few reports to say
 
 
-def test_model_with_error_has_about_the_error_asked_and_none_at_zero():
+APPS = (("bert", (384,)), ("cifar10", (2048, 4096)), ("imagenet", (3200,)), ("ncf", (32768,)), ("yolov3", (64,)),
+        ("deepspeech2", (320,)))
+
+
+def _shapes():
+    return [(g,) if g <= 4 else (4, g - 4) for g in range(1, 9)]
+
+
+def test_the_prior_has_about_the_error_asked_and_is_not_the_truth_at_zero():
+    exact = PriorModel.of(TRUTH, 0.0, seed=1)
     for error in (0.1, 0.25):
-        fitted = ModelWithError(TRUTH, error, seed=1)
-        rel = [abs(fitted.rate(app, (g,), b) / TRUTH.rate(app, (g,), b) - 1)
-               for app, batches in (("bert", (384,)), ("cifar10", (2048, 4096)), ("imagenet", (3200,)),
-                                    ("ncf", (32768,)), ("yolov3", (64,)), ("deepspeech2", (320,)))
-               for b in batches for g in range(1, 7)]
-        assert 0.4 * error < sum(rel) / len(rel) < 2.0 * error
-    exact = ModelWithError(TRUTH, 0.0, seed=1)
-    assert exact.rate("bert", (4,), 384) == TRUTH.rate("bert", (4,), 384)
+        prior = PriorModel.of(TRUTH, error, seed=1)
+        rel = [abs(prior.rate(app, s, b) / exact.rate(app, s, b) - 1) for app, batches in APPS for b in batches
+               for s in _shapes()]
+        assert 0.3 * error < sum(rel) / len(rel) < 2.5 * error
+    # with no added error it is still the fitted form, not the simulator's measured curves
+    misfit = [abs(exact.rate(app, s, b) / TRUTH.rate(app, s, b) - 1) for app, batches in APPS for b in batches
+              for s in _shapes()]
+    assert sum(misfit) / len(misfit) > 0.02
+    assert DEFAULT_MODEL_ERROR > 0
     with pytest.raises(ValueError):
-        ModelWithError(TRUTH, float("nan"))
+        PriorModel.of(TRUTH, float("nan"))
+
+
+def _reachable(root, limit=200_000):
+    """Every object reachable from `root` through references (gc's view: attributes, closures,
+    bound methods, containers)."""
+    seen, todo, out = set(), [root], []
+    while todo and len(seen) < limit:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, type | type(inspect)):
+            continue
+        seen.add(id(obj))
+        out.append(obj)
+        todo.extend(gc.get_referents(obj))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_policy_cannot_reach_the_true_throughput(name):
+    # A policy built as every replay builds it holds no path to the simulator's throughput model
+    # or to the measured profiles behind it, only the fitted prior and what the replay measured.
+    model = policy_model(TRUTH, DEFAULT_MODEL_ERROR, seed=0)
+    policy = create_policy(name, model, PolicyOptions())
+    found = {type(o).__name__ for o in _reachable(policy) if isinstance(o, ThroughputModel | AppProfile | Curve)}
+    assert not found and model.rate("bert", (4,), 384) != TRUTH.rate("bert", (4,), 384)
+
+
+def test_the_learned_model_takes_in_measurements():
+    model = LearnedModel(PriorModel.of(TRUTH, 0.2, seed=3))
+    before = {s: model.rate("imagenet", s, 3200) for s in ((4,), (4, 4), (4, 4, 4, 4))}
+    truth = {s: TRUTH.rate("imagenet", s, 3200) for s in before}
+    model.samples.extend([("imagenet", (4,), 3200, truth[(4,)] * 1.02), ("imagenet", (4,), 3200, truth[(4,)] * 0.98)])
+    assert model.rate("imagenet", (4,), 3200) == pytest.approx(truth[(4,)], rel=1e-3)   # the measured shape
+    # an unmeasured shape moves by the measured/prior ratio at (4,)
+    ratio = model.rate("imagenet", (4,), 3200) / before[(4,)]
+    assert model.rate("imagenet", (4, 4), 3200) == pytest.approx(before[(4, 4)] * ratio)
+    assert model.version == 1
+    model.samples.append(("imagenet", (4,), 3200, truth[(4,)]))   # a third sample: no refresh until the 4th
+    model.rate("imagenet", (4,), 3200)
+    assert model.version == 1
+    # another batch of the same application learns from this one's history
+    other = model.rate("imagenet", (8,), 6400) / model.prior.rate("imagenet", (8,), 6400)
+    assert other == pytest.approx(ratio, rel=1e-6)
 
 
 def test_model_error_moves_results_but_every_job_finishes():

@@ -6,7 +6,7 @@ from sched_toy import DIP, FLAT, LINEAR, SUB, job, run_job, state_with, toy_mode
 
 from mlsyskit.tools.sched.cluster import ClusterSpec
 from mlsyskit.tools.sched.policies import POLICIES, Policy, PolicyOptions, create_policy, register
-from mlsyskit.tools.sched.policies.marble import sized_shapes
+from mlsyskit.tools.sched.policies.sizing import sized_shapes
 from mlsyskit.tools.sched.simulator import Simulator
 from mlsyskit.tools.sched.state import Preempt, Resize, Start
 
@@ -20,7 +20,8 @@ def starts(decision):
 
 
 def test_registry_has_the_six_policies_and_rejects_bad_names():
-    assert sorted(POLICIES) == ["backfill", "fifo", "marble", "marble-elastic", "marble-las", "optimus", "tiresias"]
+    assert sorted(POLICIES) == ["backfill", "fifo", "marble", "marble-elastic", "marble-fifo", "marble-las", "optimus",
+                              "tiresias"]
     with pytest.raises(KeyError, match="unknown policy"):
         create_policy("lsf", MODEL)
 
@@ -82,21 +83,21 @@ def test_backfill_lets_only_a_job_that_ends_before_the_reservation_pass():
 def test_marble_packs_two_jobs_on_one_node_where_fifo_serialises_them():
     # A (flat, asks 6) is efficient on 2 GPUs; B (lin, asks 4) on 4: both fit on the 6-GPU node.
     a, b = job(1, "flat", 6, 36000.0), job(2, "lin", 4, 144000.0)
-    d = create_policy("marble", MODEL).decide(state_with(ONE_NODE, [a, b]))
+    d = create_policy("marble-fifo", MODEL).decide(state_with(ONE_NODE, [a, b]))
     s = starts(d)
     assert {k: v.shape for k, v in s.items()} == {1: (2,), 2: (4,)}
     # End to end: marble A = 36000/18 = 2000 s, B = 144000/40 = 3600 s -> mean 2800 s.
     # fifo: A alone on the node at 22/s = 1636.4 s, then B 3600 s -> B ends at 5236.4 s.
     res = {p: Simulator(ONE_NODE, create_policy(p, MODEL), MODEL, [a, b], restart_cost=0).run()
-           for p in ("marble", "fifo")}
-    assert res["marble"].finish == pytest.approx({1: 2000.0, 2: 3600.0})
+           for p in ("marble-fifo", "fifo")}
+    assert res["marble-fifo"].finish == pytest.approx({1: 2000.0, 2: 3600.0})
     assert res["fifo"].finish == pytest.approx({1: 36000 / 22, 2: 36000 / 22 + 3600})
 
 
 def test_marble_best_fit_fills_the_fuller_node_first():
     state = state_with(TWO_NODES, [job(1, "flat", 2, 100)])
     run_job(state, MODEL, job(9, "lin", 4, 1e6), [(1, 4)])   # node 1 has 2 free, node 0 has 6
-    assert starts(create_policy("marble", MODEL).decide(state))[1].placement == ((1, 2),)
+    assert starts(create_policy("marble-fifo", MODEL).decide(state))[1].placement == ((1, 2),)
 
 
 def test_marble_starts_small_when_that_beats_waiting():
@@ -106,25 +107,25 @@ def test_marble_starts_small_when_that_beats_waiting():
     state = state_with(ONE_NODE, [job(1, "lin", 6, 1.0)], history=history)
     run_job(state, MODEL, job(9, "flat", 2, 1.0), [(0, 2)])
     # now on 4 GPUs: 60000/40 = 1500 s; waiting: 1e5 + 1000 s -> start small
-    assert starts(create_policy("marble", MODEL).decide(state))[1].shape == (4,)
+    assert starts(create_policy("marble-fifo", MODEL).decide(state))[1].shape == (4,)
     # if the busy GPUs are expected to free at t=10, waiting (10 + 1000 s) beats 1500 s on 4 GPUs
     state = state_with(ONE_NODE, [job(1, "lin", 6, 1.0)], history={"lin": [60.0 * 1000], "flat": [18.0 * 10]})
     run_job(state, MODEL, job(9, "flat", 2, 1.0), [(0, 2)])
-    assert starts(create_policy("marble", MODEL).decide(state)) == {}
+    assert starts(create_policy("marble-fifo", MODEL).decide(state)) == {}
 
 
 def test_marble_sizes_for_the_cluster_under_queue_pressure():
     # Alone, a sub job asking 6 gets p* = 4 (threshold 0.5).
-    assert starts(create_policy("marble", MODEL).decide(state_with(ONE_NODE, [job(1, "sub", 6, 1e4)])))[1].shape == (4,)
+    assert starts(create_policy("marble-fifo", MODEL).decide(state_with(ONE_NODE, [job(1, "sub", 6, 1e4)])))[1].shape == (4,)
     # Two of them want 4 + 4 = 8 > 6 free GPUs: the first is sized at the pressure threshold (0.8):
     # 2 GPUs (its third would add 0.7). Then the second alone wants 4 <= 4 free: it gets 4.
-    d = create_policy("marble", MODEL).decide(state_with(ONE_NODE, [job(1, "sub", 6, 1e4), job(2, "sub", 6, 1e4)]))
+    d = create_policy("marble-fifo", MODEL).decide(state_with(ONE_NODE, [job(1, "sub", 6, 1e4), job(2, "sub", 6, 1e4)]))
     assert {k: v.shape for k, v in starts(d).items()} == {1: (2,), 2: (4,)}
     # pressure_threshold at or below the efficiency threshold turns the rule off: the first gets 4;
     # the second's 4 do not fit, and with nothing running that would free them (the first started
     # in this same decision) waiting has no end, so it starts on the 2 GPUs left.
     opts = PolicyOptions(pressure_threshold=0.5)
-    d = create_policy("marble", MODEL, opts).decide(state_with(ONE_NODE, [job(1, "sub", 6, 1e4), job(2, "sub", 6, 1e4)]))
+    d = create_policy("marble-fifo", MODEL, opts).decide(state_with(ONE_NODE, [job(1, "sub", 6, 1e4), job(2, "sub", 6, 1e4)]))
     assert {k: v.shape for k, v in starts(d).items()} == {1: (4,), 2: (2,)}
 
 
@@ -135,7 +136,7 @@ def test_marble_elastic_grows_a_shrunken_job_when_gpus_free_up():
     d = create_policy("marble-elastic", MODEL).decide(state)
     # remaining 600000 samples: 15000 s on 4 GPUs vs 30 + 10000 s on 6 -> grow
     assert [type(a) for a in d.actions] == [Resize] and d.actions[0].shape == (6,)
-    assert create_policy("marble", MODEL).decide(state).actions == ()
+    assert create_policy("marble-fifo", MODEL).decide(state).actions == ()
 
 
 def test_marble_elastic_does_not_grow_into_gpus_a_waiting_job_is_promised():

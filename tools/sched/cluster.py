@@ -20,8 +20,10 @@ MAX_NODES = 100_000   # per-node state is held in lists; more is not a cluster t
 @dataclass(frozen=True)
 class ClusterSpec:
     """`nodes` nodes of `gpus_per_node` GPUs, or, with `node_gpus`, nodes of different sizes
-    (`gpus_per_node` is then the largest: policies lay shapes out for it, and best fit puts each
-    per-node count only on a node with that many GPUs free)."""
+    (`gpus_per_node` is then the largest: policies lay shapes out for it first, and best fit puts
+    each per-node count only on a node with that many GPUs free; a layout that cannot fit the
+    node sizes falls back to `FreeMap.spread`, and exclusive allocation takes whole nodes of any
+    size, so every job of at most `total_gpus` GPUs can run on an empty cluster)."""
 
     nodes: int
     gpus_per_node: int
@@ -43,6 +45,14 @@ class ClusterSpec:
         if len(set(gpus)) == 1:
             return cls(len(gpus), gpus[0])
         return cls(len(gpus), max(gpus), gpus)
+
+    def can_hold(self, shape: Iterable[int]) -> bool:
+        """Whether an empty cluster of these node sizes can hold `shape` (per-node GPU counts)."""
+        need = sorted(shape, reverse=True)
+        if not self.node_gpus:
+            return len(need) <= self.nodes and (not need or need[0] <= self.gpus_per_node)
+        caps = sorted(self.node_gpus, reverse=True)
+        return len(need) <= len(caps) and all(n <= c for n, c in zip(need, caps, strict=False))
 
     def capacity(self, node: int) -> int:
         return self.node_gpus[node] if self.node_gpus else self.gpus_per_node
@@ -84,6 +94,8 @@ class FreeMap:
         for node, gpus in enumerate(self.free):
             self.buckets[gpus][node] = None
         self.total = spec.total_gpus
+        self.whole: dict[int, None] = dict.fromkeys(range(spec.nodes))   # wholly free nodes
+        self.whole_gpus = spec.total_gpus
 
     def copy(self) -> FreeMap:
         other = FreeMap.__new__(FreeMap)
@@ -91,16 +103,25 @@ class FreeMap:
         other.free = self.free.copy()
         other.buckets = [b.copy() for b in self.buckets]
         other.total = self.total
+        other.whole = self.whole.copy()
+        other.whole_gpus = self.whole_gpus
         return other
 
     def _move(self, node: int, new_free: int) -> None:
         old = self.free[node]
         if not 0 <= new_free <= self.spec.capacity(node):
             raise ValueError(f"node {node} would have {new_free} free GPUs (of {self.spec.capacity(node)})")
+        cap = self.spec.capacity(node)
         del self.buckets[old][node]
         self.buckets[new_free][node] = None
         self.free[node] = new_free
         self.total += new_free - old
+        if old == cap:
+            del self.whole[node]
+            self.whole_gpus -= cap
+        if new_free == cap:
+            self.whole[node] = None
+            self.whole_gpus += cap
 
     def take(self, placement: Placement) -> None:
         for node, gpus in placement:
@@ -119,9 +140,9 @@ class FreeMap:
                 return f
         return 0
 
-    def whole_free_nodes(self) -> int:
-        """Wholly free nodes of the largest size (exclusive whole-node allocation uses only those)."""
-        return len(self.buckets[self.spec.gpus_per_node])
+    def whole_free_gpus(self) -> int:
+        """GPUs on wholly free nodes (what exclusive whole-node allocation can use)."""
+        return self.whole_gpus
 
     def _pick(self, need: int, used: set[int], best_fit: bool) -> int | None:
         g = self.spec.gpus_per_node
@@ -148,17 +169,25 @@ class FreeMap:
             out.append((node, need))
         return tuple(out)
 
-    def whole_nodes(self, count: int) -> Placement | None:
-        """`count` wholly free nodes (exclusive allocation, as LSF does)."""
-        bucket = self.buckets[self.spec.gpus_per_node]
-        if len(bucket) < count:
+    def whole_nodes(self, gpus: int) -> Placement | None:
+        """Wholly free nodes with at least `gpus` GPUs together (exclusive allocation, as LSF does):
+        the smallest single node that is big enough, else the largest nodes first (then the last
+        one swapped for the smallest that still covers the rest). None when they do not suffice."""
+        if gpus > self.whole_gpus:
             return None
-        nodes = []
-        for node in bucket:
-            nodes.append(node)
-            if len(nodes) == count:
-                break
-        return tuple((n, self.spec.gpus_per_node) for n in nodes)
+        cap = self.spec.capacity
+        if not self.spec.node_gpus:   # uniform nodes: the first ones free
+            count = -(-gpus // self.spec.gpus_per_node)
+            return tuple((n, self.spec.gpus_per_node) for n, _ in zip(self.whole, range(count), strict=False))
+        nodes = sorted(self.whole, key=lambda n: (-cap(n), n))
+        out, left = [], gpus
+        for i, node in enumerate(nodes):
+            if cap(node) >= left:
+                last = min((n for n in nodes[i:] if cap(n) >= left), key=lambda n: (cap(n), n))
+                return tuple(out + [(last, cap(last))])
+            out.append((node, cap(node)))
+            left -= cap(node)
+        return None
 
     def spread(self, gpus: int) -> Placement | None:
         """`gpus` GPUs on as few nodes as the free map allows (most-free nodes first)."""

@@ -10,9 +10,9 @@ from pathlib import Path
 from mlsyskit.core.errors import UsageError
 from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.sched.cluster import ClusterSpec
-from mlsyskit.tools.sched.ground_truth import ModelWithError
 from mlsyskit.tools.sched.metrics import aggregate, summarize, timing
 from mlsyskit.tools.sched.policies import POLICIES, PolicyOptions, create_policy
+from mlsyskit.tools.sched.policies.learned import DEFAULT_MODEL_ERROR, LearnedModel, PriorModel
 from mlsyskit.tools.sched.simulator import SimResult, Simulator
 from mlsyskit.tools.sched.state import JobSpec
 from mlsyskit.tools.sched.throughput import ThroughputModel
@@ -91,13 +91,15 @@ class Run:
 def run_one(source: WorkloadSource, spec: ClusterSpec, policy: str, seed: int, model: ThroughputModel,
             options: PolicyOptions, restart_cost: float, events_path: Path | None = None,
             on_finish: Callable[[int], None] | None = None, jobs: list[JobSpec] | None = None,
-            model_error: float = 0.0) -> Run:
-    """One replay. `model` is the ground truth; the policy gets it off by `model_error` (mean
-    relative error of its fitted model, seeded by `seed`), and sees jobs only as JobViews."""
+            model_error: float = DEFAULT_MODEL_ERROR) -> Run:
+    """One replay. `model` is the ground truth, which only the simulator reads; the policy gets a
+    `LearnedModel`: the applications' fitted scaling models off by `model_error` (mean relative
+    error, seeded by `seed`), corrected by the throughput the replay measures; it sees jobs only
+    as JobViews."""
     jobs = jobs if jobs is not None else source.load(model, seed, spec)
-    fitted = ModelWithError(model, model_error, seed)
-    sim = Simulator(spec, create_policy(policy, fitted, options), model, jobs, restart_cost=restart_cost,
-                    on_finish=on_finish, seed=seed)
+    learned = policy_model(model, model_error, seed)
+    sim = Simulator(spec, create_policy(policy, learned, options), model, jobs, restart_cost=restart_cost,
+                    on_finish=on_finish, seed=seed, samples=learned.samples)
     if events_path is not None:
         sim.telemetry = Telemetry(clock=sim.loop.clock, log_path=events_path, run_id=f"{policy}-seed{seed}")
     try:
@@ -107,8 +109,13 @@ def run_one(source: WorkloadSource, spec: ClusterSpec, policy: str, seed: int, m
     return Run(policy, seed, result, summarize(result, spec.total_gpus), timing(result))
 
 
+def policy_model(truth: ThroughputModel, model_error: float = DEFAULT_MODEL_ERROR, seed: int = 0) -> LearnedModel:
+    """What a policy knows about throughput in a replay of `truth` (policies.learned)."""
+    return LearnedModel(PriorModel.of(truth, model_error, seed))
+
+
 def report(runs: list[Run], source: WorkloadSource, spec: ClusterSpec, options: PolicyOptions,
-           restart_cost: float, model_error: float = 0.0) -> dict:
+           restart_cost: float, model_error: float = DEFAULT_MODEL_ERROR) -> dict:
     """The deterministic JSON document: per policy, every seed's summary and their mean."""
     policies: dict[str, dict] = {}
     for run in runs:

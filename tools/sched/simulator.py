@@ -84,7 +84,8 @@ def check_jobs(jobs: list[JobSpec], spec: ClusterSpec) -> None:
 class Simulator:
     def __init__(self, spec: ClusterSpec, policy: Policy, model: ThroughputModel, jobs: list[JobSpec],
                  restart_cost: float = 30.0, telemetry: Telemetry | None = None,
-                 on_finish: Callable[[int], None] | None = None, seed: int = 0, rate_noise: float = 0.03) -> None:
+                 on_finish: Callable[[int], None] | None = None, seed: int = 0, rate_noise: float = 0.03,
+                 samples: list | None = None) -> None:
         check_jobs(jobs, spec)
         if not (math.isfinite(restart_cost) and restart_cost >= 0):
             raise ValueError(f"restart cost must be a finite number of seconds >= 0, got {restart_cost}")
@@ -97,6 +98,8 @@ class Simulator:
         self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.job_id))
         self.loop = EventLoop()
         self.state = ClusterState(spec, FreeMap(spec), restart_cost=restart_cost)
+        if samples is not None:   # the policy's learned model reads the measurements from this list
+            self.state.samples = samples
         self.telemetry = telemetry or Telemetry(clock=self.loop.clock)
         self.on_finish = on_finish
         self.records = {j.job_id: JobRecord(j) for j in self.jobs}
@@ -267,6 +270,7 @@ class Simulator:
         view.placement, view.shape, view.since, view.busy_until = placement, shape, now, rec.busy_until
         view.first_start, view.started_before = rec.first_start, True
         view.measured_rate = measured_rate(self.seed, rec.spec, rec.restarts, rec.rate, self.rate_noise)
+        self.state.samples.append((rec.spec.app, shape, rec.spec.batch_size, view.measured_rate))
         left = estimated_remaining(self.state.history, view, now, view.measured_rate)
         view.est_end = rec.busy_until + left / view.measured_rate
         self.state.running[job_id] = view

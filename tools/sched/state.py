@@ -151,7 +151,8 @@ class ClusterState:
     end, job_id) of running jobs, earliest first (estimates already passed count as now).
     `arrived` and `finished` are append-only journals of job ids, so a policy that keeps an index
     (tiresias) can follow changes from a cursor instead of rescanning the queue; a caller that
-    builds a fresh state per decision may leave them empty (the policy then rebuilds)."""
+    builds a fresh state per decision may leave them empty (the policy then rebuilds). `samples`
+    journals measured throughputs the same way."""
 
     spec: ClusterSpec
     free: FreeMap
@@ -163,6 +164,9 @@ class ClusterState:
     history: WorkHistory = field(default_factory=WorkHistory)
     arrived: list[int] = field(default_factory=list)
     finished: list[int] = field(default_factory=list)
+    # throughput samples the cluster reported, (app, shape, global batch, samples/s measured with
+    # noise), one per start or resize, append-only: what policies.learned.LearnedModel learns from
+    samples: list[tuple[str, Shape, int, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

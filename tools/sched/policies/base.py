@@ -44,6 +44,12 @@ class PolicyOptions:
     # marble-las: its own pressure threshold, chosen by leave-one-family-out cross-validation in
     # scripts/bench_marble.py (0.5 = pressure sizing off won on every held-out family).
     las_pressure_threshold: float = 0.5
+    # marble (scripts/bench_marble.py chose these on the four shipped Pollux workloads only):
+    grow_threshold: float = 0.3           # least marginal gain of a GPU beyond a job's p*, in single-GPU units
+    elastic_max_scale: float = 4.0        # a job gets at most this many times the GPUs it asked for
+    resize_interval: float = 1800.0       # seconds between two growths of one running job (bounded restarts)
+    grow_period: float = 300.0            # seconds between passes that grow running jobs onto idle GPUs
+    starvation_s: float = 24 * 3600.0     # a job waiting this long goes ahead of every other (starvation guard)
 
     def __post_init__(self) -> None:
         require(0.0 <= self.efficiency_threshold <= 1.5, "efficiency_threshold must be in [0, 1.5]")
@@ -54,6 +60,10 @@ class PolicyOptions:
         require(self.optimus_interval > 0, "optimus_interval must be > 0")
         require(self.grow_min_gain >= 0, "grow_min_gain must be >= 0")
         require(0.0 <= self.las_pressure_threshold <= 1.5, "las_pressure_threshold must be in [0, 1.5]")
+        require(0.0 < self.grow_threshold <= 1.5, "grow_threshold must be in (0, 1.5]")
+        require(1.0 <= self.elastic_max_scale <= 64.0, "elastic_max_scale must be in [1, 64]")
+        require(self.resize_interval >= 0 and self.grow_period > 0, "resize_interval must be >= 0, grow_period > 0")
+        require(self.starvation_s > 0, "starvation_s must be > 0")
 
 
 class Policy(ABC):

@@ -1,4 +1,4 @@
-"""Helpers shared by several policies: runtime estimates and EASY reservations.
+"""Helpers shared by several policies: runtime estimates, EASY reservations, whole-node layouts.
 
 Estimates use only what a scheduler observes (state.py): a job's reported progress, the history
 of finished jobs' sizes and the policy's (fitted, imperfect) throughput model.
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from mlsyskit.tools.sched.cluster import Placement
 from mlsyskit.tools.sched.profiles import Shape
 from mlsyskit.tools.sched.state import ClusterState, JobView, estimated_remaining
 from mlsyskit.tools.sched.throughput import compact_shape
@@ -40,21 +41,13 @@ def gpu_shadow(state: ClusterState, free_now: int, need: int) -> tuple[float, in
     return math.inf, 0
 
 
-def node_shadow(state: ClusterState, free_nodes: int, need_nodes: int) -> tuple[float, int]:
-    """The same on whole nodes, for exclusive (LSF-style) allocation."""
-    avail = free_nodes
-    if avail >= need_nodes:
-        return state.now, avail - need_nodes
-    for end, job_id in state.by_end:
-        avail += len(state.running[job_id].placement)
-        if avail >= need_nodes:
-            return max(end, state.now), avail - need_nodes
-    return math.inf, 0
-
-
-def nodes_for(gpus: int, gpus_per_node: int) -> int:
-    return -(-gpus // gpus_per_node)
-
-
-def exclusive_shape(gpus: int, gpus_per_node: int) -> Shape:
-    return compact_shape(gpus, gpus_per_node)
+def exclusive_shape(placement: Placement, gpus: int) -> Shape:
+    """The GPUs a job asking for `gpus` computes on within the whole nodes `placement` (the
+    largest nodes filled first)."""
+    out, left = [], gpus
+    for g in sorted((g for _, g in placement), reverse=True):
+        if left <= 0:
+            break
+        out.append(min(g, left))
+        left -= out[-1]
+    return tuple(out)

@@ -1,198 +1,269 @@
-"""marble: MARBLE's multi-GPU-aware FIFO scheduling (Han et al., CCGrid'20).
+"""marble (ours; the default): elastic, goodput-aware GPU counts from measured scaling curves.
 
-1. Size: a job asking for R GPUs gets p* <= R GPUs, where the marginal gain of one more GPU
-   (on the concave envelope of its application's throughput curve at its global batch) drops
-   below `efficiency_threshold` single-GPU throughputs (`sized_shapes`). Each count p is laid
-   out on its best shape: full nodes plus a remainder, or the same nodes split evenly, whichever
-   the model says is faster. Under queue pressure (the waiting jobs' p* add up to more than the
-   free GPUs) the bar is `pressure_threshold`: sizing for the cluster's throughput, not one job's.
-2. Pack: the shape goes best-fit onto nodes (fewest free GPUs that still fit), so several jobs
-   share a node and nodes stay busy; nodes are never held exclusively.
-3. Order: FIFO. A job whose p* GPUs do not fit may start now on fewer GPUs when that finishes it
-   sooner than waiting for p* (the wait is the EASY shadow time on GPU counts). The first job
-   that waits keeps a reservation; later jobs backfill around it as in EASY (they end before
-   the shadow time or use GPUs the reservation leaves spare), also shrinking where that helps.
+Who runs: Tiresias' discretised least-attained-service order with preemption (tiresias.py, the
+incremental index), plus a starvation guard: a job that has waited `starvation_s` since it
+(re)entered the queue goes ahead of every other until its next queue crossing.
+
+How many GPUs (MARBLE's insight, Pollux's use of it): training throughput grows sublinearly with
+GPUs, and each job's curve T(k) is known from measurements (policies.learned: a fitted prior
+corrected by the throughput the cluster reports; never the simulator's truth).
+- A job is admitted on its efficient size p* <= its request (sizing.efficient_size at
+  `efficiency_threshold`): fewer GPUs than asked where the curve flattens. Running jobs count at
+  most their p* in the admission walk, so GPUs a job holds beyond p* never keep another job out.
+- GPUs left over go one at a time where they save the most estimated job time: to the job whose
+  (estimated remaining work, from the history of finished jobs) x (1/T(k) - 1/T(k+1)) is
+  largest, while that GPU adds at least `grow_threshold` single-GPU throughputs on the job's
+  curve and the job holds at most `elastic_max_scale` x its request. An idle cluster thus gives
+  jobs more than they asked for.
+- Newly admitted jobs start on their share at once. Running jobs grow by checkpoint-restart only
+  when that saves more than `grow_min_gain` restart costs, at most once per `resize_interval`
+  each, in passes at most every `grow_period` (bounded restarts). When admitted jobs need GPUs
+  that grown jobs hold, the lowest-priority grown jobs shrink back to p* (one restart each)
+  before anything else happens.
+
+Where: each count on its best layout (sizing.best_shape), best fit onto nodes so jobs share
+nodes; a layout the node sizes cannot hold goes onto any nodes with free GPUs (`FreeMap.spread`),
+so on mixed node sizes every job that fits the cluster's GPU count can start.
 """
 from __future__ import annotations
 
+import bisect
+import heapq
+import math
+
 from mlsyskit.tools.sched.cluster import FreeMap, Placement
-from mlsyskit.tools.sched.policies.base import Policy
-from mlsyskit.tools.sched.policies.common import gpu_shadow, remaining_work, runtime
+from mlsyskit.tools.sched.policies.common import remaining_work
+from mlsyskit.tools.sched.policies.sizing import efficient_size, ladder, layouts, sized_shapes
+from mlsyskit.tools.sched.policies.tiresias import Tiresias
 from mlsyskit.tools.sched.profiles import Shape
-from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Start
-from mlsyskit.tools.sched.throughput import ThroughputModel, compact_shape
+from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Preempt, Resize, Start
+
+Curve = tuple[int, list[int], list[Shape], list[float]]   # (p*, sizes to grow to, shapes, rates)
+__all__ = ["Marble", "sized_shapes"]   # sized_shapes: cli.py reads it from here
 
 
-def best_shape(model: ThroughputModel, app: str, batch: int, gpus: int, gpus_per_node: int) -> Shape:
-    """The faster of the compact layout and the even split over the same number of nodes."""
-    compact = compact_shape(gpus, gpus_per_node)
-    nodes = len(compact)
-    base, rest = divmod(gpus, nodes)
-    even = tuple(sorted([base + 1] * rest + [base] * (nodes - rest), reverse=True))
-    if even == compact:
-        return compact
-    return max((compact, even), key=lambda s: (model.rate(app, s, batch), s))
+def _shape_of(placement: Placement) -> Shape:
+    return tuple(sorted((g for _, g in placement), reverse=True))
 
 
-def sized_shapes(model: ThroughputModel, app: str, batch: int, request: int, gpus_per_node: int,
-                 threshold: float) -> list[Shape]:
-    """Best shapes for 1..p* GPUs (index p-1), p* <= request: where the marginal gain of one more
-    GPU drops below `threshold` single-GPU throughputs.
-
-    Marginal gains are read off the upper concave envelope of the measured curve T(0)=0, T(1),
-    ..., T(request): from the last accepted size a, the next envelope vertex q is the size with
-    the steepest slope (T(q) - T(a)) / (q - a), the farthest on ties. That slope is the marginal
-    gain of each GPU from a to q; q is accepted while it is >= threshold. On the envelope the
-    gains only fall, so "where the gain drops below the threshold" is one well-defined point, and
-    a dip in the measurements (yolov3 runs slower on 3 GPUs than on 2, then faster on 4) is
-    bridged instead of ending the walk. p* is always a measured point of the curve."""
-    shapes = [best_shape(model, app, batch, p, gpus_per_node) for p in range(1, request + 1)]
-    rates = [0.0] + [model.rate(app, s, batch) for s in shapes]   # rates[p] = T(p)
-    accepted = 0
-    while accepted < request:
-        gain, vertex = -float("inf"), accepted
-        for q in range(accepted + 1, request + 1):
-            slope = (rates[q] - rates[accepted]) / (q - accepted)
-            if slope >= gain - 1e-12:
-                gain, vertex = slope, q
-        if gain < threshold * rates[1]:
-            break
-        accepted = vertex
-    return shapes[: max(accepted, 1)]
-
-
-class Marble(Policy):
+class Marble(Tiresias):
     name = "marble"
-    description = "FIFO, efficient GPUs per job from its scaling curve, best-fit node sharing, EASY"
-    memoise_refusals = True
+    description = "ours: elastic goodput-aware GPU counts from measured scaling curves, LAS order, starvation guard"
 
     def __init__(self, model, options=None) -> None:
         super().__init__(model, options)
-        self._sizes: dict[tuple[str, int, int, int, float], list[Shape]] = {}
-        self._fresh: dict[tuple, float] = {}   # estimates of never-started jobs, this decision only
-        self._fresh_at: tuple[float, int] | None = None
+        self._curves: dict[tuple[str, int, int, int, int], Curve] = {}
+        self._version: int | None = None
+        self._resized: dict[int, float] = {}   # job -> when this policy last resized it
+        self._grown: set[int] = set()          # running jobs holding more than their p*
+        self._promoted: set[int] = set()       # waiting jobs the starvation guard moved ahead
+        self._last_grow = -math.inf
 
-    def shapes_for(self, job: JobView, gpus_per_node: int, threshold: float | None = None) -> list[Shape]:
-        thr = self.options.efficiency_threshold if threshold is None else threshold
-        key = (job.app, job.batch_size, job.gpus, gpus_per_node, thr)
-        shapes = self._sizes.get(key)
-        if shapes is None:
-            shapes = sized_shapes(self.model, *key)
-            self._sizes[key] = shapes
-        return shapes
+    # ---- sizes -----------------------------------------------------------------------------------
+    def curve(self, state: ClusterState, job: JobView) -> Curve:
+        version = getattr(self.model, "version", 0)   # a learned model's estimates changed
+        if version != self._version:
+            self._curves.clear()
+            self._version = version
+        gpn, total = state.spec.gpus_per_node, state.spec.total_gpus
+        key = (job.app, job.batch_size, job.gpus, gpn, total)
+        found = self._curves.get(key)
+        if found is None:
+            opts = self.options
+            cap = min(total, max(job.gpus, int(job.gpus * opts.elastic_max_scale)))
+            shapes, rates = layouts(self.model, job.app, job.batch_size, cap, gpn)
+            base = efficient_size(rates, job.gpus, opts.efficiency_threshold)
+            found = self._curves[key] = (base, ladder(rates, base, opts.grow_threshold), shapes, rates)
+        return found
 
-    def remaining(self, state: ClusterState, job: JobView) -> float:
-        """remaining_work, memoised within one decision for jobs that never ran (a scan of a long
-        queue then estimates each kind of job once: they differ only in application and request)."""
-        if job.progress or job.placement:
-            return remaining_work(self.model, state, job)
-        moment = (state.now, len(state.finished))
-        if moment != self._fresh_at:
-            self._fresh, self._fresh_at = {}, moment
-        key = (job.app, job.gpus, job.batch_size)
-        if key not in self._fresh:
-            self._fresh[key] = remaining_work(self.model, state, job)
-        return self._fresh[key]
+    def grant(self, state: ClusterState, job: JobView, capacity: int) -> int:
+        base = self.curve(state, job)[0]
+        return base if base <= capacity else 0
 
-    def decide(self, state: ClusterState) -> Decision:
-        if not state.queue or state.free.total == 0:
-            return Decision()
-        free = state.free.copy()
-        actions, _, _ = self.place_queue(state, free)
-        return Decision(tuple(actions))
+    def holds(self, state: ClusterState, job: JobView) -> int:
+        return min(job.held_gpus, self.curve(state, job)[0])
 
-    def place_queue(self, state: ClusterState, free: FreeMap) -> tuple[list[Action], float | None, int]:
-        """FIFO with shrink-or-wait and EASY backfilling behind the first blocked job; takes from `free`.
-        Returns the starts, and the reservation left at the end: its shadow time (None when no job
-        waits) and the GPUs it leaves spare."""
-        gpn = state.spec.gpus_per_node
-        actions: list[Action] = []
-        shadow, extra = None, 0
-        scanned = 0
-        # Queue pressure: the jobs from this one on want (at their p*) more GPUs than are free. A
-        # GPU's alternative use is then a waiting job's first GPU, worth a whole single GPU, so the
-        # bar for the GPUs a job adds rises to `pressure_threshold`. `window` sums p* from the
-        # current job up to a look-ahead pointer that stops once the sum exceeds the free GPUs,
-        # so a long queue is not summed in full.
-        pressure = max(self.options.efficiency_threshold, self.options.pressure_threshold)
-        ahead, window = iter(state.queue.values()), 0
-        waits: dict[tuple[int, int], float] = {}
-        # A job that never ran differs from another of its kind (application, request, batch) in
-        # nothing `_choose` reads, so while the free GPUs and the reservation stay as they are, one
-        # refusal answers for every later job of that kind: a long scan behind a blocked head then
-        # costs a lookup per job, not a placement search (cleared at every start;
-        # `memoise_refusals = False` gives the full rescan the tests compare with).
-        refused: set[tuple[str, int, int, bool]] = set()
+    # ---- index upkeep ----------------------------------------------------------------------------
+    def _rebuild(self, state: ClusterState) -> None:
+        super()._rebuild(state)
+        self._promoted.clear()
+
+    def _guard(self, state: ClusterState) -> float | None:
+        """Promote jobs that waited `starvation_s` (the queue's front waited longest); the time
+        the next one will have waited that long."""
+        limit, now = self.options.starvation_s, state.now
         for job in state.queue.values():
-            if free.total == 0:
-                break
-            quiet = self.shapes_for(job, gpn)
-            if shadow is not None:
-                scanned += 1
-                if scanned > self.options.backfill_depth:
-                    break
-            while window <= free.total and (nxt := next(ahead, None)) is not None:
-                window += sum(self.shapes_for(nxt, gpn)[-1])
-            pressured = window > free.total
-            window -= sum(quiet[-1])
-            kind = None if job.started_before else (job.app, job.gpus, job.batch_size, pressured)
-            if kind is not None and kind in refused:
+            if now - job.since < limit:
+                return job.since + limit
+            if job.job_id in self._promoted:
                 continue
-            shapes = self.shapes_for(job, gpn, pressure) if pressured else quiet
-            choice = self._choose(state, free, job, shapes, shadow, extra, waits)
-            if choice is None:
-                if shadow is None:
-                    shadow, extra = gpu_shadow(state, free.total, sum(shapes[-1]))
-                elif kind is not None and self.memoise_refusals:
-                    refused.add(kind)
+            key = self._key.get(job.job_id)
+            if key is None or key not in self._waiting:
                 continue
-            placement, shape, in_time = choice
-            if shadow is not None and not in_time:
-                extra -= sum(shape)
-            free.take(placement)
-            refused.clear()
-            actions.append(Start(job.job_id, placement, shape))
-        return actions, shadow, extra
+            self._waiting.discard(key)
+            self._key[job.job_id] = promoted = (-1, key[1], key[2])
+            self._waiting.add(promoted)
+            self._promoted.add(job.job_id)
+        return None
 
-    def _choose(self, state: ClusterState, free: FreeMap, job: JobView, shapes: list[Shape],
-                shadow: float | None, extra: int, waits: dict[tuple[int, int], float]
-                ) -> tuple[Placement, Shape, bool] | None:
-        """The largest shape (at most p*) that fits now and respects the reservation; a smaller
-        shape than p* only if it finishes the job sooner than waiting for p* would."""
+    def _to_running(self, job: JobView, now: float, gpus: int) -> None:
+        key = self._key[job.job_id]
+        self._waiting.discard(key)
+        self._running.add(key)
+        self._promoted.discard(job.job_id)
+        self._push_crossing(job, now, job.attained, gpus)
+
+    # ---- the decision ----------------------------------------------------------------------------
+    def decide(self, state: ClusterState) -> Decision:
+        self._sync(state)
         now = state.now
-        target = shapes[-1]
-        work: float | None = None
-        finish_wait = None
-        widest = free.max_free()
-        if shadow is not None and extra <= 0:
-            # Backfilling with no spare GPUs: only a job that ends before the shadow may start. We
-            # take the largest shape it may use as its fastest (true where the model is monotone;
-            # a measured dip, or model error, can make a smaller shape faster: then this errs
-            # towards waiting), so one estimate settles it instead of one per size.
-            work = self.remaining(state, job)
-            largest = shapes[min(len(shapes), free.total) - 1]
-            if now + runtime(self.model, state, job, largest, work) > shadow:
-                return None
-        for gpus in range(min(len(shapes), free.total), 0, -1):  # shapes[p - 1] has p GPUs
-            shape = shapes[gpus - 1]
-            if shape[0] > widest:
-                continue  # no node has that many GPUs free
-            placement = free.fit(shape)
+        starve_wake = self._guard(state)
+        self._grown.intersection_update(state.running)
+        free = state.free.copy()
+        if self._waiting and (not self._running or self._waiting[0] < self._running[-1] or self._grown):
+            admitted, keep = self._walk(state, heapq.merge(self._waiting, self._running), state.spec.total_gpus)
+        elif self._waiting and free.total > 0:
+            admitted, keep = self._walk(state, iter(self._waiting), free.total)
+            keep = None
+        else:
+            admitted, keep = [], None
+        actions: list[Action] = []
+        changed: set[int] = set()
+        if keep is not None:
+            for job_id, job in state.running.items():
+                if job_id not in keep:
+                    actions.append(Preempt(job_id))
+                    free.give(job.placement)
+                    changed.add(job_id)
+                    key = self._key[job_id]
+                    self._running.discard(key)
+                    self._waiting.add(key)
+        need = sum(g for _, g in admitted)
+        if free.total < need:
+            self._shrink(state, free, need, actions, changed)
+        targets = {job.job_id: gpus for job, gpus in admitted}
+        grow_wake = self._share(state, free.total - need, admitted, targets, changed, actions)
+        for job, base in admitted:
+            k = targets[job.job_id]
+            placement = self._place(state, free, job, k) or (self._place(state, free, job, base) if k > base else None)
             if placement is None:
                 continue
-            if work is None:
-                work = self.remaining(state, job)
-            run = runtime(self.model, state, job, shape, work)
-            in_time = shadow is None or now + run <= shadow
-            if not in_time and gpus > extra:
+            free.take(placement)
+            actions.append(Start(job.job_id, placement, _shape_of(placement)))
+            if sum(g for _, g in placement) > base:
+                self._grown.add(job.job_id)
+            self._to_running(job, now, sum(g for _, g in placement))
+        self._grow_running(state, free, targets, changed, actions)
+        return Decision(tuple(actions), self._wake(state, now, actions, starve_wake, grow_wake))
+
+    def _place(self, state: ClusterState, free: FreeMap, job: JobView, gpus: int) -> Placement | None:
+        shapes = self.curve(state, job)[2]
+        shape = shapes[gpus - 1] if gpus <= len(shapes) else None
+        placement = free.fit(shape) if shape is not None and shape[0] <= free.max_free() else None
+        return placement or free.spread(gpus)
+
+    def _shrink(self, state: ClusterState, free: FreeMap, need: int, actions: list[Action], changed: set[int]) -> None:
+        """Grown jobs back to their p*, lowest priority first, until `need` GPUs are free."""
+        for job_id in sorted(self._grown, key=lambda i: self._key[i], reverse=True):
+            if free.total >= need:
+                break
+            if job_id in changed:
                 continue
-            if shape is not target:
-                if finish_wait is None:
-                    key = (sum(target), free.total)
-                    if key not in waits:
-                        waits[key] = gpu_shadow(state, free.total, sum(target))[0]
-                    finish_wait = waits[key] + runtime(self.model, state, job, target, work)
-                if now + run >= finish_wait:
-                    return None
-            return placement, shape, in_time
-        return None
+            job = state.running[job_id]
+            base = self.curve(state, job)[0]
+            if job.held_gpus <= base:   # its p* rose with what was learned: not grown any more
+                self._grown.discard(job_id)
+                continue
+            free.give(job.placement)
+            placement = self._place(state, free, job, base)
+            free.take(placement)
+            actions.append(Resize(job_id, placement, _shape_of(placement)))
+            changed.add(job_id)
+            self._grown.discard(job_id)
+            self._resized[job_id] = state.now
+            self._push_crossing(job, state.now, job.attained_at(state.now), sum(g for _, g in placement))
+
+    def _share(self, state: ClusterState, spare: int, admitted: list[tuple[JobView, int]], targets: dict[int, int],
+               changed: set[int], actions: list[Action]) -> float | None:
+        """Give `spare` GPUs one at a time where they save the most estimated time (targets[job]
+        grows); returns when a pass over running jobs that was not due yet should run."""
+        if spare <= 0:
+            return None
+        now, opts = state.now, self.options
+        jobs = [job for job, _ in admitted]
+        wake = None
+        if state.running:
+            if now - self._last_grow >= opts.grow_period:
+                self._last_grow = now
+                for job_id, job in state.running.items():
+                    if job_id in changed or now < job.busy_until:
+                        continue
+                    if not self.curve(state, job)[1] or job.held_gpus >= self.curve(state, job)[1][-1]:
+                        continue
+                    since = self._resized.get(job_id, -math.inf)
+                    if now - since < opts.resize_interval:
+                        wake = since + opts.resize_interval if wake is None else min(wake, since + opts.resize_interval)
+                        continue
+                    targets[job_id] = job.held_gpus
+                    jobs.append(job)
+            else:
+                wake = self._last_grow + opts.grow_period
+        left = {job.job_id: remaining_work(self.model, state, job) for job in jobs}
+        by_id = {job.job_id: job for job in jobs}
+        heap = [step for job in jobs if (step := self._step(state, job, targets[job.job_id], left[job.job_id]))]
+        heapq.heapify(heap)
+        while spare > 0 and heap:
+            _, job_id, size = heapq.heappop(heap)
+            if size - targets[job_id] > spare:
+                continue   # the next size does not fit what is left
+            spare -= size - targets[job_id]
+            targets[job_id] = size
+            step = self._step(state, by_id[job_id], size, left[job_id])
+            if step:
+                heapq.heappush(heap, step)
+        return wake
+
+    def _step(self, state: ClusterState, job: JobView, k: int, left: float) -> tuple[float, int, int] | None:
+        """(-seconds saved per added GPU, job, size) of growing from k GPUs to the next size on
+        the job's ladder (the concave envelope of its curve), None at the top."""
+        ladder_sizes, rates = self.curve(state, job)[1], self.curve(state, job)[3]
+        i = bisect.bisect_right(ladder_sizes, k)
+        if i == len(ladder_sizes) or rates[k] <= 0:
+            return None
+        size = ladder_sizes[i]
+        saved = left * (1.0 / rates[k] - 1.0 / rates[size]) / (size - k)
+        return (-saved, job.job_id, size) if saved > 0 else None
+
+    def _grow_running(self, state: ClusterState, free: FreeMap, targets: dict[int, int], changed: set[int],
+                      actions: list[Action]) -> None:
+        now, cost = state.now, state.restart_cost
+        for job_id, k in targets.items():
+            job = state.running.get(job_id)
+            if job is None or job_id in changed or k <= job.held_gpus:
+                continue
+            shapes = self.curve(state, job)[2]
+            free.give(job.placement)
+            placement = free.fit(shapes[k - 1])
+            model_now = self.model.rate(job.app, job.shape, job.batch_size)
+            if placement is None or model_now <= 0 or job.measured_rate <= 0:
+                free.take(job.placement)
+                continue
+            # The measured rate gives the level, the model the gain of the larger shape.
+            left = remaining_work(self.model, state, job)
+            grown = job.measured_rate * self.model.rate(job.app, shapes[k - 1], job.batch_size) / model_now
+            saves = left / job.measured_rate - (cost + left / grown)
+            if saves <= self.options.grow_min_gain * cost:
+                free.take(job.placement)
+                continue
+            free.take(placement)
+            actions.append(Resize(job_id, placement, shapes[k - 1]))
+            self._grown.add(job_id)
+            self._resized[job_id] = now
+            self._push_crossing(job, now, job.attained_at(now), k)
+
+    def _wake(self, state: ClusterState, now: float, actions: list[Action], *times: float | None) -> float | None:
+        started = {a.job_id for a in actions if isinstance(a, Start)}
+        while self._cross and self._cross[0][1] not in state.running and self._cross[0][1] not in started:
+            heapq.heappop(self._cross)   # drop stale crossings so the wake-up is a live one
+        candidates = [t for t in (*times, self._cross[0][0] if self._cross else None) if t is not None and t > now]
+        return min(candidates) if candidates else None

@@ -1,4 +1,4 @@
-"""marble-elastic: marble, plus growing running jobs by checkpoint-restart.
+"""marble-elastic: marble-fifo, plus growing running jobs by checkpoint-restart.
 
 After marble has placed what it can from the queue, GPUs that are still free go to running jobs
 that were started below their efficient size p*: a job is restarted on its full shape if the time
@@ -10,11 +10,11 @@ without progress.
 from __future__ import annotations
 
 from mlsyskit.tools.sched.policies.common import remaining_work
-from mlsyskit.tools.sched.policies.marble import Marble
+from mlsyskit.tools.sched.policies.marble_fifo import MarbleFifo
 from mlsyskit.tools.sched.state import Action, ClusterState, Decision, Resize
 
 
-class MarbleElastic(Marble):
+class MarbleElastic(MarbleFifo):
     name = "marble-elastic"
     description = "marble + grow shrunken jobs to their efficient size by checkpoint-restart"
 

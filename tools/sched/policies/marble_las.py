@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from mlsyskit.tools.sched.cluster import FreeMap
 from mlsyskit.tools.sched.policies.common import remaining_work
-from mlsyskit.tools.sched.policies.marble import sized_shapes
+from mlsyskit.tools.sched.policies.sizing import sized_shapes
 from mlsyskit.tools.sched.policies.tiresias import Tiresias
 from mlsyskit.tools.sched.profiles import Shape
 from mlsyskit.tools.sched.state import ClusterState, Decision, JobView, Preempt, Resize, Start

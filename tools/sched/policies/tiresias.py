@@ -137,6 +137,10 @@ class Tiresias(Policy):
         exactly what it asked for."""
         return job.gpus if job.gpus <= capacity else 0
 
+    def holds(self, state: ClusterState, job: JobView) -> int:
+        """GPUs a running job keeps if it stays admitted: all it holds."""
+        return job.held_gpus
+
     def place(self, state: ClusterState, free, job: JobView, gpus: int):
         """(placement, shape) for an admitted job, consolidated; None if the GPUs are fragmented."""
         placement = free.fit(compact_shape(gpus, state.spec.gpus_per_node)) or free.spread(gpus)
@@ -153,7 +157,7 @@ class Tiresias(Policy):
             running = job_id in state.running
             seen_running += running
             if running:
-                gpus = state.running[job_id].held_gpus
+                gpus = self.holds(state, state.running[job_id])
                 if gpus <= capacity:
                     capacity -= gpus
                     keep.add(job_id)

@@ -1,0 +1,145 @@
+"""What a scheduler knows about throughput: an offline prior, corrected online by measurements.
+
+- `PriorModel`: each application's Pollux-form fit (`scaling_model.FittedModel`: per-GPU compute
+  linear in the local batch, all-reduce time linear in the GPU count, within a node or across
+  nodes), as a scheduler fits it once on profiles measured elsewhere, times a seeded error that
+  is smooth in the placement, as a fitted model's is: log-normal per application (level), per
+  application times log2 of the GPU count (a wrong scaling slope) and per application on more
+  than one node (a wrong network), scaled so its mean |relative error| is about `error`
+  (`DEFAULT_MODEL_ERROR`, 10%, on top of the form's own misfit). It holds the six fitted numbers
+  and the largest local batch per application, never the measurements nor the simulator's model.
+- `LearnedModel`: the prior, corrected by the throughput samples the cluster reports (`samples`:
+  (application, shape, global batch, samples/s measured with noise), appended by the simulator or
+  daemon whenever a job starts or is resized on a shape). A shape that was measured gets the mean
+  of its samples; another shape gets the prior times the geometric mean of measured/prior over
+  the shapes measured for that (application, batch) (per job kind; nearer GPU counts weigh more),
+  else over every batch of the application (its history), else the prior alone. Estimates are
+  refreshed when a (application, shape, batch) gets its 1st, 2nd, 4th, 8th, ... sample, so they
+  converge while a policy's memo tables stay valid between refreshes (`version` counts them).
+"""
+from __future__ import annotations
+
+import math
+import random
+from functools import lru_cache
+
+from mlsyskit.core.sim import sub_seed
+from mlsyskit.tools.sched.profiles import Shape
+from mlsyskit.tools.sched.scaling_model import FittedModel
+
+# The documented default error of the prior (mean |relative| error over shapes and batches): a
+# profile measured on another cluster or software stack is typically 5-20% off.
+DEFAULT_MODEL_ERROR = 0.1
+
+Sample = tuple[str, Shape, int, float]   # (application, shape, global batch, measured samples/s)
+
+
+class PriorModel:
+    """Throughput from each application's fitted scaling model, off by about `error`."""
+
+    def __init__(self, fits: dict[str, FittedModel], max_local: dict[str, float], error: float = DEFAULT_MODEL_ERROR,
+                 seed: int = 0) -> None:
+        if not (math.isfinite(error) and 0.0 <= error < 1.0):
+            raise ValueError(f"model error must be in [0, 1), got {error}")
+        self.fits, self.max_local, self.error, self.seed = dict(fits), dict(max_local), error, seed
+        # E|exp(s z) - 1| ~ s * sqrt(2 / pi) for small s; the variance split between level, slope
+        # (over 1..64 GPUs: log2 K / 6 in [0, 1]) and network terms.
+        self._sigma = error / math.sqrt(2.0 / math.pi) / math.sqrt(2.0)
+        self.rate = lru_cache(maxsize=None)(self._rate)
+
+    @classmethod
+    def of(cls, model, error: float = DEFAULT_MODEL_ERROR, seed: int = 0) -> PriorModel:
+        """The fitted parameters of a ThroughputModel's applications (nothing else is kept)."""
+        return cls({a: model.fits[a] for a in model.apps},
+                   {a: model.profiles[a].max_local_bsz for a in model.apps}, error, seed)
+
+    @property
+    def apps(self) -> list[str]:
+        return sorted(self.fits)
+
+    def _draws(self, app: str) -> tuple[float, float, float]:
+        rng = random.Random(sub_seed(self.seed, f"model-error/{app}"))
+        return rng.gauss(0.0, 1.0), rng.gauss(0.0, 1.0), rng.gauss(0.0, 1.0)
+
+    def _factor(self, app: str, shape: Shape) -> float:
+        if self.error == 0.0:
+            return 1.0
+        level, slope, network = self._draws(app)
+        z = level + slope * math.log2(sum(shape)) / 6.0 + (network if len(shape) > 1 else 0.0) / 2.0
+        return math.exp(self._sigma * z)
+
+    def _rate(self, app: str, shape: Shape, global_batch: int) -> float:
+        if not shape:
+            return 0.0
+        fit, gpus = self.fits[app], sum(shape)
+        local = global_batch / gpus
+        accum = max(1, math.ceil(local / self.max_local[app] - 1e-9))
+        seconds = fit.sync_time(gpus, len(shape)) + accum * fit.compute_time(local / accum)
+        return global_batch / seconds * self._factor(app, shape)
+
+
+class LearnedModel:
+    """The prior corrected by measured samples (module docstring); `rate` as a ThroughputModel's."""
+
+    def __init__(self, prior: PriorModel, samples: list[Sample] | None = None) -> None:
+        self.prior = prior
+        self.samples: list[Sample] = samples if samples is not None else []
+        self.version = 0
+        self._seen = 0
+        self._sums: dict[tuple[str, int, Shape], list[float]] = {}        # log-rate sum, count
+        self._measured: dict[tuple[str, int], dict[Shape, float]] = {}    # snapshot of mean rates
+        self._cache: dict[str, dict[tuple[Shape, int], float]] = {}
+
+    @property
+    def apps(self) -> list[str]:
+        return self.prior.apps
+
+    def refresh(self) -> None:
+        """Take in the samples reported since the last call."""
+        if self._seen == len(self.samples):
+            return
+        changed = set()
+        for app, shape, batch, rate in self.samples[self._seen:]:
+            if rate <= 0 or not math.isfinite(rate):
+                continue
+            acc = self._sums.setdefault((app, batch, shape), [0.0, 0])
+            acc[0] += math.log(rate)
+            acc[1] += 1
+            if acc[1] & (acc[1] - 1) == 0:   # a power of two: refresh the estimate
+                self._measured.setdefault((app, batch), {})[shape] = math.exp(acc[0] / acc[1])
+                changed.add(app)
+        self._seen = len(self.samples)
+        for app in changed:
+            self._cache.pop(app, None)
+        if changed:
+            self.version += 1
+
+    def rate(self, app: str, shape: Shape, global_batch: int) -> float:
+        if self._seen != len(self.samples):
+            self.refresh()
+        per_app = self._cache.setdefault(app, {})
+        key = (shape, global_batch)
+        value = per_app.get(key)
+        if value is None:
+            value = per_app[key] = self._estimate(app, shape, global_batch)
+        return value
+
+    def _estimate(self, app: str, shape: Shape, batch: int) -> float:
+        if not shape:
+            return 0.0
+        same = self._measured.get((app, batch), {})
+        if shape in same:
+            return same[shape]
+        prior = self.prior.rate(app, shape, batch)
+        points = [(s, r, batch) for s, r in same.items()]
+        if not points:   # the application's other batch sizes
+            points = [(s, r, b) for (a, b), per in self._measured.items() if a == app for s, r in per.items()]
+        if not points:
+            return prior
+        gpus = sum(shape)
+        num = den = 0.0
+        for s, r, b in points:
+            w = 1.0 / (1.0 + abs(math.log2(gpus / sum(s)))) ** 2
+            num += w * math.log(r / self.prior.rate(app, s, b))
+            den += w
+        return prior * math.exp(num / den)
