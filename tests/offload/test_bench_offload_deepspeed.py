@@ -19,6 +19,7 @@ def load_script():
     return module
 
 
+@pytest.mark.slow
 def test_dry_run_plans_both_systems_with_the_same_model_seed_batches_and_steps(tmp_path):
     out = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--model", "gpt-10m", "--batch", "2",
                           "--seq", "32", "--steps", "3", "--seed", "7", "--nvme-dir", str(tmp_path)],
@@ -44,6 +45,7 @@ def test_dry_run_plans_both_systems_with_the_same_model_seed_batches_and_steps(t
     assert size(cpu, "--cpu-mem") >= 2 * n and size(cpu, "--opt-mem") >= 16 * n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--steps", "1"], ["--configs", "tencache-gpu"], ["--rounds", "0"]])
 def test_bad_arguments_are_refused(args):
     out = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", *args], capture_output=True, text=True,

@@ -106,7 +106,7 @@ def test_failed_checkpoint_leaves_no_partial_directory(small_cfg, small_profile,
     ckpt.mkdir()
     train(replace(small_cfg, steps=2, checkpoint_dir=ckpt, checkpoint_every=2), small_profile)
     assert [p.name for p in ckpt.iterdir()] == ["step-2"]
-    from mlsyskit.core import filetier
+    from mlsyskit.tools.offload import filetier
 
     real_write = filetier.FileTier.write
 
@@ -131,6 +131,7 @@ def test_checkpoint_refuses_up_front_when_disk_is_too_full(tmp_path, monkeypatch
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_read_only_nvme_dir(tmp_path, small):
     ro = tmp_path / "ro"
     ro.mkdir()

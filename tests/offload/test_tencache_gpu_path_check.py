@@ -21,6 +21,7 @@ def gpu_check(*args: str, env: dict | None = None) -> subprocess.CompletedProces
                           env=env)
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_plan_within_eight_minutes_and_runs_nothing(tmp_path):
     out = tmp_path / "out"
     r = gpu_check("--dry-run", env={"OUT": str(out), "PATH": "/usr/bin:/bin"})
@@ -37,6 +38,7 @@ def test_dry_run_prints_the_plan_within_eight_minutes_and_runs_nothing(tmp_path)
     assert not out.exists()  # nothing run, nothing written
 
 
+@pytest.mark.slow
 def test_skip_and_out_flags_shape_the_plan(tmp_path):
     r = gpu_check("--dry-run", "--skip", "offload-bench", "--skip", "copies", "--out", str(tmp_path), "--budget-s", "300")
     assert r.returncode == 0, r.stderr
@@ -45,6 +47,7 @@ def test_skip_and_out_flags_shape_the_plan(tmp_path):
     assert plan["out"] == str(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--budget-s", "900"], ["--budget-s", "10"], ["--skip", "everything"],
                                   ["--frobnicate"]])
 def test_bad_arguments_exit_2_with_one_error_line(args):
@@ -52,6 +55,7 @@ def test_bad_arguments_exit_2_with_one_error_line(args):
     assert r.returncode == 2 and "error:" in r.stderr and r.stdout == ""
 
 
+@pytest.mark.slow
 def test_without_a_gpu_it_fails_with_exit_1_and_says_why(tmp_path):
     r = gpu_check("--out", str(tmp_path / "o"), env={"PATH": str(tmp_path)})  # no nvidia-smi on this PATH
     assert r.returncode == 1 and "not a GPU machine" in r.stderr

@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from mlsyskit.core import memory
+from mlsyskit.tools.offload import memory
 from mlsyskit.tools.offload.copy_kernels import batched_copy, plan_batches, segment_table
 from mlsyskit.tools.offload.filetier import FileTier
 from mlsyskit.tools.offload.memory import BufferPool, PoolError, aligned_empty

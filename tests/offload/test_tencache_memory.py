@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from torch import nn
 
@@ -76,6 +77,7 @@ print(json.dumps(r.summary, default=str))
 SLACK = 1.3
 
 
+@pytest.mark.slow
 def test_budget_bounded_run_peak_rss_within_budgets_activations_and_overhead(tmp_path):
     out = subprocess.run([sys.executable, "-c", RUN, str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -92,6 +94,7 @@ def test_budget_bounded_run_peak_rss_within_budgets_activations_and_overhead(tmp
     assert s["peak_rss"] <= SLACK * s["rss_bound"], s
 
 
+@pytest.mark.slow
 def test_peak_rss_of_a_run_started_from_a_large_parent_is_its_own():
     """getrusage's ru_maxrss survives fork + exec, so a run started from a large process (pytest late in the
     suite, a launcher) reported the parent's size as its own peak; peak_rss reads this program's own mark."""

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import CliResult, invoke_cli
 
 from mlsyskit.tools.offload.cli import app
@@ -44,6 +45,7 @@ def start_holder(nvme: Path) -> tuple[subprocess.Popen, Path]:
     return proc, Path(line.strip())
 
 
+@pytest.mark.slow
 def test_second_run_on_one_nvme_dir_is_refused_and_a_killed_runs_blocks_are_reclaimed(tmp_path):
     nvme = tmp_path / "nvme"
     nvme.mkdir()
@@ -67,6 +69,7 @@ def test_second_run_on_one_nvme_dir_is_refused_and_a_killed_runs_blocks_are_recl
             holder.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_two_concurrent_runs_one_refused_the_other_exact(tmp_path):
     """The lock holds across processes: a CLI run in a subprocess while this process trains."""
     nvme = tmp_path / "nvme"

@@ -24,16 +24,20 @@ the optimizer's own step() must not be called (the engine updates the parameters
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
+from mlsyskit.core.errors import UsageError
 from mlsyskit.tools.offload.engine import Budgets, OffloadEngine, pick_device
+from mlsyskit.tools.offload.lazy import set_data
 from mlsyskit.tools.offload.memory_accounting import pin_mmap_threshold, release_freed_heap
 from mlsyskit.tools.offload.optimizer import HyperParams
 from mlsyskit.tools.offload.profiler import Profile, named_tensors, profile_model
+from mlsyskit.tools.offload.progress import ProgressNote
 
 
 def to_compute_dtype(model: nn.Module, dtype: torch.dtype, device: torch.device | None = None, *,
@@ -74,32 +78,111 @@ def profile(model: nn.Module, step: Callable[[nn.Module], torch.Tensor], *, name
             m._buffers[n] = b
 
 
+def lr_problem(lr: object, beta1: float = 0.9) -> str | None:
+    """Why `lr` cannot drive AdamW in fp32 (None when it can): a tensor lr, a non-finite or non-positive one,
+    one below fp32's smallest normal number, or one whose step size lr / (1 - beta1) overflows fp32."""
+    if isinstance(lr, torch.Tensor):
+        return "a tensor lr is not supported (the engine reads lr as a number at every step); use a float"
+    try:
+        value = float(lr)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return f"lr must be a number, got {lr!r}"
+    fp32 = torch.finfo(torch.float32)
+    if not math.isfinite(value) or value <= 0:
+        return f"lr must be a positive finite number, got {lr}"
+    if value < fp32.tiny or value / max(1e-12, 1.0 - beta1) > fp32.max:
+        return f"lr {lr} is not representable in fp32 AdamW (step size lr/(1-beta1) must lie in [{fp32.tiny:.3g}, " \
+               f"{fp32.max:.3g}])"
+    return None
+
+
+def check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Refuse what the engine cannot honour, before anything changes: no optimizer, a tensor or
+    unrepresentable lr, trainable parameters missing from every param group (each one named)."""
+    if optimizer is None:
+        raise UsageError("offload() needs the torch optimizer (torch.optim.AdamW or Adam) whose param groups "
+                         "give each parameter's lr, betas, eps and weight decay; got None")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise UsageError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    for gi, group in enumerate(optimizer.param_groups):
+        if (why := lr_problem(group.get("lr"), float(group.get("betas", (0.9, 0.999))[0]))) is not None:
+            raise UsageError(f"param group {gi}: {why}")
+    grouped = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    missing = [n for n, p in named_tensors(model) if p.requires_grad and id(p) not in grouped]
+    if missing:
+        raise UsageError(f"{len(missing)} trainable parameters are in no param group of the optimizer: "
+                         f"{', '.join(missing)}; freeze them (requires_grad=False) or add them")
+
+
+class _Snapshot:
+    """The model's own tensors (parameter storage objects and buffers), held by reference, not copied:
+    `restore` puts them back exactly, so a failed offload() leaves the model as it was, bit for bit."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.params = [(p, p.data) for _, p in named_tensors(model)]
+        self.buffers = [(m, n, b) for m in model.modules() for n, b in m._buffers.items()]
+
+    def restore(self) -> None:
+        for p, data in self.params:
+            p.grad = None
+            set_data(p, data)
+        for m, n, b in self.buffers:
+            m._buffers[n] = b
+
+
+def release_to_meta(engine: OffloadEngine, dtypes: dict[str, torch.dtype]) -> None:
+    """Leave a lazily built model as it came: every parameter on the meta device (nothing materialised)."""
+    engine.remove_hooks()
+    for e in engine.store.entries:
+        set_data(e.param, torch.empty(e.shape, dtype=dtypes.get(e.name, e.dtype), device="meta"))
+        e.bound = False
+
+
 @contextmanager
 def offload(model: nn.Module, optimizer: torch.optim.Optimizer | None, budgets: Budgets,
             profile: Profile | None = None, *, policy: str = "tencache", device: torch.device | None = None,
-            dtype: torch.dtype = torch.bfloat16, accumulate: int = 1,
-            clip_norm: float | None = None) -> Iterator[OffloadEngine]:
+            dtype: torch.dtype = torch.bfloat16, accumulate: int = 1, clip_norm: float | None = None,
+            init: Mapping[str, torch.Tensor] | None = None,
+            progress: ProgressNote | None = None) -> Iterator[OffloadEngine]:
     """Place `model`'s parameters and AdamW state across device, CPU and NVMe for the `with` block.
-    `accumulate`: backward passes per optimizer step (one more raises); `clip_norm`: global-norm clipping."""
+    `accumulate`: backward passes per optimizer step (one more raises); `clip_norm`: global-norm clipping.
+    `init`: fp32 initial values by parameter name for a model built on the meta device (`LazyInit.weights`),
+    generated one tensor at a time straight into its tier; such a model is left on the meta device at exit
+    (write its weights with `engine.export(path)` inside the block). If entering fails, the model is left
+    exactly as it was (same tensors, same dtypes, same values) and a retry may follow."""
+    check_optimizer(model, optimizer)
+    lazy = any(p.is_meta for _, p in named_tensors(model))
+    if lazy and init is None:
+        raise UsageError("the model's parameters are on the meta device: pass init= (tencache.LazyInit.weights) "
+                         "with their initial values")
     pin_mmap_threshold()  # freed weights go back to the kernel: host memory stays near the budgets
     device = device or pick_device()
-    trainable = {id(p): i for i, (_, p) in enumerate(named_tensors(model)) if p.requires_grad}
-    hyper = HyperParams.from_optimizer(optimizer, trainable)
-    frozen = {n: p.data for n, p in named_tensors(model) if not p.requires_grad and p.dtype != dtype}
-    buffer_dtypes = {(id(m), n): b.dtype for m in model.modules() for n, b in m._buffers.items() if b is not None}
-    masters, dtypes = to_compute_dtype(model, dtype, device)
-    engine = OffloadEngine(model, masters, policy=policy, budgets=budgets, profile=profile, hyper=hyper,
-                           device=device, accumulate=accumulate, clip_norm=clip_norm)
-    del masters
+    snapshot = _Snapshot(model)
+    try:
+        trainable = {id(p): i for i, (_, p) in enumerate(named_tensors(model)) if p.requires_grad}
+        hyper = HyperParams.from_optimizer(optimizer, trainable)
+        frozen = {n: p.data for n, p in named_tensors(model) if not p.requires_grad and p.dtype != dtype}
+        buffer_dtypes = {(id(m), n): b.dtype for m in model.modules() for n, b in m._buffers.items() if b is not None}
+        masters, dtypes = to_compute_dtype(model, dtype, device, keep_masters=not lazy)
+        engine = OffloadEngine(model, init if lazy else masters, policy=policy, budgets=budgets, profile=profile,
+                               hyper=hyper, device=device, accumulate=accumulate, clip_norm=clip_norm,
+                               progress=progress)
+    except BaseException:
+        snapshot.restore()
+        raise
+    del masters, snapshot
     release_freed_heap()  # the model's own storage, now in the tiers
     try:
         yield engine
     finally:
         try:
-            engine.materialize(dtypes)
-            params = dict(named_tensors(model))
-            for n, original in frozen.items():  # never updated: their original values, not a rounded copy
-                params[n].data = original
+            if lazy:
+                release_to_meta(engine, dtypes)
+            else:
+                engine.materialize(dtypes)
+                params = dict(named_tensors(model))
+                for n, original in frozen.items():  # never updated: their original values, not a rounded copy
+                    params[n].data = original
             for module in model.modules():
                 for bname, b in module._buffers.items():
                     if b is not None:

@@ -50,18 +50,25 @@ class Checkpoint:
                 yield t["name"], buf[:numel].view(shape), buf[numel:2 * numel].view(shape), buf[2 * numel:].view(shape)
 
 
-def save(directory: Path, step: int, manifest: dict[str, Any], states: Iterable[tuple[str, torch.Tensor]],
-         shapes: dict[str, tuple[int, ...]]) -> Path:
-    """Write `states` ((name, fp32 master|m|v) pairs, consumed one at a time so only one tensor's state
-    is in memory) as checkpoint `step`; returns its directory."""
+def check_space(directory: Path, step: int, shapes: dict[str, tuple[int, ...]]) -> None:
+    """DiskFullError unless `directory` has room for one checkpoint of tensors of `shapes` (fp32 master|m|v
+    per tensor plus block headers): checked when training starts and again before each checkpoint."""
     directory = Path(directory)
     if not directory.is_dir():
         raise MissingDirectoryError(f"checkpoint directory {directory} does not exist")
     need = sum(4096 + 12 * math.prod(shape) + 4096 for shape in shapes.values()) + (1 << 20)
     free = shutil.disk_usage(directory).free
     if free < need:
-        raise DiskFullError(f"checkpoint of step {step} needs {format_size(need)} but {directory} has "
+        raise DiskFullError(f"a checkpoint (from step {step}) needs {format_size(need)} but {directory} has "
                             f"{format_size(free)} free; nothing was written")
+
+
+def save(directory: Path, step: int, manifest: dict[str, Any], states: Iterable[tuple[str, torch.Tensor]],
+         shapes: dict[str, tuple[int, ...]]) -> Path:
+    """Write `states` ((name, fp32 master|m|v) pairs, consumed one at a time so only one tensor's state
+    is in memory) as checkpoint `step`; returns its directory."""
+    directory = Path(directory)
+    check_space(directory, step, shapes)
     final = directory / f"step-{step}"
     tmp = directory / f".step-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)

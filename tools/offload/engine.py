@@ -3,19 +3,22 @@
 `tracking.UseTracker` reports when a tensor must be resident (a module runs, a functional use, a saved
 view needed by backward) and when it may leave; the engine measures whether it already was and how long
 the use waited (look-ahead bookkeeping included), and asks the policy to make it resident or release it.
-Each trainable parameter's post-accumulate-grad hook stages its gradient (a pinned device->host copy on a
-GPU) and hands it to the optimizer worker thread (grad_pipeline.py), which adds it into the fp32 gradient
-slot of its optimizer state; on the last of `accumulate` backward passes the CPU AdamW step runs there per
-tensor as its gradient arrives, or, with `clip_norm`, in a second sweep after the global norm is known. The
-engine follows its position in the profiled use order and counts deviations. Nothing is allocated per
-step after warm-up except by the on-demand baseline, whose fresh allocations are counted.
+Gradients go to the CPU optimizer per tensor as they arrive (updates.py). The engine follows its position
+in the profiled use order and counts deviations. Nothing is allocated per step after warm-up except by the
+on-demand baseline, whose fresh allocations are counted.
+
+Building checks every budget before any parameter moves (plan, optimizer-state cache, pools), then
+populates the tiers one tensor at a time: a parameter on the meta device gets its value from `masters`
+(a mapping that may generate each fp32 tensor on access), straight into its tier, so a model larger than
+host memory is never materialised. A failed build releases everything it took; the caller's model keeps
+whatever storage it had (api.offload restores the user's tensors bit for bit).
 """
 from __future__ import annotations
 
-import functools
 import math
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,21 +26,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from mlsyskit.core.config import format_size
 from mlsyskit.core.errors import UsageError
 from mlsyskit.tools.offload.filetier import FileTier
 from mlsyskit.tools.offload.gpu_stats import DeviceFigures
 from mlsyskit.tools.offload.grad_pipeline import GradStager, OptimizerWorker
-from mlsyskit.tools.offload.memory import round_up
+from mlsyskit.tools.offload.lazy import set_data
 from mlsyskit.tools.offload.nvme_run import NvmeRun
-from mlsyskit.tools.offload.optimizer import HyperParams, NonFiniteError, OptimizerStateCache, adam_update
+from mlsyskit.tools.offload.optimizer import HyperParams, NonFiniteError, OptimizerStateCache
 from mlsyskit.tools.offload.policies import Policy, make_policy
 from mlsyskit.tools.offload.policies.base import PlanContext
 from mlsyskit.tools.offload.pools import BudgetError
 from mlsyskit.tools.offload.profiler import Profile, model_signature, named_tensors
+from mlsyskit.tools.offload.progress import ProgressNote
+from mlsyskit.tools.offload.sizing import check_swap_room, concurrent_by_class
 from mlsyskit.tools.offload.streams import StreamOps
 from mlsyskit.tools.offload.tiers import CPU, DEVICE, Entry, TierStore
-from mlsyskit.tools.offload.tracking import UseTracker, owning_modules
+from mlsyskit.tools.offload.tracking import BACKWARD, UseTracker
+from mlsyskit.tools.offload.updates import MISUSED_BACKWARD, GradientUpdates
 
 STAGING_DEPTH = 2  # pinned gradient staging slots per size class (GPU): gradients in flight to the worker
 
@@ -60,45 +65,21 @@ class StepStats:
     optimizer_s: float = 0.0
 
 
-def concurrent_by_class(model: nn.Module, entries: list[Entry]) -> dict[int, int]:
-    """Size class -> the most tensors of that class one module holds (all resident while it runs)."""
-    most: dict[int, int] = {}
-    for _, _, owned in owning_modules(model, {id(e.param): e for e in entries}):
-        counts: dict[int, int] = {}
-        for e in owned:
-            n = e.nbytes
-            counts[n] = counts.get(n, 0) + 1
-        for n, c in counts.items():
-            most[n] = max(most.get(n, 0), c)
-    return most
-
-
-def _check_swap_room(distribution: dict[int, int], device_slots: dict[int, int], cpu_slots: dict[int, int]) -> None:
-    """Without NVMe, a class that does not fit the device moves tensors between device and CPU, which needs
-    one free slot of the class somewhere; device + CPU slots that hold the class exactly would deadlock."""
-    short = [s for s, c in distribution.items()
-             if device_slots.get(s, 0) < c and device_slots.get(s, 0) + cpu_slots.get(s, 0) <= c]
-    if short:
-        extra = sum(round_up(s) for s in short)
-        raise BudgetError(f"without --nvme-dir, {len(short)} size class(es) (largest {format_size(max(short))}) fill "
-                          f"the device and CPU slots exactly, leaving none free to swap through: raise the CPU "
-                          f"budget by {format_size(extra)} or give --nvme-dir")
-
-
 def pick_device(requested: str | None = None) -> torch.device:
     if requested:
         return torch.device(requested)
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-class OffloadEngine:
+class OffloadEngine(GradientUpdates):
     """Owns the tiers for one model: `begin_step()`, then forward and `backward(loss)` `accumulate` times."""
 
-    def __init__(self, model: nn.Module, masters: dict[str, torch.Tensor], *, policy: str | Policy,
+    def __init__(self, model: nn.Module, masters: Mapping[str, torch.Tensor], *, policy: str | Policy,
                  budgets: Budgets, profile: Profile | None, hyper: HyperParams, device: torch.device | None = None,
                  states: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None, adam_step: int = 0,
                  accumulate: int = 1, clip_norm: float | None = None, nvme_run: NvmeRun | None = None,
-                 streams: StreamOps | None = None, optimizer_depth: int = 4) -> None:
+                 streams: StreamOps | None = None, optimizer_depth: int = 4,
+                 progress: ProgressNote | None = None) -> None:
         if accumulate < 1:
             raise UsageError(f"accumulate must be >= 1, got {accumulate}")
         if clip_norm is not None and not (math.isfinite(clip_norm) and clip_norm > 0):
@@ -114,23 +95,23 @@ class OffloadEngine:
         self.device = device or pick_device()
         self.emulated = self.device.type != "cuda"
         self.device_budget = budgets.device
-        self._figures = None if self.emulated else DeviceFigures.open(self.device.index or 0)
         self.hyper = hyper
         self.adam_step = adam_step
         self.accumulate = accumulate
         self.clip_norm = clip_norm
+        self.progress = progress
+        self._in_backward = self._stepping = False
+        self._step_hook: Any = None
         self._own_run = nvme_run is None and budgets.nvme_dir is not None
         self.nvme_run = NvmeRun.open(budgets.nvme_dir) if self._own_run else nvme_run
         self.nvme: FileTier | None = None
         try:
+            self._figures = None if self.emulated else DeviceFigures.open(self.device.index or 0)
             self.nvme = FileTier(self.nvme_run.path) if self.nvme_run is not None else None
             self._build(model, masters, budgets, profile, states, accumulate, clip_norm, adam_step, streams,
                         optimizer_depth)
         except BaseException:
-            if self.nvme is not None:
-                self.nvme.close()
-            if self._own_run:
-                self.nvme_run.close()
+            self.close()  # releases whatever the build took (threads, pools, hooks, this run's NVMe blocks)
             raise
 
     def _build(self, model, masters, budgets, profile, states, accumulate, clip_norm, adam_step, streams,
@@ -139,6 +120,10 @@ class OffloadEngine:
                    for i, (n, p) in enumerate(named_tensors(model))]
         self.by_name = {e.name: e for e in entries}
         self.trainable = [e for e in entries if e.trainable]
+        lazy = [e.name for e in entries if e.param.is_meta and e.name not in masters]
+        if lazy:
+            raise UsageError(f"{len(lazy)} parameters are on the meta device without an initial value (e.g. "
+                             f"{lazy[0]}): pass init= (see tencache.init) or build the model on the CPU")
         ctx = PlanContext(sizes={e.idx: e.nbytes for e in entries}, model_order=[e.idx for e in entries],
                           profile=profile, device_budget=budgets.device, cpu_budget=budgets.cpu,
                           has_nvme=self.nvme is not None, concurrent=concurrent_by_class(model, entries))
@@ -147,22 +132,18 @@ class OffloadEngine:
             raise BudgetError(f"{len(plan.placement.nvme)} parameter tensors do not fit the device and CPU budgets "
                               f"and no --nvme-dir was given")
         if self.nvme is None and plan.device_slots is not None:
-            _check_swap_room(ctx.distribution, plan.device_slots, plan.cpu_slots)
-        self.store = TierStore(entries, device=self.device, device_slots=plan.device_slots,
-                               cpu_slots=plan.cpu_slots, nvme=self.nvme, streams=streams)
-        self._populate(plan)
-        self.policy.attach(self.store, ctx)
+            check_swap_room(ctx.distribution, plan.device_slots, plan.cpu_slots)
         trainable_ids = {e.idx for e in self.trainable}
         order = ([i for i in profile.optimizer_order if i in trainable_ids] if profile is not None
                  else [e.idx for e in reversed(self.trainable)])
         # every policy reads NVMe-homed optimizer states ahead in gradient order (baselines: reverse model
-        # order), so the policies differ only in how they place and move parameters
+        # order), so the policies differ only in how they place and move parameters. Built (its budget
+        # checked) before any parameter moves
         self.states = OptimizerStateCache({e.idx: e.shape.numel() for e in self.trainable},
                                           order, budgets.optimizer, self.nvme, read_ahead=True,
                                           persist_grad=accumulate > 1 or clip_norm is not None)
-        for e in self.trainable:
-            m, v = states[e.name] if states is not None else (None, None)
-            self.states.initialize(e.idx, masters[e.name], m, v)
+        self.store = TierStore(entries, device=self.device, device_slots=plan.device_slots,
+                               cpu_slots=plan.cpu_slots, nvme=self.nvme, streams=streams)
         self.param_steps = {e.idx: adam_step for e in self.trainable}
         self._uses = [(u.module, u.phase) for u in profile.uses] if profile is not None else []
         self._cursor = 0
@@ -181,16 +162,33 @@ class OffloadEngine:
                                  write=lambda e, values, non_blocking: self.store.write_home(
                                      e, values, values, non_blocking=non_blocking))
         self._worker_s = 0.0  # written by the worker only; merged into stats when it is idle
+        self._populate(plan, masters, states)
+        self.policy.attach(self.store, ctx)
         self.tracker = UseTracker(model, entries, self)
         if self.store.dev_pool is not None:
             self.tracker.guard_ptrs.add(self.store.dev_pool.arena.untyped_storage().data_ptr())
+        if hyper_opt := self.hyper.optimizer:  # the user's own opt.step() would update nothing: refuse it
+            self._step_hook = hyper_opt.register_step_pre_hook(self._guard_step)
         self.worker = OptimizerWorker(optimizer_depth)  # last: nothing after it can fail and leak the thread
 
     # -- setup --------------------------------------------------------------------------------------
-    def _populate(self, plan) -> None:
+    def _populate(self, plan, masters: Mapping[str, torch.Tensor], states) -> None:
+        """Each tensor's optimizer state and compute copy into its tier, one tensor at a time (a lazy
+        mapping generates each fp32 value once, here)."""
         st = self.store
-        for e in st.entries:
-            data = e.param.data.reshape(-1).view(torch.uint8)
+        n = len(st.entries)
+        for k, e in enumerate(st.entries):
+            if self.progress is not None:
+                self.progress.set("populating tiers: {} of {} tensors", k, n)
+            lazy = e.param.is_meta
+            master = masters[e.name] if e.trainable or lazy else None
+            if e.trainable:
+                m, v = states[e.name] if states is not None else (None, None)
+                self.states.initialize(e.idx, master, m, v)
+            if lazy and master.is_meta:
+                raise UsageError(f"parameter {e.name} is on the meta device and its initial value too")
+            value = master.reshape(e.shape).to(e.dtype) if lazy else e.param.data
+            data = value.reshape(-1).view(torch.uint8)
             tier = plan.placement.tier_of(e.idx)
             if tier == DEVICE and st.dev_pool is not None:
                 e.dev = st.dev_pool.acquire(e.nbytes, e.idx, exact=True)
@@ -202,7 +200,15 @@ class OffloadEngine:
             else:
                 self.nvme.write(e.key, data.contiguous().numpy(), e.nbytes)
             e.where = tier
-            st.unbind(e)  # the model's own storage is freed; parameters live in the tiers now
+            del master, value, data
+            if lazy:
+                set_data(e.param, st.placeholders[e.dtype])  # off the meta device, the same Parameter object
+            st.unbind(e)  # the engine drops its reference: parameters live in the tiers now
+
+    def _guard_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._stepping:
+            raise UsageError("inside offload(), the engine runs AdamW itself as gradients arrive: do not call "
+                             "optimizer.step() (engine.backward(loss) updates the parameters)")
 
     # -- tracker host -------------------------------------------------------------------------------
     def _position(self, module: str, phase: str) -> int | None:
@@ -223,7 +229,12 @@ class OffloadEngine:
 
     def acquire(self, label: str, phase: str, entries: list[Entry]) -> None:
         """Make `entries` resident and bound; the wait counted includes the policy's look-ahead work."""
+        if phase == BACKWARD and not self._in_backward:
+            raise UsageError(MISUSED_BACKWARD)
         pos = self._position(label, phase)
+        if self.progress is not None and self._uses:
+            self.progress.set("step {}: {:.0%} of modules ({})", self.adam_step + 1, self._cursor / len(self._uses),
+                              phase)
         hits = sum(1 for e in entries if self.store.ready_on_device(e))
         t0 = time.perf_counter()
         # a prefetch still in flight is consumed on the compute stream by its own copy's event (the policy
@@ -242,70 +253,6 @@ class OffloadEngine:
 
     def updated(self, e: Entry) -> bool:
         return e.idx in self._updated
-
-    def grad_ready(self, e: Entry) -> None:
-        """In the autograd thread: stage e's gradient and hand it to the optimizer worker (`_optimize`)."""
-        t0 = time.perf_counter()
-        grad = e.param.grad
-        e.param.grad = None
-        self.stager.apply()
-        first = e.idx not in self._got
-        self._got.add(e.idx)
-        last = self._micro == self.accumulate - 1
-        update = last and self.clip_norm is None
-        if update:
-            self._updated.add(e.idx)  # now, not when the worker gets to it: backward must not read it again
-        buf, copy, slot = self.stager.stage(e.idx, grad)
-        del grad
-        self.worker.submit(functools.partial(self._optimize, e, buf, copy, slot, first, last, update))
-        self.stats.optimizer_s += time.perf_counter() - t0
-
-    def _optimize(self, e: Entry, buf: torch.Tensor, copy, slot, first: bool, last: bool, update: bool) -> None:
-        """On the worker: add the staged gradient into e's fp32 slot; on the last pass, its squared norm and
-        (without clipping) the AdamW step, the new compute copy cast into `buf` for the tier thread."""
-        t0 = time.perf_counter()
-        done = None
-        try:
-            if copy is not None:
-                copy.result()  # the device->host copy's own event
-            master, m, v, g32 = self.states.get(e.idx)
-            if first:
-                g32.copy_(buf)  # compute dtype -> fp32
-            else:
-                g32.add_(buf)
-            if last:
-                sumsq = float(torch.dot(g32, g32))
-                if not math.isfinite(sumsq):
-                    raise NonFiniteError(f"the gradient of {e.name} is not finite at step {self.adam_step + 1}")
-                self._sumsq[e.idx] = sumsq
-            if update:
-                self.param_steps[e.idx] += 1
-                adam_update(master, g32, m, v, self.param_steps[e.idx], self._configs[e.idx])
-                buf.copy_(master)  # fp32 -> compute dtype, as the copy into the tier did
-                done = buf
-            self.states.put(e.idx)
-        finally:
-            self.stager.hand_back(e, done, slot)  # always: the staging slot must come back
-            self._worker_s += time.perf_counter() - t0
-
-    def _join_optimizer(self) -> BaseException | None:
-        """Wait for the worker, apply every hand-back; the worker's first error, if any."""
-        error = self.worker.join()
-        self.stager.apply(wait=True)  # the next forward reads these copies; the slots are free for the next step
-        self.stats.optimizer_s += self._worker_s
-        self._worker_s = 0.0
-        return error
-
-    def _update(self, e: Entry, master, m, v, g32, coef: float) -> None:
-        if coef != 1.0:
-            g32.mul_(coef)
-        self.param_steps[e.idx] += 1
-        adam_update(master, g32, m, v, self.param_steps[e.idx], self._configs[e.idx])
-        if e.bound:
-            self.store.device_view(e).view(-1).copy_(master)  # fp32 -> compute copy
-        else:
-            self.store.write_home(e, master, g32)
-        self._updated.add(e.idx)
 
     # -- step -----------------------------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -332,6 +279,7 @@ class OffloadEngine:
             raise NonFiniteError(f"the loss is {value} at step {self.adam_step + 1}")
         self.tracker.end_forward()
         self.store.set_backward(True)
+        self._in_backward = True
         completed = False
         try:
             with warnings.catch_warnings():
@@ -340,6 +288,7 @@ class OffloadEngine:
             self.tracker.end_backward()
             completed = True
         finally:
+            self._in_backward = False
             self.store.set_backward(False)
             error = self._join_optimizer()  # joined at step end, also when backward failed
         if completed and error is not None:
@@ -352,34 +301,19 @@ class OffloadEngine:
         if self.clip_norm is not None:
             self._clip_and_update()
         self.adam_step += 1
-        self.hyper.step_done()  # the user's torch optimizer (and its lr_scheduler) sees the step
+        self._stepping = True
+        try:
+            self.hyper.step_done()  # the user's torch optimizer (and its lr_scheduler) sees the step
+        finally:
+            self._stepping = False
         self.policy.end_step()
 
-    def _clip_and_update(self) -> None:
-        """Second sweep in optimizer order: scale every gradient by clip/(norm + 1e-6) when the global norm
-        exceeds clip (torch.nn.utils.clip_grad_norm_'s rule), then update."""
-        t0 = time.perf_counter()
-        norm = math.sqrt(math.fsum(self._sumsq.values()))
-        if not math.isfinite(norm):
-            raise NonFiniteError(f"the gradient norm is {norm} at step {self.adam_step + 1}")
-        coef = min(1.0, self.clip_norm / (norm + 1e-6))
-        self.states.begin_step()
-        for idx in self.states.order:
-            if idx not in self._sumsq:
-                continue  # no gradient reached it in this step: not updated, as torch.optim skips it
-            e = self.store.entries[idx]
-            master, m, v, g32 = self.states.get(idx)
-            self._update(e, master, m, v, g32, coef)
-            self.states.put(idx)
-        self.stats.optimizer_s += time.perf_counter() - t0
-
-    @property
-    def grad_norm(self) -> float:
-        """Global gradient norm of the last completed step (fp32 gradients, summed exactly)."""
-        return math.sqrt(math.fsum(self._sumsq.values()))
-
     def remove_hooks(self) -> None:
-        self.tracker.remove()
+        if getattr(self, "tracker", None) is not None:
+            self.tracker.remove()
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
 
     # -- inspection and export ------------------------------------------------------------------------
     def iter_states(self):
@@ -437,11 +371,14 @@ class OffloadEngine:
         return st.stats.allocations + sum(p.stats.allocations for p in pools)
 
     def close(self) -> None:
+        """Release everything; also what a failed build had taken so far."""
         self.remove_hooks()
-        self._join_optimizer()
-        self.worker.close()
-        self.store.close()
-        self.states.close()
+        if getattr(self, "worker", None) is not None:
+            self._join_optimizer()
+            self.worker.close()
+        for part in ("store", "states"):
+            if getattr(self, part, None) is not None:
+                getattr(self, part).close()
         if self.nvme is not None:
             self.nvme.close()
         if self._own_run:

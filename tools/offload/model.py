@@ -144,25 +144,24 @@ class GPT(nn.Module):
 
 
 class InitialWeights(Mapping[str, torch.Tensor]):
-    """The fp32 initial weights by parameter name, regenerated on access from the generator state saved
-    before each tensor: the model's fp32 weights never sit in memory all at once (a 350M model would
-    need 1.2 GB for them on top of its budgets)."""
+    """The fp32 initial weights by parameter name, generated on access from a generator seeded per tensor
+    (sub_seed(seed, "init:<name>")): any one tensor's value is independent of every other's and of the
+    order they are asked for, so the model's fp32 weights never sit in memory all at once (a tier is
+    populated one tensor at a time) and a lazily built model gets exactly a plain build's values."""
 
-    def __init__(self, cfg: GPTConfig, shapes: dict[str, torch.Size], states: dict[str, torch.Tensor]) -> None:
-        self.cfg, self.shapes, self.states = cfg, shapes, states
+    def __init__(self, cfg: GPTConfig, shapes: dict[str, torch.Size], seed: int) -> None:
+        self.cfg, self.shapes, self.seed = cfg, shapes, seed
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        gen = torch.Generator()
-        gen.set_state(self.states[name])
-        return self.generate(name, gen)
-
-    def generate(self, name: str, gen: torch.Generator) -> torch.Tensor:
+        if name not in self.shapes:
+            raise KeyError(name)
         fp32 = torch.empty(self.shapes[name], dtype=torch.float32)
         if name.endswith("bias"):
             return fp32.zero_()
         if ".ln" in name or name.startswith("ln_f"):
             return fp32.fill_(1.0)
         std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("o.weight", "fc2.weight")) else 0.02
+        gen = torch.Generator().manual_seed(sub_seed(self.seed, f"init:{name}"))
         return fp32.normal_(0.0, std, generator=gen)
 
     def __iter__(self) -> Iterator[str]:
@@ -172,17 +171,18 @@ class InitialWeights(Mapping[str, torch.Tensor]):
         return len(self.shapes)
 
 
-def build_model(name: str, seed: int, *, dtype: torch.dtype = torch.bfloat16) -> tuple[GPT, InitialWeights]:
-    """The model in `dtype` (compute copies) and its fp32 initial weights by parameter name (regenerated
-    per access, one tensor at a time)."""
+def build_model(name: str, seed: int, *, dtype: torch.dtype = torch.bfloat16,
+                lazy: bool = False) -> tuple[GPT, InitialWeights]:
+    """The model in `dtype` (compute copies) and its fp32 initial weights by parameter name (generated per
+    access, one tensor at a time). `lazy`: the parameters stay on the meta device (no memory): the engine
+    generates each one straight into its tier (`OffloadEngine(model, initial_weights, ...)`)."""
     cfg = preset(name)
     with torch.device("meta"):
-        model = GPT(cfg)
+        model = GPT(cfg).to(dtype)
+    masters = InitialWeights(cfg, {n: p.shape for n, p in model.named_parameters()}, seed)
+    if lazy:
+        return model, masters
     model = model.to_empty(device="cpu")
-    gen = torch.Generator().manual_seed(sub_seed(seed, "init"))
-    shapes, states = {}, {}
-    masters = InitialWeights(cfg, shapes, states)
     for pname, p in model.named_parameters():
-        shapes[pname], states[pname] = p.shape, gen.get_state()
-        p.data = masters.generate(pname, gen).to(dtype)
+        p.data = masters[pname].to(dtype)
     return model, masters

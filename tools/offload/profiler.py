@@ -146,8 +146,9 @@ class _Tensor:
 class _Recorder:
     """Tracker host that records uses instead of moving bytes."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], progress: Any = None) -> None:
         self.clock = clock
+        self.progress = progress
         self.uses: list[Use] = []
         self.rows: list[dict[str, Any]] = []
         self.grad_order: list[int] = []
@@ -155,6 +156,8 @@ class _Recorder:
 
     def acquire(self, label: str, phase: str, entries: list[_Tensor]) -> None:
         self.uses.append(Use(label, phase, tuple(e.idx for e in entries)))
+        if self.progress is not None:
+            self.progress.set("profiling: {} module uses recorded ({})", len(self.uses), phase)
         t = self.clock()
         for e in entries:
             row = {"idx": e.idx, "name": e.name, "module": label, "phase": phase, "bytes": e.nbytes,
@@ -177,12 +180,12 @@ class _Recorder:
 
 
 def profile_model(model: nn.Module, run_step: Callable[[], torch.Tensor], *, model_name: str, batch: int,
-                  seq: int, clock: Callable[[], float] = time.perf_counter) -> Profile:
+                  seq: int, clock: Callable[[], float] = time.perf_counter, progress: Any = None) -> Profile:
     """Run one forward+backward (`run_step` returns the loss) with the use tracker recording, then remove it."""
     infos = tensor_infos(model)
     tensors = [_Tensor(t.idx, t.name, p, p.requires_grad, t.nbytes, t.dtype)
                for t, (_, p) in zip(infos, named_tensors(model), strict=True)]
-    rec = _Recorder(clock)
+    rec = _Recorder(clock, progress)  # progress: a progress.ProgressNote
     tracker = UseTracker(model, tensors, rec)
     try:
         with warnings.catch_warnings():

@@ -273,6 +273,9 @@ class UseTracker:
             return _SavedRef(e, t, t) if e is not None else t
         if t.layout != torch.strided or t.untyped_storage().nbytes() == 0:
             return t
+        if t.is_meta:  # no storage address to match (profiling a lazily built model): an activation, counted once
+            self._saved_storages[id(t)] = t.untyped_storage().nbytes()
+            return t
         ptr = t.untyped_storage().data_ptr()
         for e in self.by_id.values():
             if not self.held(e):

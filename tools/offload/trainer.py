@@ -1,8 +1,10 @@
 """Training loops: the offloaded run (any policy) and the plain in-memory reference it must match.
 
-Both use the same model code, the same batches (a function of seed and step) and the same Adam
-arithmetic (`optimizer.adam_update` on fp32 master state, bf16 compute copies), so their losses are
-bit-identical when the offload engine moves bytes correctly.
+Both use the same model code, the same batches (a function of seed and step: sources.py) and the same
+AdamW arithmetic (`optimizer.adam_update` on fp32 master state, bf16 compute copies, gradients summed in
+fp32 over `accumulate` passes, global-norm clipping: reference.PlainAdamW), so their losses are
+bit-identical when the offload engine moves bytes correctly. A preset is built lazily for the offloaded
+run: on the meta device, profiled there, each tensor generated straight into its tier.
 """
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ import math
 import os
 import statistics
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,12 +21,11 @@ import torch
 
 from mlsyskit.core.clock import RealClock
 from mlsyskit.core.config import parse_size, require
-from mlsyskit.core.console import warn
 from mlsyskit.core.errors import UsageError
-from mlsyskit.core.storage_errors import MissingDirectoryError, StorageError, StoragePermissionError
+from mlsyskit.core.storage_errors import MissingDirectoryError, StoragePermissionError
 from mlsyskit.core.telemetry import Telemetry
-from mlsyskit.tools.offload import checkpoint
-from mlsyskit.tools.offload.corpus import batch
+from mlsyskit.tools.offload import api, sources
+from mlsyskit.tools.offload.api import lr_problem, to_compute_dtype
 from mlsyskit.tools.offload.engine import Budgets, OffloadEngine, pick_device
 from mlsyskit.tools.offload.memory_accounting import (
     MemoryBound,
@@ -35,16 +35,18 @@ from mlsyskit.tools.offload.memory_accounting import (
     release_freed_heap,
     warm_up_runtime,
 )
-from mlsyskit.tools.offload.model import PRESETS, build_model, preset
+from mlsyskit.tools.offload.model import PRESETS, preset
 from mlsyskit.tools.offload.nvme_run import NvmeRun
-from mlsyskit.tools.offload.optimizer import AdamConfig, HyperParams, adam_update
-from mlsyskit.tools.offload.profiler import Profile, ProfileError, profile_model
-from mlsyskit.tools.offload.reference import resident_tracker
+from mlsyskit.tools.offload.optimizer import AdamConfig, HyperParams
+from mlsyskit.tools.offload.profiler import Profile, ProfileError, named_tensors, profile_model
+from mlsyskit.tools.offload.progress import ProgressNote
+from mlsyskit.tools.offload.reference import PlainAdamW
+from mlsyskit.tools.offload.resume import check_space, resume, save_checkpoint
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: str = "gpt-tiny"
+    model: str = "gpt-tiny"  # a preset or package.module:factory (sources.py)
     batch: int = 4
     seq: int = 64
     steps: int = 10
@@ -59,23 +61,40 @@ class TrainConfig:
     checkpoint_every: int = 0
     resume: bool = False
     keep_checkpoints: int = 2
-    warmup_steps: int = 1
+    warmup_steps: int = 1  # steps left out of the summary's means (not the lr warm-up: lr_warmup)
     device: str | None = None  # "cuda", "cpu" (emulated device); default: cuda when available
+    data: str | None = None  # a token file or package.module:loader (default: the Shakespeare corpus)
+    accumulate: int = 1  # backward passes (micro-batches) per optimizer step
+    clip: float | None = None  # global gradient-norm clipping
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay
+    lr_warmup: int = 0  # steps of linear lr warm-up (lr * (step + 1) / lr_warmup until then)
 
     def __post_init__(self) -> None:
         for name in ("device_mem", "cpu_mem", "opt_mem"):
             object.__setattr__(self, name, parse_size(getattr(self, name)))
-        require(self.model in PRESETS, f"unknown model {self.model!r}; presets: {', '.join(PRESETS)}")
+        require(self.model in PRESETS or sources.is_spec(self.model),
+                f"unknown model {self.model!r}: a preset ({', '.join(PRESETS)}) or package.module:factory")
         require(self.batch > 0 and self.seq > 1, "batch must be >= 1 and seq >= 2")
-        require(self.seq <= preset(self.model).max_seq,
-                f"seq {self.seq} exceeds the maximum {preset(self.model).max_seq} of {self.model}")
+        require(self.model not in PRESETS or self.seq <= preset(self.model).max_seq,
+                f"seq {self.seq} exceeds the maximum {preset(self.model).max_seq if self.model in PRESETS else 0} "
+                f"of {self.model}")
         require(self.steps > 0, "steps must be positive")
         require(self.checkpoint_every >= 0 and self.warmup_steps >= 0, "checkpoint_every and warmup_steps must be >= 0")
-        require(math.isfinite(self.lr) and self.lr > 0, f"lr must be a positive finite number, got {self.lr}")
+        require((why := lr_problem(self.lr)) is None, f"--lr: {why}")
         require(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
         require(self.policy in ("tencache", "on-demand", "lru"),
                 f"unknown policy {self.policy!r}; policies: tencache, on-demand, lru")
         require(not self.resume or self.checkpoint_dir is not None, "--resume needs --checkpoint-dir")
+        require(self.accumulate >= 1 and self.lr_warmup >= 0, "accumulate must be >= 1 and lr_warmup >= 0")
+        require(self.clip is None or (math.isfinite(self.clip) and self.clip > 0),
+                f"clip must be a positive finite number, got {self.clip}")
+        require(math.isfinite(self.weight_decay) and 0 <= self.weight_decay and self.lr * self.weight_decay < 1,
+                f"weight_decay must be finite, >= 0 and below 1/lr, got {self.weight_decay}")
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    """The lr of optimizer step `step` (0-based): linear warm-up over cfg.lr_warmup steps, then cfg.lr."""
+    return cfg.lr * min(1.0, (step + 1) / cfg.lr_warmup) if cfg.lr_warmup else cfg.lr
 
 
 @dataclass
@@ -85,39 +104,51 @@ class TrainResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-def run_profile(cfg: TrainConfig) -> Profile:
-    model, _ = build_model(cfg.model, cfg.seed)
-    x, y = batch(0, cfg.batch, cfg.seq, cfg.seed)
-    return profile_model(model, lambda: model(x, y), model_name=cfg.model, batch=cfg.batch, seq=cfg.seq)
+def run_profile(cfg: TrainConfig, progress: ProgressNote | None = None) -> Profile:
+    """The tensor execution order of one step. A preset is profiled on the meta device (no memory, the same
+    order and optimizer order as a materialised model; its activation bytes are an upper estimate)."""
+    x, y = sources.batches(cfg.data, cfg.batch, cfg.seq, cfg.seed)(0)
+    if cfg.model in PRESETS:
+        model, _ = sources.build(cfg.model, cfg.seed, lazy=True)
+        x, y = x.to("meta"), y.to("meta")
+        return profile_model(model, lambda: model(x, y), model_name=cfg.model, batch=cfg.batch, seq=cfg.seq,
+                             progress=progress)
+    model, _ = sources.build(cfg.model, cfg.seed)
+    return api.profile(model, lambda m: m(x, y), name=cfg.model, batch=cfg.batch, seq=cfg.seq)
+
+
+def _hyper(model: torch.nn.Module, cfg: TrainConfig, step: int = 0) -> HyperParams:
+    ids = [i for i, (_, p) in enumerate(named_tensors(model)) if p.requires_grad]
+    return HyperParams.fixed(AdamConfig(lr=lr_at(cfg, step), weight_decay=cfg.weight_decay), ids)
 
 
 def train_plain(cfg: TrainConfig) -> list[float]:
-    """The in-memory reference: every tensor resident, same arithmetic and autograd graph (the same use
-    tracker, moving nothing) as the engine."""
-    model, initial = build_model(cfg.model, cfg.seed)
-    masters = dict(initial)  # the reference keeps every fp32 master in memory, as a plain run does
+    """The in-memory reference: every tensor resident, the engine's arithmetic (reference.PlainAdamW) and the
+    same use tracker, moving nothing; fp32 masters from the same initial values."""
+    model, initial = sources.build(cfg.model, cfg.seed)
     device = pick_device(cfg.device)
     model.to(device)
-    tracker = resident_tracker(model)
-    adam = AdamConfig(lr=cfg.lr)
-    named = dict(model.named_parameters())
-    ms = {n: torch.zeros_like(t) for n, t in masters.items()}
-    vs = {n: torch.zeros_like(t) for n, t in masters.items()}
+    ref = PlainAdamW(model, None, dtype=torch.bfloat16, accumulate=cfg.accumulate, clip_norm=cfg.clip, device=device)
+    if initial is not None:  # a preset: the fp32 values, not the bf16 compute copies
+        names = [n for n, _ in named_tensors(model)]
+        for i in ref.masters:
+            ref.masters[i].copy_(initial[names[i]].reshape(-1))
+    ref.hyper = _hyper(model, cfg)
+    data = sources.batches(cfg.data, cfg.batch, cfg.seq, cfg.seed)
     losses = []
-    for step in range(cfg.steps):
-        x, y = batch(step, cfg.batch, cfg.seq, cfg.seed)
-        loss = model(x.to(device), y.to(device))
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            loss.backward()
-        tracker.end_backward()
-        for n, p in named.items():
-            g32 = p.grad.reshape(-1).to("cpu", torch.float32)
-            adam_update(masters[n].view(-1), g32, ms[n].view(-1), vs[n].view(-1), step + 1, adam)
-            p.data.copy_(masters[n].to(p.dtype))
-            p.grad = None
-        losses.append(loss.item())
-    tracker.remove()
+    try:
+        for step in range(cfg.steps):
+            ref.hyper.groups[0]["lr"] = lr_at(cfg, step)
+            ref.begin_step()
+            micro = []
+            for k in range(cfg.accumulate):
+                x, y = data(step * cfg.accumulate + k)
+                loss = model(x.to(device), y.to(device))
+                ref.backward(loss)
+                micro.append(loss.item())
+            losses.append(math.fsum(micro) / len(micro))
+    finally:
+        ref.close()
     return losses
 
 
@@ -141,49 +172,57 @@ def preflight(cfg: TrainConfig, profile: Profile | None) -> NvmeRun | None:
 
 
 def build_engine(cfg: TrainConfig, profile: Profile | None = None, nvme_run: NvmeRun | None = None,
-                 on_phase: Callable[[str], None] = lambda _: None) -> OffloadEngine:
+                 on_phase: Callable[[str], None] = lambda _: None,
+                 progress: ProgressNote | None = None) -> OffloadEngine:
     """The model, its tiers and optimizer state for `cfg` (profiling first for tencache without a profile,
-    loading the newest valid checkpoint with `resume`); `engine.adam_step` is the step to continue from."""
-    model, masters = build_model(cfg.model, cfg.seed)
+    loading the newest valid checkpoint with `resume`); `engine.adam_step` is the step to continue from.
+    A preset is never materialised: built on the meta device, each tensor generated into its tier."""
+    lazy = cfg.model in PRESETS
+    device = pick_device(cfg.device)
+    model, masters = sources.build(cfg.model, cfg.seed, lazy=lazy)
     if cfg.policy == "tencache" and profile is None:
         on_phase("profiling")
-        profile = run_profile(cfg)
+        profile = run_profile(cfg, progress)
         release_freed_heap()  # the profiling model's tensors
+    if not lazy:
+        masters, _ = to_compute_dtype(model, torch.bfloat16, device)
     if profile is not None:
         profile.check_model(model, cfg.model)
     on_phase("populating tiers")
     budgets = Budgets(cfg.device_mem, cfg.cpu_mem, cfg.opt_mem, cfg.nvme_dir)
-    hyper = HyperParams.fixed(AdamConfig(lr=cfg.lr), list(range(len(masters))))
     engine = OffloadEngine(model, masters, policy=cfg.policy, budgets=budgets,
-                           profile=profile if cfg.policy == "tencache" else None,
-                           hyper=hyper, device=pick_device(cfg.device), nvme_run=nvme_run)
+                           profile=profile if cfg.policy == "tencache" else None, hyper=_hyper(model, cfg),
+                           device=device, nvme_run=nvme_run, accumulate=cfg.accumulate, clip_norm=cfg.clip,
+                           progress=progress)
     del masters
     release_freed_heap()  # the model's own storage, now copied into the pools and the NVMe tier
-    if cfg.resume:
-        try:
+    try:
+        if cfg.resume:
             on_phase("loading checkpoint")
-            _resume(cfg, engine)
-        except BaseException:
-            engine.close()
-            raise
+            resume(cfg, engine)
+        check_space(engine, cfg)  # before training starts, not when the first checkpoint is due
+    except BaseException:
+        engine.close()
+        raise
     return engine
 
 
 def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Telemetry | None = None,
           on_step: Callable[[dict[str, Any]], None] | None = None,
-          on_phase: Callable[[str], None] = lambda _: None) -> TrainResult:
+          on_phase: Callable[[str], None] = lambda _: None, progress: ProgressNote | None = None) -> TrainResult:
     pin_mmap_threshold()  # freed weights and gradients go back to the kernel (see memory_accounting)
     # the runtime before any model or pool: interpreter, torch and what it imports on first use, allocator
     overhead = warm_up_runtime(lambda: run_profile(TrainConfig(model="gpt-tiny", batch=1, seq=8)))
     nvme_run = preflight(cfg, profile)  # fail before the model is built, not when the first I/O is due
     try:
-        engine = build_engine(cfg, profile, nvme_run, on_phase)
+        engine = build_engine(cfg, profile, nvme_run, on_phase, progress)
         tel = telemetry or Telemetry(clock=RealClock())
         result = TrainResult(losses=[])
+        data = sources.batches(cfg.data, cfg.batch, cfg.seq, cfg.seed)
         on_phase("training")
         try:
             for step in range(engine.adam_step, cfg.steps):
-                record = one_step(engine, cfg, step)
+                record = one_step(engine, cfg, step, data)
                 result.losses.append(record["loss"])
                 result.steps.append(record)
                 tel.event("step", **record)
@@ -191,7 +230,7 @@ def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Teleme
                     on_step(record)
                 if cfg.checkpoint_dir is not None and cfg.checkpoint_every and \
                         ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
-                    save_checkpoint(engine, cfg, step + 1)
+                    save_checkpoint(engine, cfg, step + 1, progress)
             result.summary = summarize(result.steps, cfg, engine, overhead)
             tel.event("summary", **result.summary)
         finally:
@@ -204,24 +243,31 @@ def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Teleme
     return result
 
 
-def one_step(engine: OffloadEngine, cfg: TrainConfig, step: int) -> dict[str, Any]:
-    """One training step with its metrics (deltas of the engine's counters over this step)."""
+def one_step(engine: OffloadEngine, cfg: TrainConfig, step: int, data: sources.Batches | None = None) -> dict[str, Any]:
+    """One optimizer step (`cfg.accumulate` micro-batches; the loss is their mean) with its metrics (deltas
+    of the engine's counters over this step)."""
     before_bytes = dict(engine.store.stats.bytes)
     before_alloc = engine.allocations()
     opt = engine.states.stats
     before_opt = (opt.accesses, opt.misses, opt.wait_s)
-    x, y = batch(step, cfg.batch, cfg.seq, cfg.seed)
+    data = data or sources.batches(cfg.data, cfg.batch, cfg.seq, cfg.seed)
     t0, c0 = time.perf_counter(), time.process_time()
+    engine.hyper.groups[0]["lr"] = lr_at(cfg, step)
     engine.begin_step()
-    loss = engine.model(x.to(engine.device), y.to(engine.device))
-    engine.backward(loss)
+    micro = []
+    for k in range(cfg.accumulate):
+        x, y = data(step * cfg.accumulate + k)
+        loss = engine.model(x.to(engine.device), y.to(engine.device))
+        engine.backward(loss)
+        micro.append(loss.item())
     step_s = time.perf_counter() - t0
     cpu_s = time.process_time() - c0  # all threads of this process: comparable across a loaded machine
     s = engine.stats
     waits = sorted(s.fetch_waits)
     moved = {k: v - before_bytes.get(k, 0) for k, v in engine.store.stats.bytes.items()}
     accesses, misses = opt.accesses - before_opt[0], opt.misses - before_opt[1]
-    return {"step": step, "loss": loss.item(), "step_s": step_s, "cpu_s": cpu_s, "load_avg_1m": os.getloadavg()[0], "tokens_per_s": cfg.batch * cfg.seq / step_s,
+    return {"step": step, "loss": math.fsum(micro) / len(micro), "step_s": step_s, "cpu_s": cpu_s,
+            "load_avg_1m": os.getloadavg()[0], "tokens_per_s": cfg.batch * cfg.seq * cfg.accumulate / step_s,
             "device_hit_rate": s.device_hits / max(1, s.tensor_uses), "fetch_wait_s": s.fetch_wait_s,
             "fetch_wait_p99_s": waits[min(len(waits) - 1, math.ceil(0.99 * len(waits)) - 1)] if waits else 0.0,
             "bytes_moved": {k: v for k, v in sorted(moved.items()) if v}, "allocations": engine.allocations() - before_alloc,
@@ -264,57 +310,3 @@ def summarize(steps: list[dict[str, Any]], cfg: TrainConfig, engine: OffloadEngi
             "optimizer_utilisation": occ["optimizer_capacity"] / cfg.opt_mem if cfg.opt_mem else 0.0,
             "occupancy": occ, "final_loss": steps[-1]["loss"] if steps else float("nan"),
             "gpu": gpu}  # NVML means over the measured steps (engine.device_figures); empty without a GPU
-
-
-# -- checkpoints ------------------------------------------------------------------------------------
-def save_checkpoint(engine: OffloadEngine, cfg: TrainConfig, step: int) -> Path:
-    manifest = {"model": cfg.model, "signature": engine.signature, "adam_step": engine.adam_step,
-                "seed": cfg.seed, "batch": cfg.batch, "seq": cfg.seq, "lr": cfg.lr}
-    shapes = {e.name: tuple(e.shape) for e in engine.trainable}
-    path = checkpoint.save(cfg.checkpoint_dir, step, manifest, engine.iter_states(), shapes)
-    checkpoint.prune(cfg.checkpoint_dir, cfg.keep_checkpoints)
-    return path
-
-
-# Settings that fix the weights' initialisation and the batch stream (a function of seed, batch, seq and
-# step): changing one on resume would silently break "resumed losses equal an uninterrupted run".
-# Everything else (lr, steps, budgets, policy, checkpoint cadence, device) may change on resume.
-RESUME_FIXED = ("model", "seed", "batch", "seq")
-
-
-def resume_mismatches(cfg: TrainConfig, manifest: dict[str, Any]) -> list[str]:
-    """'name: stored X, requested Y' for each setting in RESUME_FIXED that differs from the checkpoint's."""
-    return [f"{k}: stored {manifest[k]!r}, requested {getattr(cfg, k)!r}"
-            for k in RESUME_FIXED if k in manifest and manifest[k] != getattr(cfg, k)]
-
-
-def _resume(cfg: TrainConfig, engine: OffloadEngine) -> None:
-    """Load the newest valid checkpoint, falling back past corrupt ones (each skipped with a warning)."""
-    skipped = []
-    for ckpt, path, why in checkpoint.candidates(cfg.checkpoint_dir):
-        if ckpt is None:
-            warn(f"--resume: skipping {path}: {why}")
-            skipped.append(path.name)
-            continue
-        if mismatches := resume_mismatches(cfg, ckpt.manifest):
-            raise UsageError(f"--resume: {ckpt.path} was written with other settings ("
-                                             f"{'; '.join(mismatches)}); resume with the stored values or use a "
-                                             f"new --checkpoint-dir")
-        if ckpt.manifest.get("signature") != engine.signature:
-            raise checkpoint.CheckpointError(f"{ckpt.path} was written for model {ckpt.manifest.get('model')!r}, "
-                                             f"not {cfg.model!r}")
-        if ckpt.manifest["adam_step"] >= cfg.steps:
-            raise UsageError(f"--resume: {ckpt.path} is already at step "
-                                             f"{ckpt.manifest['adam_step']}; ask for more --steps than that")
-        try:
-            checkpoint.verify(ckpt)
-        except StorageError as e:
-            warn(f"--resume: skipping {path}: {e}")
-            skipped.append(path.name)
-            continue
-        engine.load_states(ckpt.states(), ckpt.manifest["adam_step"])
-        if skipped:
-            warn(f"--resume: continuing from {path.name} (skipped {', '.join(skipped)})")
-        return
-    raise checkpoint.CheckpointError(f"--resume: no valid checkpoint in {cfg.checkpoint_dir}"
-                                     + (f" (skipped {', '.join(skipped)})" if skipped else ""))

@@ -1,0 +1,132 @@
+"""The engine's gradient path: gradients staged off the autograd thread, summed in fp32, AdamW per tensor.
+
+Each trainable parameter's post-accumulate-grad hook (`grad_ready`, in the autograd thread) stages its
+gradient (a pinned device->host copy on a GPU) and hands it to the optimizer worker thread
+(grad_pipeline.py), which adds it into the fp32 gradient slot of its optimizer state (`_optimize`); on the
+last of `accumulate` backward passes the CPU AdamW step runs there per tensor as its gradient arrives, or,
+with `clip_norm`, in a second sweep after the global norm is known (`_clip_and_update`).
+
+`GradientUpdates` is a mixin of `engine.OffloadEngine`: it reads the engine's store, states, stager,
+worker, hyper-parameters and counters, and owns no state of its own.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import time
+from typing import Any
+
+import torch
+
+from mlsyskit.core.errors import UsageError
+from mlsyskit.tools.offload.optimizer import NonFiniteError, adam_update
+from mlsyskit.tools.offload.tiers import Entry
+
+MISUSED_BACKWARD = ("inside offload(), call engine.backward(loss) instead of loss.backward(): the engine must "
+                    "open the backward pass (it makes offloaded parameters resident and runs the CPU optimizer)")
+
+
+class GradientUpdates:
+    """grad_ready -> _optimize on the worker -> (clip sweep) -> AdamW; see the module docstring."""
+
+    store: Any
+    states: Any
+    stager: Any
+    worker: Any
+    accumulate: int
+    clip_norm: float | None
+    adam_step: int
+    param_steps: dict[int, int]
+    progress: Any
+
+    def grad_ready(self, e: Entry) -> None:
+        """In the autograd thread: stage e's gradient and hand it to the optimizer worker (`_optimize`)."""
+        if not self._in_backward:
+            raise UsageError(MISUSED_BACKWARD)
+        t0 = time.perf_counter()
+        grad = e.param.grad
+        e.param.grad = None
+        self.stager.apply()
+        first = e.idx not in self._got
+        self._got.add(e.idx)
+        last = self._micro == self.accumulate - 1
+        update = last and self.clip_norm is None
+        if update:
+            self._updated.add(e.idx)  # now, not when the worker gets to it: backward must not read it again
+        buf, copy, slot = self.stager.stage(e.idx, grad)
+        del grad
+        self.worker.submit(functools.partial(self._optimize, e, buf, copy, slot, first, last, update))
+        self.stats.optimizer_s += time.perf_counter() - t0
+
+    def _optimize(self, e: Entry, buf: torch.Tensor, copy, slot, first: bool, last: bool, update: bool) -> None:
+        """On the worker: add the staged gradient into e's fp32 slot; on the last pass, its squared norm and
+        (without clipping) the AdamW step, the new compute copy cast into `buf` for the tier thread."""
+        t0 = time.perf_counter()
+        done = None
+        try:
+            if copy is not None:
+                copy.result()  # the device->host copy's own event
+            master, m, v, g32 = self.states.get(e.idx)
+            if first:
+                g32.copy_(buf)  # compute dtype -> fp32
+            else:
+                g32.add_(buf)
+            if last:
+                sumsq = float(torch.dot(g32, g32))
+                if not math.isfinite(sumsq):
+                    raise NonFiniteError(f"the gradient of {e.name} is not finite at step {self.adam_step + 1}")
+                self._sumsq[e.idx] = sumsq
+            if update:
+                self.param_steps[e.idx] += 1
+                adam_update(master, g32, m, v, self.param_steps[e.idx], self._configs[e.idx])
+                buf.copy_(master)  # fp32 -> compute dtype, as the copy into the tier did
+                done = buf
+            self.states.put(e.idx)
+        finally:
+            self.stager.hand_back(e, done, slot)  # always: the staging slot must come back
+            self._worker_s += time.perf_counter() - t0
+
+    def _join_optimizer(self) -> BaseException | None:
+        """Wait for the worker, apply every hand-back; the worker's first error, if any."""
+        error = self.worker.join()
+        self.stager.apply(wait=True)  # the next forward reads these copies; the slots are free for the next step
+        self.stats.optimizer_s += self._worker_s
+        self._worker_s = 0.0
+        return error
+
+    def _update(self, e: Entry, master, m, v, g32, coef: float) -> None:
+        if coef != 1.0:
+            g32.mul_(coef)
+        self.param_steps[e.idx] += 1
+        adam_update(master, g32, m, v, self.param_steps[e.idx], self._configs[e.idx])
+        if e.bound:
+            self.store.device_view(e).view(-1).copy_(master)  # fp32 -> compute copy
+        else:
+            self.store.write_home(e, master, g32)
+        self._updated.add(e.idx)
+
+    def _clip_and_update(self) -> None:
+        """Second sweep in optimizer order: scale every gradient by clip/(norm + 1e-6) when the global norm
+        exceeds clip (torch.nn.utils.clip_grad_norm_'s rule), then update."""
+        t0 = time.perf_counter()
+        norm = math.sqrt(math.fsum(self._sumsq.values()))
+        if not math.isfinite(norm):
+            raise NonFiniteError(f"the gradient norm is {norm} at step {self.adam_step + 1}")
+        coef = min(1.0, self.clip_norm / (norm + 1e-6))
+        self.states.begin_step()
+        order = self.states.order
+        for k, idx in enumerate(order):
+            if idx not in self._sumsq:
+                continue  # no gradient reached it in this step: not updated, as torch.optim skips it
+            if self.progress is not None:
+                self.progress.set("step {}: optimizer {:.0%} of tensors", self.adam_step + 1, k / len(order))
+            e = self.store.entries[idx]
+            master, m, v, g32 = self.states.get(idx)
+            self._update(e, master, m, v, g32, coef)
+            self.states.put(idx)
+        self.stats.optimizer_s += time.perf_counter() - t0
+
+    @property
+    def grad_norm(self) -> float:
+        """Global gradient norm of the last completed step (fp32 gradients, summed exactly)."""
+        return math.sqrt(math.fsum(self._sumsq.values()))
