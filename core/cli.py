@@ -73,7 +73,9 @@ def config_option() -> Any:
                              "and it overrides the defaults.")
 
 
-def seed_option(default: int = 0, help_text: str = "Master seed; every random choice derives from it.") -> Any:
+def seed_option(default: int | None = 0,
+                help_text: str = "Master seed; every random choice derives from it.") -> Any:
+    """--seed; default None when a --config file may set it (None means not given)."""
     return typer.Option(default, "--seed", help=help_text)
 
 

@@ -14,96 +14,29 @@ Errors come back as `RpcError(code, message)` with messages written for people, 
 """
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-# gRPC's C core prints info lines of its own on stderr (e.g. "Handshake failed ... WRONG_VERSION_NUMBER"
-# for every plaintext client at a TLS port), without the peer's address; our own messages say what
-# happened. Errors still show; a user who wants its traces sets GRPC_VERBOSITY/GRPC_TRACE explicitly.
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-import grpc  # noqa: E402 (after the environment above)
-
+from mlsyskit.core.rpc_base import (  # noqa: F401 (re-exported: core.rpc is the public surface)
+    _TOKEN_KEY,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    TRANSPORT_FAILURES,
+    ClientTls,
+    KeepAlive,
+    RpcError,
+    ServerTls,
+    StatusCode,
+    _encode_request,
+    _message_options,
+    grpc,
+)
+from mlsyskit.core.rpc_client import BidiCall, RpcClient  # noqa: F401 (re-exported)
 from mlsyskit.core.rpc_codec import CodecError, decode, encode
 
 log = logging.getLogger("mlsyskit.rpc")
-
-StatusCode = grpc.StatusCode
-DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-_TOKEN_KEY = "authorization"
-# codes a lost or restarted peer produces (refused, reset, torn-down stream, a server killed mid-call):
-# worth reconnecting after; anything else is an answer that a retry would only repeat
-TRANSPORT_FAILURES = frozenset({StatusCode.UNAVAILABLE, StatusCode.INTERNAL, StatusCode.CANCELLED,
-                                StatusCode.DEADLINE_EXCEEDED, StatusCode.UNKNOWN, StatusCode.ABORTED})
-
-
-class RpcError(Exception):
-    """A failed call: `code` is a grpc.StatusCode, `message` says what happened in plain words."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"{self.message} [{self.code.name}]"
-
-
-@dataclass(frozen=True)
-class KeepAlive:
-    """HTTP/2 pings that detect a dead peer on an idle connection."""
-
-    interval_s: float = 30.0
-    timeout_s: float = 10.0
-
-    def options(self) -> list[tuple[str, int]]:
-        return [("grpc.keepalive_time_ms", int(self.interval_s * 1000)),
-                ("grpc.keepalive_timeout_ms", int(self.timeout_s * 1000)),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.max_pings_without_data", 0)]
-
-
-@dataclass(frozen=True)
-class ServerTls:
-    cert_chain: bytes
-    private_key: bytes
-    client_ca: bytes | None = None  # set -> clients must present a certificate signed by it
-
-    @classmethod
-    def from_files(cls, cert: str | Path, key: str | Path, client_ca: str | Path | None = None) -> ServerTls:
-        return cls(_read(cert, "TLS certificate"), _read(key, "TLS key"),
-                   _read(client_ca, "client CA") if client_ca else None)
-
-
-@dataclass(frozen=True)
-class ClientTls:
-    ca: bytes | None = None  # None -> the system trust store
-    cert_chain: bytes | None = None
-    private_key: bytes | None = None
-    server_name: str | None = None  # override the name checked against the server certificate
-
-    @classmethod
-    def from_files(cls, ca: str | Path | None = None, cert: str | Path | None = None,
-                   key: str | Path | None = None, server_name: str | None = None) -> ClientTls:
-        return cls(_read(ca, "TLS CA") if ca else None, _read(cert, "TLS certificate") if cert else None,
-                   _read(key, "TLS key") if key else None, server_name)
-
-
-def _read(path: str | Path | None, what: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as e:
-        raise RpcError(StatusCode.INVALID_ARGUMENT, f"cannot read {what} {path}: {e.strerror}") from None
-
-
-def _message_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    return [("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes)]
 
 
 @dataclass(frozen=True)
@@ -271,145 +204,3 @@ async def _relay(method: str, items: AsyncIterator[Any], context: grpc.aio.Servi
         failure = _failure(method, e)
     if failure is not None:  # abort outside the except block: it raises to end the call
         await context.abort(*failure)
-
-
-class BidiCall:
-    """A bidirectional call: `await send(payload)` any time, `async for reply in call` for the server's."""
-
-    def __init__(self, client: RpcClient, method: str, call: grpc.aio.StreamStreamCall, timeout: float | None) -> None:
-        self._client, self._method, self._call, self._timeout = client, method, call, timeout
-
-    async def send(self, payload: Any) -> None:
-        request = _encode_request(self._method, payload)
-        try:
-            await self._call.write(request)
-        except grpc.aio.AioRpcError as e:
-            raise self._client._translate(self._method, e, self._timeout) from None
-        except asyncio.InvalidStateError:  # the call already ended; its status says why
-            raise RpcError(StatusCode.CANCELLED, f"{self._method} on {self._client.address} has ended") from None
-
-    async def __aiter__(self) -> AsyncIterator[Any]:
-        try:
-            async for reply in self._call:
-                yield _decode_reply(self._method, reply)
-        except grpc.aio.AioRpcError as e:
-            raise self._client._translate(self._method, e, self._timeout) from None
-
-    async def done_writing(self) -> None:
-        await self._call.done_writing()
-
-    def cancel(self) -> None:
-        self._call.cancel()
-
-
-class RpcClient:
-    """One channel to one server; `call` for unary, `stream` for server streaming. Use `async with`."""
-
-    def __init__(self, address: str, *, token: str | None = None, tls: ClientTls | None = None,
-                 service: str = "mlsyskit", timeout: float | None = 30.0,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, keepalive: KeepAlive = KeepAlive()) -> None:
-        self.address = address
-        self.service = service
-        self.timeout = timeout
-        self._metadata = ((_TOKEN_KEY, f"Bearer {token}"),) if token else ()
-        self._tls = tls
-        self._options = _message_options(max_message_bytes) + keepalive.options()
-        self._channel: grpc.aio.Channel | None = None
-
-    def _get_channel(self) -> grpc.aio.Channel:
-        if self._channel is None:
-            if self._tls is None:
-                self._channel = grpc.aio.insecure_channel(self.address, options=self._options)
-            else:
-                creds = grpc.ssl_channel_credentials(self._tls.ca, self._tls.private_key, self._tls.cert_chain)
-                options = list(self._options)
-                if self._tls.server_name:
-                    options.append(("grpc.ssl_target_name_override", self._tls.server_name))
-                self._channel = grpc.aio.secure_channel(self.address, creds, options=options)
-        return self._channel
-
-    async def connect(self, timeout: float = 10.0) -> None:
-        """Wait until the server accepts connections (retrying), or raise UNAVAILABLE after `timeout`."""
-        channel = self._get_channel()
-        try:
-            await asyncio.wait_for(channel.channel_ready(), timeout)
-        except TimeoutError:
-            raise RpcError(StatusCode.UNAVAILABLE,
-                           f"cannot reach {self.address}: no server answered within {timeout:g}s") from None
-
-    async def call(self, method: str, payload: Any = None, *, timeout: float | None = ...) -> Any:
-        timeout = self.timeout if timeout is ... else timeout
-        stub = self._get_channel().unary_unary(f"/{self.service}/{method}")
-        request = _encode_request(method, payload)
-        try:
-            reply = await stub(request, timeout=timeout, metadata=self._metadata)
-        except grpc.aio.AioRpcError as e:
-            raise self._translate(method, e, timeout) from None
-        return _decode_reply(method, reply)
-
-    async def stream(self, method: str, payload: Any = None, *, timeout: float | None = ...) -> AsyncIterator[Any]:
-        """Yield each message of a server stream; `timeout` bounds the whole stream."""
-        timeout = self.timeout if timeout is ... else timeout
-        stub = self._get_channel().unary_stream(f"/{self.service}/{method}")
-        call = stub(_encode_request(method, payload), timeout=timeout, metadata=self._metadata)
-        try:
-            async for reply in call:
-                yield _decode_reply(method, reply)
-        except grpc.aio.AioRpcError as e:
-            raise self._translate(method, e, timeout) from None
-        finally:
-            call.cancel()
-
-    def bidi(self, method: str, *, timeout: float | None = ...) -> BidiCall:
-        """Open a bidirectional call; `timeout` bounds the whole call. Cancel it when done."""
-        timeout = self.timeout if timeout is ... else timeout
-        stub = self._get_channel().stream_stream(f"/{self.service}/{method}")
-        return BidiCall(self, method, stub(timeout=timeout, metadata=self._metadata), timeout)
-
-    def _translate(self, method: str, error: grpc.aio.AioRpcError, timeout: float | None) -> RpcError:
-        code, details = error.code(), error.details() or ""
-        if code == StatusCode.UNAVAILABLE:
-            return RpcError(code, f"cannot reach {self.address}: {_unreachable_reason(details)}")
-        if code == StatusCode.DEADLINE_EXCEEDED:
-            return RpcError(code, f"{method} on {self.address} timed out after {timeout:g}s")
-        if code == StatusCode.UNAUTHENTICATED:
-            return RpcError(code, f"{self.address} refused {method}: {details}")
-        if code == StatusCode.UNIMPLEMENTED:
-            return RpcError(code, f"{self.address} has no method {method!r}")
-        return RpcError(code, f"{method} on {self.address}: {details}")
-
-    async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
-
-    async def __aenter__(self) -> RpcClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-
-def _encode_request(method: str, payload: Any) -> bytes:
-    try:
-        return encode(payload)
-    except CodecError as e:
-        raise RpcError(StatusCode.INVALID_ARGUMENT, f"cannot send {method}: {e}") from None
-
-
-def _decode_reply(method: str, reply: bytes) -> Any:
-    try:
-        return decode(reply)
-    except CodecError as e:
-        raise RpcError(StatusCode.DATA_LOSS, f"bad reply to {method}: {e}") from None
-
-
-def _unreachable_reason(details: str) -> str:
-    lowered = details.lower()
-    if "connection refused" in lowered:
-        return "connection refused"
-    if "handshake" in lowered or "ssl" in lowered or "certificate" in lowered:
-        return f"TLS handshake failed ({details.strip()})"
-    if "dns" in lowered or "resolve" in lowered:
-        return f"cannot resolve the address ({details.strip()})"
-    return details.strip() or "unavailable"

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -15,52 +14,17 @@ from typing import Any
 
 import pytest
 
+from mlsyskit.core import net
+
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
 
-def port_window() -> tuple[int, int]:
-    """Ports no outgoing connection is given as its source port. A port the OS picked (bind 0) is
-    in the ephemeral range, and between the pick and the test's bind any connect() may take it:
-    CI runs lost ports so ('address already in use'), a node's links connecting while the next
-    node of the same cluster was still to bind. Above Ray's worker ports (10002-19999)."""
-    try:
-        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    except (OSError, ValueError):
-        low, high = 32_768, 60_999  # Linux's default
-    return (20_000, low) if low - 20_000 >= 5_000 else (high + 1, 65_000)
-
-
-_ports_given: set[int] = set()  # never the same port twice in one run, bound yet or not
-_port_rng = random.Random(20_261_201)
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def claim_ports(base: int, width: int) -> bool:
-    """Claim base..base+width-1 for this run if none was handed out before and all are free now."""
-    ports = range(base, base + width)
-    if any(p in _ports_given for p in ports) or not all(port_is_free(p) for p in ports):
-        return False
-    _ports_given.update(ports)
-    return True
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range."""
-    start, stop = port_window()
-    for _ in range(2000):
-        port = _port_rng.randrange(start, stop)
-        if claim_ports(port, 1):
-            return port
-    raise RuntimeError("no free port")
+# One port picker for product and tests (per-xdist-worker windows: see pytest_configure below).
+free_port = net.free_port
+port_window = net.port_window
+port_is_free = net.port_is_free
+claim_ports = net.claim_range
 
 
 def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 20.0,
@@ -174,3 +138,44 @@ def invoke_cli(app: Any, args: Sequence[str]) -> CliResult:
         return CliResult(res.exception.exit_code, f"{res.output}error: {res.exception}", res.stdout)
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
     return CliResult(res.exit_code, res.output, res.stdout)
+
+
+# ---------------------------------------------------------------- parallel workers and the fast tier
+
+def pytest_configure(config) -> None:
+    """Each pytest-xdist worker picks ports from its own slice of the window, and so do the
+    processes it starts (they inherit MLSYSKIT_PORT_WINDOW): parallel workers never race for a port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if worker.startswith("gw") and count > 0:
+        os.environ[net.WINDOW_ENV] = net.split_window(int(worker[2:]), count)
+
+
+class StartsProcessesError(RuntimeError):
+    """A test outside the slow tier started a process or a server."""
+
+
+def _refuse(what: str) -> Callable[..., Any]:
+    def refuse(*_args: Any, **_kwargs: Any) -> Any:
+        raise StartsProcessesError(
+            f"this test {what}: mark it @pytest.mark.slow (./scripts/test --fast runs only tests that "
+            "start no server, cluster or subprocess)")
+    return refuse
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_guard(request, monkeypatch) -> None:
+    """Tests not marked slow may not start processes or listen on sockets, so the fast tier stays
+    fast and every test that does is marked (the guard runs in the full suite too)."""
+    if request.node.get_closest_marker("slow") or request.node.get_closest_marker("gpu"):
+        return
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", _refuse("starts a subprocess"))
+    monkeypatch.setattr(os, "fork", _refuse("forks a process"))
+    monkeypatch.setattr(socket.socket, "listen", _refuse("listens on a socket"))
+    try:
+        import grpc
+        import grpc.aio
+    except ImportError:
+        return
+    monkeypatch.setattr(grpc, "server", _refuse("starts a gRPC server"))
+    monkeypatch.setattr(grpc.aio, "server", _refuse("starts a gRPC server"))

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PARTS = {
     "tools/offload": ["offload"], "tools/fl": ["fl"], "tools/sched": ["sched"], "tools/kv": ["kv"],
     "core/memory.py": ["offload"], "core/copy_kernels.py": ["offload"],
-    "core/rpc.py": ["fl", "sched"], "core/rpc_codec.py": ["fl", "sched"], "core/rpc_tls.py": ["fl", "sched"],
+    "core/rpc.py": ["fl", "sched"], "core/rpc_base.py": ["fl", "sched"], "core/rpc_client.py": ["fl", "sched"],
+    "core/rpc_codec.py": ["fl", "sched"], "core/rpc_tls.py": ["fl", "sched"],
 }
 # accelerator packages (the gpu extra) are probed at run time wherever they help
 PROBED_EXTRAS = ("gpu",)

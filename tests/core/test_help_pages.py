@@ -64,6 +64,7 @@ def _run(args: list[str], columns: int, terminal: bool) -> tuple[int, str]:
     return code, b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
 
 
+@pytest.mark.slow  # one subprocess per page
 @pytest.mark.parametrize("terminal", [False, True], ids=["pipe", "tty"])
 @pytest.mark.parametrize("columns", [80, 200])
 @pytest.mark.parametrize("tool", sorted(TOOLS))
@@ -77,6 +78,7 @@ def test_every_help_page_renders(tool, columns, terminal):
         assert not too_wide, too_wide[:5]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool", sorted(TOOLS))
 def test_console_script_help_in_a_terminal(tool):
     code, text = _run([str(VENV_BIN / tool), "--help"], 80, terminal=True)

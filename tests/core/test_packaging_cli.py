@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV_BIN
 
+pytestmark = pytest.mark.slow  # starts servers or subprocesses
+
 COMMANDS = ["tencache", "fl-server", "fl-client", "marble", "bespokv"]
 
 

@@ -13,6 +13,8 @@ from mlsyskit.core.rpc import ClientTls, RpcClient, RpcError, RpcServer, ServerT
 from mlsyskit.core.rpc_tls import issue_certs
 from tests.conftest import free_port
 
+pytestmark = pytest.mark.slow  # starts servers or subprocesses
+
 
 def make_echo_server(**kwargs) -> RpcServer:
     server = RpcServer(**kwargs)

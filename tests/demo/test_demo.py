@@ -8,6 +8,8 @@ import subprocess
 import pytest
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # starts servers or subprocesses
+
 
 @pytest.mark.slow
 def test_demo_runs_every_section_to_ok_or_explicit_skip(tmp_path):
