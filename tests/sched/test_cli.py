@@ -2,6 +2,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import invoke_cli
 from typer.testing import CliRunner
 
@@ -16,6 +17,7 @@ def run(args: list[str]) -> tuple[int, str]:
     return res.exit_code, res.output
 
 
+@pytest.mark.slow
 def test_sim_writes_json_plots_and_a_deterministic_document(tmp_path):
     args = ["sim", "-w", "workload-1", "--policies", "fifo,marble", "--seeds", "2", "--json"]
     first = runner.invoke(app, [*args, "--out", str(tmp_path / "a")])
@@ -30,6 +32,7 @@ def test_sim_writes_json_plots_and_a_deterministic_document(tmp_path):
     assert (tmp_path / "a" / "results.json").read_text() == (tmp_path / "b" / "results.json").read_text()
 
 
+@pytest.mark.slow
 def test_sim_table_and_event_log(tmp_path):
     res = runner.invoke(app, ["sim", "-w", "synthetic:60@0.7", "--cluster", "4x6", "--policies", "marble-elastic",
                               "--out", str(tmp_path), "--events"])
@@ -60,6 +63,7 @@ def test_user_mistakes_are_one_line_errors():
         assert message in output and "Traceback" not in output
 
 
+@pytest.mark.slow
 def test_runtime_failures_exit_1_usage_errors_exit_2(tmp_path):
     code, output = run(["status", "--state-dir", str(tmp_path)])
     assert code == 1 and "no marble daemon found" in output
@@ -82,6 +86,7 @@ def test_sim_settings_from_config_with_flags_over_file(tmp_path):
     assert code == 2 and "'threshold'" in output and "efficiency_threshold" in output
 
 
+@pytest.mark.slow
 def test_sim_progress_lines_without_a_terminal():
     res = subprocess.run([sys.executable, "-c", "from mlsyskit.tools.sched.cli import main; main()", "sim", "-w",
                           "synthetic:200@0.8", "--cluster", "4x6", "--policies", "fifo,marble"],

@@ -1,4 +1,10 @@
-"""marble command line: simulate policies on workloads, inspect the scalability model."""
+"""marble command line: simulate policies on workloads, inspect the scalability model, and the
+scheduler daemon's commands (daemon/commands.py).
+
+Only what every command needs is imported here; each command imports its own machinery (the
+simulator, the policies, the model) when it runs, so the daemon's client commands answer in a
+fraction of a second (`python -X importtime -m mlsyskit.tools.sched.cli queue` shows what loads).
+"""
 from __future__ import annotations
 
 import json
@@ -7,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import typer
-from rich import box
 
 from mlsyskit.core.cli import (
     config_option,
@@ -22,18 +27,8 @@ from mlsyskit.core.cli import (
     verbose_option,
 )
 from mlsyskit.core.config import load_toml, require
-from mlsyskit.core.console import emit_json, emit_table, log, make_table, reporter, set_verbosity
 from mlsyskit.core.errors import RuntimeFailure, UsageError
-from mlsyskit.tools.sched.cluster import ClusterSpec
 from mlsyskit.tools.sched.daemon.commands import register as register_daemon_commands
-from mlsyskit.tools.sched.experiment import Run, WorkloadSource, parse_policies, report, run_one
-from mlsyskit.tools.sched.metrics import downsample, jcts
-from mlsyskit.tools.sched.policies import POLICIES, PolicyOptions
-from mlsyskit.tools.sched.policies.marble import sized_shapes
-from mlsyskit.tools.sched.scaling_model import held_out_error
-from mlsyskit.tools.sched.simulator import PolicyError
-from mlsyskit.tools.sched.throughput import ThroughputModel
-from mlsyskit.tools.sched.workloads import WorkloadError
 
 app = make_app(
     "marble",
@@ -59,7 +54,9 @@ def _cell(key: str, value) -> str:
     return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
 
 
-def _model() -> ThroughputModel:
+def _model():
+    from mlsyskit.tools.sched.throughput import ThroughputModel
+
     try:
         return ThroughputModel()
     except FileNotFoundError as e:  # a broken install, not a bad flag
@@ -72,7 +69,7 @@ class SimSettings:
 
     workload: str = ""
     cluster: str = "16x6"
-    policies: str = "fifo,backfill,optimus,tiresias,marble"
+    policies: str = ""             # "" -> fifo,backfill,optimus,tiresias and the default policy
     seeds: int = 1
     seed: int = 0
     restart_cost: float = 30.0
@@ -99,7 +96,8 @@ def _sim_settings(config: Path | None, flags: dict) -> SimSettings:
 def sim(
     workload: str | None = typer.Option(None, "--workload", "-w", help="workload-1..4, a Pollux/Philly CSV path, or synthetic:JOBS[@LOAD][/GPUS:WEIGHT,...] (Poisson arrivals at LOAD x cluster capacity, default 0.9; optional job-size mix)"),
     cluster: str | None = typer.Option(None, help="NODESxGPUS_PER_NODE (default 16x6), or nodes of mixed sizes: 8x4+4x8"),
-    policies: str | None = typer.Option(None, help=f"comma-separated policies from: {', '.join(POLICIES.names())} (default fifo,backfill,optimus,tiresias,marble)"),
+    policies: str | None = typer.Option(None, help="comma-separated policies (`marble policies` lists them; default "
+                                        "fifo,backfill,optimus,tiresias and the default policy)"),
     seeds: int | None = typer.Option(None, help="how many seeds (seed, seed+1, ...; default 1)"),
     seed: int | None = seed_option(None, "first seed (default 0); every random choice derives from it"),
     restart_cost: float | None = typer.Option(None, help="checkpoint-restart cost in seconds (default 30)"),
@@ -112,6 +110,15 @@ def sim(
     as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option(),
 ) -> None:
     """Replay a workload under several policies and seeds; tables (or --json) on stdout."""
+    from rich import box
+
+    from mlsyskit.core.console import emit_json, emit_table, make_table, reporter, set_verbosity
+    from mlsyskit.tools.sched.cluster import ClusterSpec
+    from mlsyskit.tools.sched.experiment import WorkloadSource, parse_policies, report, run_one
+    from mlsyskit.tools.sched.policies import DEFAULT_POLICY, PolicyOptions
+    from mlsyskit.tools.sched.simulator import PolicyError
+    from mlsyskit.tools.sched.workloads import WorkloadError
+
     set_verbosity(verbose, quiet)
     cfg = _sim_settings(config, {"workload": workload, "cluster": cluster, "policies": policies, "seeds": seeds,
                                  "seed": seed, "restart_cost": restart_cost, "model_error": model_error,
@@ -122,14 +129,15 @@ def sim(
     except ValueError as e:
         raise UsageError(str(e)) from None
     options = PolicyOptions(efficiency_threshold=cfg.efficiency_threshold, pressure_threshold=cfg.pressure_threshold)
-    names = parse_policies(cfg.policies)   # unknown or repeated names are usage errors
+    names = parse_policies(cfg.policies or ",".join(dict.fromkeys(["fifo", "backfill", "optimus", "tiresias",
+                                                                    DEFAULT_POLICY])))   # unknown/repeated: exit 2
     if not math.isfinite(cfg.restart_cost):
         raise UsageError(f"--restart-cost must be a finite number of seconds, got {cfg.restart_cost}")
     if cfg.events and out is None:
         raise UsageError("--events needs --out")
     source = WorkloadSource(cfg.workload)
     model = _model()
-    runs: list[Run] = []
+    runs: list = []
     if out is not None:
         ensure_out_dir(out)
     with reporter() as rep:
@@ -169,8 +177,10 @@ def sim(
     emit_table(table)
 
 
-def _write_outputs(out: Path, doc: dict, runs: list[Run], spec: ClusterSpec) -> None:
+def _write_outputs(out: Path, doc: dict, runs: list, spec) -> None:
+    from mlsyskit.core.console import log
     from mlsyskit.tools.sched import plots
+    from mlsyskit.tools.sched.metrics import downsample, jcts
 
     (out / "results.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     timing = {f"{r.policy}/seed{r.seed}": r.timing for r in runs}
@@ -191,6 +201,11 @@ def model(
     as_json: bool = json_option(),
 ) -> None:
     """The fitted scalability model per application and its error on held-out placements."""
+    from rich import box
+
+    from mlsyskit.core.console import emit_json, emit_table, make_table
+    from mlsyskit.tools.sched.scaling_model import held_out_error
+
     tm = _model()
     rows = []
     for name, profile in tm.profiles.items():
@@ -222,6 +237,10 @@ def curve(
 
     The job is taken to ask for --max-gpus GPUs; marble's size is shown for a quiet cluster
     (--efficiency-threshold) and under queue pressure (--pressure-threshold)."""
+    from mlsyskit.core.console import emit_json, emit_table, make_table
+    from mlsyskit.tools.sched.policies import PolicyOptions
+    from mlsyskit.tools.sched.policies.sizing import sized_shapes
+
     threshold = efficiency_threshold
     PolicyOptions(efficiency_threshold=threshold, pressure_threshold=pressure_threshold)  # ConfigError: exit 2
     tm = _model()
@@ -247,12 +266,16 @@ def curve(
 
 @app.command("policies")
 def list_policies(as_json: bool = json_option()) -> None:
-    """The registered scheduling policies (names for sim --policies)."""
+    """The registered scheduling policies (names for sim --policies and serve --policy)."""
+    from mlsyskit.core.console import emit_json, emit_table, make_table
+    from mlsyskit.tools.sched.policies import DEFAULT_POLICY, POLICIES
+
     described = {name: POLICIES[name].description for name in sorted(POLICIES)}
     if as_json:
         emit_json(described)
         return
-    table = make_table("policies", ["name", "what it does"], described.items())
+    table = make_table(f"policies (default for sim and serve: {DEFAULT_POLICY})", ["name", "what it does"],
+                       described.items())
     table.columns[1].justify = "left"
     emit_table(table)
 

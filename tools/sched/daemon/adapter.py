@@ -149,6 +149,8 @@ def plan(policy: Policy, cluster: ClusterConfig, jobs: list[Job], model: Through
     for action in decision.actions:
         if isinstance(action, Preempt | Resize):
             job = by_id.get(action.job_id)
+            if isinstance(action, Resize) and job is not None and job.request.lower_gpus == job.request.upper_gpus:
+                continue   # an exact GPU count is never resized (restarted elsewhere on as many GPUs for nothing)
             if preemptible and job is not None and job.state == RUNNING:
                 preempts.append(action.job_id)
             elif not preemptible:
@@ -159,7 +161,8 @@ def plan(policy: Policy, cluster: ClusterConfig, jobs: list[Job], model: Through
             ignored.append(f"{action!r} does not start a queued job")
             continue
         request = by_id[action.job_id].request
-        placement, shape = _layout(action, free, request.lower_gpus, state.spec.gpus_per_node, request.nodes)
+        placement, shape = _layout(action, free, request.lower_gpus, request.upper_gpus, state.spec.gpus_per_node,
+                                   request.nodes)
         if placement is None:
             ignored.append(f"start of job {action.job_id} does not fit the free GPUs now")
             continue
@@ -172,13 +175,14 @@ def plan(policy: Policy, cluster: ClusterConfig, jobs: list[Job], model: Through
     return Plan(tuple(starts), tuple(ignored), tuple(preempts))
 
 
-def _layout(action: Start, free: FreeMap, min_gpus: int, gpus_per_node: int, max_nodes: int = 0):
-    """(placement, per-entry computed GPUs) for a policy's start, or (None, ()) when it does not fit."""
+def _layout(action: Start, free: FreeMap, min_gpus: int, max_gpus: int, gpus_per_node: int, max_nodes: int = 0):
+    """(placement, per-entry computed GPUs) for a policy's start, or (None, ()) when it does not fit.
+    A start outside [min_gpus, max_gpus] computed GPUs or over `max_nodes` nodes is laid out again."""
     placement = tuple(sorted(action.placement, key=lambda p: -p[1]))
     shape = tuple(sorted(action.shape if action.shape is not None else (g for _, g in placement), reverse=True))
-    if sum(shape) < min_gpus or (max_nodes and len(placement) > max_nodes):
-        placement = fit_gpus(free, max(min_gpus, sum(shape)), gpus_per_node, max_nodes) or \
-            fit_gpus(free, min_gpus, gpus_per_node, max_nodes)
+    if not min_gpus <= sum(shape) <= max_gpus or (max_nodes and len(placement) > max_nodes):
+        want = min(max(min_gpus, sum(shape)), max_gpus)
+        placement = fit_gpus(free, want, gpus_per_node, max_nodes) or fit_gpus(free, min_gpus, gpus_per_node, max_nodes)
         if placement is None:
             return None, ()
         return placement, tuple(g for _, g in placement)

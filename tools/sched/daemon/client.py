@@ -2,26 +2,31 @@
 
 Errors become the suite's exit codes: the daemon refusing a request (bad spec, unknown job) is a
 usage error (2); an unreachable daemon or a failed call is a runtime failure (1).
+
+This module is on every client command's path, so it imports only what a call needs (no policy,
+model or job table): a client command answers in a fraction of a second.
 """
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlsyskit.core.errors import RuntimeFailure, UsageError
 from mlsyskit.core.rpc import ClientTls, RpcClient, RpcError, StatusCode
-from mlsyskit.tools.sched.daemon.service import SERVICE, DaemonFiles
+from mlsyskit.tools.sched.daemon.files import SERVICE, DaemonFiles, default_user_token_file
 
 _USAGE_CODES = (StatusCode.INVALID_ARGUMENT, StatusCode.NOT_FOUND, StatusCode.FAILED_PRECONDITION)
 
 
-def default_state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "marble"
+def _read_secret(path: Path, what: str) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as e:
+        raise UsageError(f"cannot read {what} {path}: {e.strerror}") from None
 
 
 @dataclass(frozen=True)
@@ -29,11 +34,13 @@ class Endpoint:
     address: str
     token: str
     tls_ca: Path | None
+    user_token: str = ""
 
     @classmethod
     def resolve(cls, state_dir: Path, address: str | None = None, token_file: Path | None = None,
-                tls_ca: Path | None = None) -> Endpoint:
-        """Flags first, then the daemon's daemon.json in `state_dir`."""
+                tls_ca: Path | None = None, user_token_file: Path | None = None) -> Endpoint:
+        """Flags first, then the daemon's daemon.json in `state_dir`. A daemon with users asks for no
+        shared secret but for the caller's own token (--user-token-file, else ~/.config/marble/token)."""
         info: dict[str, Any] = {}
         files = DaemonFiles(state_dir)
         if files.info.exists():
@@ -45,13 +52,15 @@ class Endpoint:
             raise RuntimeFailure(f"no marble daemon found: {files.info} does not exist "
                                  "(start one with `marble serve`, or pass --addr and --token-file)")
         address = address or info.get("address")
-        token_path = token_file or Path(info.get("token_file") or files.token)
-        try:
-            token = token_path.read_text().strip()
-        except OSError as e:
-            raise UsageError(f"cannot read token file {token_path}: {e.strerror}") from None
+        token = ""
+        if token_file is not None or not info.get("users"):
+            token = _read_secret(token_file or Path(info.get("token_file") or files.token), "token file")
+        user_token = ""
+        own = user_token_file or default_user_token_file()
+        if user_token_file is not None or own.exists():
+            user_token = _read_secret(own, "user token file")
         ca = tls_ca or (Path(info["tls_ca"]) if info.get("tls_ca") else None)
-        return cls(address, token, ca)
+        return cls(address, token, ca, user_token)
 
 
 class DaemonClient:
@@ -59,18 +68,28 @@ class DaemonClient:
         self.endpoint, self.timeout = endpoint, timeout
 
     def call(self, method: str, payload: dict | None = None) -> Any:
-        return asyncio.run(self._call(method, payload or {}))
+        payload = {**(payload or {}), "caller": _login()}
+        if self.endpoint.user_token:
+            payload["user_token"] = self.endpoint.user_token
+        return asyncio.run(self._call(method, payload))
 
     async def _call(self, method: str, payload: dict) -> Any:
         try:
             tls = ClientTls.from_files(self.endpoint.tls_ca) if self.endpoint.tls_ca else None
-            async with RpcClient(self.endpoint.address, token=self.endpoint.token, tls=tls, service=SERVICE,
+            async with RpcClient(self.endpoint.address, token=self.endpoint.token or None, tls=tls, service=SERVICE,
                                  timeout=self.timeout) as rpc:
                 return await rpc.call(method, payload)
         except RpcError as e:
             if e.code in _USAGE_CODES:
                 raise UsageError(_strip(e.message)) from None
             raise RuntimeFailure(f"marble daemon: {e.message}") from None
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):   # no name for this uid (e.g. a container)
+        return ""
 
 
 def _strip(message: str) -> str:

@@ -16,44 +16,20 @@ import os
 import secrets
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlsyskit.core.config import ConfigError
 from mlsyskit.core.errors import RuntimeFailure, UsageError
 from mlsyskit.core.rpc import CallContext, RpcError, RpcServer, ServerTls, StatusCode
+from mlsyskit.tools.sched.daemon.files import SERVICE, DaemonFiles
 from mlsyskit.tools.sched.daemon.jobstore import ACTIVE, FINAL, QUEUED, UnknownJobError
 from mlsyskit.tools.sched.daemon.scheduler import Scheduler
-from mlsyskit.tools.sched.daemon.specs import job_from_mapping
+from mlsyskit.tools.sched.daemon.specs import job_from_mapping, parse_array
+from mlsyskit.tools.sched.daemon.users import NAME, Users
 
-SERVICE = "marble"
 LOG_CHUNK = 1 << 20
-
-
-@dataclass(frozen=True)
-class DaemonFiles:
-    state_dir: Path
-
-    @property
-    def db(self) -> Path:
-        return self.state_dir / "jobs.db"
-
-    @property
-    def token(self) -> Path:
-        return self.state_dir / "token"
-
-    @property
-    def info(self) -> Path:
-        return self.state_dir / "daemon.json"
-
-    @property
-    def lock(self) -> Path:
-        return self.state_dir / "daemon.lock"
-
-    @property
-    def tls_dir(self) -> Path:
-        return self.state_dir / "tls"
+MAX_HISTORY = 10_000
 
 
 def lock_state_dir(files: DaemonFiles) -> int:
@@ -92,19 +68,24 @@ def _write_json(path: Path, doc: dict) -> None:
 
 
 class DaemonService:
-    """RPC handlers: each runs the scheduler's (blocking, locked) method in a worker thread."""
+    """RPC handlers: each runs the scheduler's (blocking, locked) method in a worker thread.
 
-    def __init__(self, scheduler: Scheduler, info: dict[str, Any]) -> None:
-        self.scheduler, self.store, self.info = scheduler, scheduler.store, info
+    Every handler learns who calls (`_caller`): the client certificate's name, else the owner of
+    the user token in the payload (with --users), else the name the client gives."""
+
+    def __init__(self, scheduler: Scheduler, info: dict[str, Any], users: Users | None = None) -> None:
+        self.scheduler, self.store, self.info, self.users = scheduler, scheduler.store, info, users
 
     def register(self, server: RpcServer) -> None:
-        for name in ("submit", "status", "queue", "cancel", "logs", "nodes", "info"):
+        for name in ("submit", "status", "queue", "cancel", "logs", "nodes", "info", "history"):
             server.unary(name, self._handler(getattr(self, f"_{name}")))
 
-    def _handler(self, fn: Callable[[Any], Any]):
+    def _handler(self, fn: Callable[[dict, tuple[str, bool]], Any]):
         async def handle(payload: Any, call: CallContext) -> Any:
+            payload = payload if isinstance(payload, dict) else {}
+            caller = self._caller(payload, call)
             try:
-                return await asyncio.to_thread(fn, payload if isinstance(payload, dict) else {})
+                return await asyncio.to_thread(fn, payload, caller)
             except UnknownJobError as e:
                 raise RpcError(StatusCode.NOT_FOUND, str(e)) from None
             except (UsageError, ConfigError, KeyError) as e:
@@ -112,28 +93,84 @@ class DaemonService:
                     from None
         return handle
 
+    def _caller(self, payload: dict, call: CallContext) -> tuple[str, bool]:
+        """(user name, may act on anyone's jobs)."""
+        if self.users is None:
+            claimed = payload.get("caller")
+            name = claimed if isinstance(claimed, str) and NAME.fullmatch(claimed) else ""
+            return call.identity or name, True
+        if call.identity:
+            known = self.users.get(call.identity)
+            return call.identity, bool(known and known.admin)
+        user = self.users.identify(payload.get("user_token"))
+        if user is None:
+            raise RpcError(StatusCode.UNAUTHENTICATED, "this daemon serves its users only: no valid user token "
+                                                       "(--user-token-file, default ~/.config/marble/token)")
+        return user.name, user.admin
+
     def _job_id(self, payload: dict) -> int:
         job = payload.get("job")
         if not isinstance(job, int) or isinstance(job, bool):
             raise UsageError(f"job: expected a job id (an integer), got {job!r}")
         return job
 
-    def _submit(self, payload: dict) -> dict:
+    def _submit(self, payload: dict, caller: tuple[str, bool]) -> dict:
         request = job_from_mapping(payload.get("job"), self.scheduler.model.apps, where="job spec")
-        return self.scheduler.describe(self.scheduler.submit(request))
+        array = payload.get("array") or ""
+        if not isinstance(array, str):
+            raise UsageError(f"array: expected a range like 0-9, got {array!r}")
+        try:
+            tasks = parse_array(array) if array else ()
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        jobs = self.scheduler.submit_all(request, caller[0], tasks)
+        return {**self.scheduler.describe(jobs[0]), "ids": [j.id for j in jobs]}
 
-    def _status(self, payload: dict) -> dict:
+    def _status(self, payload: dict, caller: tuple[str, bool]) -> dict:
         if payload.get("job") is None:
             return {"jobs": [self.scheduler.describe(j) for j in self.store.jobs()]}
         return {"jobs": [self.scheduler.describe(self.store.get(self._job_id(payload)))]}
 
-    def _queue(self, payload: dict) -> dict:
+    def _queue(self, payload: dict, caller: tuple[str, bool]) -> dict:
         return {"jobs": [self.scheduler.describe(j) for j in self.store.jobs((QUEUED, *ACTIVE))]}
 
-    def _cancel(self, payload: dict) -> dict:
-        return self.scheduler.describe(self.scheduler.cancel(self._job_id(payload)))
+    def _history(self, payload: dict, caller: tuple[str, bool]) -> dict:
+        """Ended jobs (all jobs with `all`), newest last, optionally of one user, at most `limit`."""
+        user, limit = payload.get("user"), payload.get("limit", 1000)
+        if not isinstance(limit, int) or not 1 <= limit <= MAX_HISTORY:
+            raise UsageError(f"limit: expected 1..{MAX_HISTORY}, got {limit!r}")
+        jobs = self.store.jobs(None if payload.get("all") else FINAL)
+        rows = [self.scheduler.describe(j) for j in jobs if user is None or j.user == user][-limit:]
+        return {"jobs": rows}
 
-    def _logs(self, payload: dict) -> dict:
+    def _cancel(self, payload: dict, caller: tuple[str, bool]) -> dict:
+        """Cancel jobs by id (`jobs`), by `name` and/or by `user`; one result per job."""
+        ids, name, user = payload.get("jobs", []), payload.get("name"), payload.get("user")
+        if "job" in payload:
+            ids = [self._job_id(payload)]
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise UsageError(f"jobs: expected a list of job ids, got {ids!r}")
+        if not ids and name is None and user is None:
+            raise UsageError("cancel: give job ids, --name or --user")
+        if user is not None and user != caller[0] and not caller[1]:
+            raise UsageError(f"user {caller[0]} may not cancel the jobs of {user}")
+        targets = [self.store.get(i) for i in ids]
+        if name is not None or user is not None:
+            live = self.store.jobs((QUEUED, *ACTIVE))
+            targets += [j for j in live if (name is None or j.name == name or j.request.name == name)
+                        and (user is None or j.user == user) and j.id not in ids]
+        results = []
+        for job in targets:
+            if job.user != caller[0] and not caller[1]:
+                results.append({"id": job.id, "state": job.state, "error": f"job {job.id} belongs to {job.user}"})
+                continue
+            try:
+                results.append({"id": job.id, "state": self.scheduler.cancel(job.id).state, "error": None})
+            except UsageError as e:
+                results.append({"id": job.id, "state": job.state, "error": str(e)})
+        return {"results": results}
+
+    def _logs(self, payload: dict, caller: tuple[str, bool]) -> dict:
         job = self.store.get(self._job_id(payload))
         offset = payload.get("offset", 0)
         if not isinstance(offset, int) or offset < 0:
@@ -149,28 +186,29 @@ class DaemonService:
         more = len(data) == LOG_CHUNK
         return {"data": data, "offset": offset + len(data), "ended": ended and not more, "state": job.state}
 
-    def _nodes(self, payload: dict) -> dict:
+    def _nodes(self, payload: dict, caller: tuple[str, bool]) -> dict:
         return {"nodes": self.scheduler.nodes()}
 
-    def _info(self, payload: dict) -> dict:
-        return self.info
+    def _info(self, payload: dict, caller: tuple[str, bool]) -> dict:
+        return {**self.info, "user": caller[0], "admin": caller[1]}
 
 
 async def run_daemon(scheduler: Scheduler, files: DaemonFiles, address: str, token: tuple[str, Path],
                      tls: ServerTls | None,
                      tls_ca: Path | None, poll_interval_s: float, info: dict[str, Any],
-                     log: Callable[[str], None]) -> None:
-    """Serve until SIGTERM/SIGINT; run `scheduler.step()` every `poll_interval_s`."""
+                     log: Callable[[str], None], users: Users | None = None) -> None:
+    """Serve until SIGTERM/SIGINT; run `scheduler.step()` every `poll_interval_s`. With `users`,
+    the shared secret is not asked for: every call must prove its user instead."""
     scheduler.recover()
-    server = RpcServer(address, token=token[0], tls=tls, service=SERVICE)
-    DaemonService(scheduler, info).register(server)
+    server = RpcServer(address, token=None if users else token[0], tls=tls, service=SERVICE)
+    DaemonService(scheduler, info, users).register(server)
     try:
         port = await server.start()
     except RpcError as e:
         raise RuntimeFailure(e.message) from None
     host = address.rsplit(":", 1)[0]
     _write_json(files.info, {"address": f"{host}:{port}", "pid": os.getpid(), "tls_ca": str(tls_ca) if tls_ca else None,
-                             "token_file": str(token[1])})
+                             "token_file": str(token[1]), "users": users is not None})
     log(f"marble daemon on {host}:{port} ({'TLS' if tls else 'plain, loopback'}); state in {files.state_dir}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
