@@ -9,19 +9,26 @@ import pytest
 from conftest import REPO
 
 pytestmark = pytest.mark.slow  # starts servers or subprocesses
+SECTIONS = sorted(p.stem for p in (REPO / "scripts" / "demo.d").glob("*.sh"))
 
 
-@pytest.mark.slow
-def test_demo_runs_every_section_to_ok_or_explicit_skip(tmp_path):
+@pytest.mark.parametrize("section", SECTIONS)
+def test_each_demo_section_runs_to_ok_or_explicit_skip(tmp_path, section):
+    """One section per test, so each stays under the global timeout and sections run in parallel."""
     env = {**os.environ, "DEMO_DIR": str(tmp_path)}
-    r = subprocess.run([str(REPO / "scripts" / "demo")], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=900, start_new_session=True)
+    r = subprocess.run([str(REPO / "scripts" / "demo"), section], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=280, start_new_session=True)
     summary = r.stdout.rsplit("\n", 1)[0].splitlines()
-    sections = sorted(p.stem for p in (REPO / "scripts" / "demo.d").glob("*.sh"))
     lines = {line.split(":", 1)[0]: line for line in summary if re.match(r"^\d\d-[\w-]+: ", line)}
-    assert sorted(lines) == sections, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(lines) == [section], r.stdout[-3000:] + r.stderr[-3000:]
     bad = [line for line in lines.values() if not re.match(r"^[\w-]+: (ok \(|skipped \(needs )", line)]
     assert r.returncode == 0 and not bad, "\n".join(bad) + "\n" + r.stderr[-5000:]
+
+
+def test_an_unknown_section_is_refused_naming_the_sections():
+    r = subprocess.run([str(REPO / "scripts" / "demo"), "99-nope"], cwd=REPO, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "no demo section '99-nope'" in r.stderr and SECTIONS[0] in r.stderr
 
 
 def test_a_failed_command_fails_its_section(tmp_path):
