@@ -22,6 +22,7 @@ from mlsyskit.tools.sched.workloads import (
     builtin_workload,
     load_philly,
     load_pollux,
+    scale_to_load,
     synthetic,
 )
 
@@ -40,7 +41,9 @@ def parse_policies(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class WorkloadSource:
-    """'workload-1'..'workload-4', a Pollux or Philly CSV path (format from its header), or
+    """'workload-1'..'workload-4', 'philly' (the real 82,247-job trace), a Pollux or Philly CSV
+    path (format from its header), any of these as NAME@LOAD (arrivals scaled so the offered load
+    is LOAD, e.g. philly@0.8), or
     'synthetic:JOBS[@LOAD][/GPUS:WEIGHT,...][~heavy]' (the optional job-size mix, e.g.
     '/1:4,6:2,12:1', replaces the Pollux workloads' GPU counts; '~heavy' draws heavy-tailed
     GPU-hours instead of the Pollux size classes)."""
@@ -62,6 +65,14 @@ class WorkloadSource:
         if self.text.startswith("synthetic"):
             raise WorkloadError("synthetic workloads look like synthetic:JOBS, synthetic:JOBS@LOAD or "
                                 f"synthetic:JOBS@LOAD/GPUS:WEIGHT,...[~heavy] (e.g. synthetic:500@0.9/1:4,6:2~heavy), got {self.text!r}")
+        scaled = re.fullmatch(r"(.+)@([0-9.]+)", self.text)
+        if scaled and not builtin_workload(self.text).is_file():   # PATH@LOAD: arrivals scaled to LOAD
+            jobs = WorkloadSource(scaled.group(1)).load(model, seed, spec)
+            try:
+                load = float(scaled.group(2))
+            except ValueError:
+                raise WorkloadError(f"load in {self.text!r} is not a number") from None
+            return scale_to_load(jobs, load, model, spec.total_gpus, spec.gpus_per_node)
         path = builtin_workload(self.text)
         if not path.is_file():
             raise WorkloadError(f"workload not found: {self.text} (give a CSV path or workload-1..workload-4)")

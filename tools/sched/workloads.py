@@ -64,10 +64,33 @@ def parse_timestamp(text: str) -> float:
     return stamp.timestamp()
 
 
+PHILLY = DATA_DIR / "philly" / "philly.csv"
+
+
 def builtin_workload(name: str) -> Path:
-    """'workload-1' .. 'workload-4' (the Pollux workloads shipped with marble) or a path."""
+    """'workload-1' .. 'workload-4' (the Pollux workloads shipped with marble), 'philly' (the
+    82,247-job Microsoft Philly trace, data/PROVENANCE.md) or a path."""
+    if name == "philly":
+        return PHILLY
     path = WORKLOADS_DIR / f"{name}.csv"
     return path if path.exists() else Path(name)
+
+
+def scale_to_load(jobs: list[JobSpec], load: float, model: ThroughputModel, total_gpus: int,
+                  gpus_per_node: int) -> list[JobSpec]:
+    """The same jobs with arrival times stretched or squeezed (one factor for all) so the offered
+    load is `load`: the jobs' GPU-seconds as asked (work / rate on the requested GPUs, compact)
+    over the arrival span equals `load` x the cluster's GPUs."""
+    if not (math.isfinite(load) and 0 < load <= 10):
+        raise WorkloadError(f"load must be in (0, 10], got {load}")
+    t0 = min(j.arrival for j in jobs)
+    span = max(j.arrival for j in jobs) - t0
+    if span <= 0:
+        raise WorkloadError("a load needs jobs that arrive at different times")
+    offered = sum(j.gpus * j.work / model.rate(j.app, compact_shape(j.gpus, gpus_per_node), j.batch_size)
+                  for j in jobs)
+    factor = offered / (load * total_gpus) / span
+    return [JobSpec(j.job_id, j.name, j.app, (j.arrival - t0) * factor, j.gpus, j.batch_size, j.work) for j in jobs]
 
 
 def work_for(model: ThroughputModel, app: str, gpus: int, batch: int, duration: float, gpus_per_node: int) -> float:
