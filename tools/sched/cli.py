@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -18,7 +17,6 @@ from mlsyskit.core.cli import (
     config_option,
     ensure_out_dir,
     json_option,
-    load_command_config,
     make_app,
     out_option,
     quiet_option,
@@ -26,7 +24,6 @@ from mlsyskit.core.cli import (
     seed_option,
     verbose_option,
 )
-from mlsyskit.core.config import load_toml, require
 from mlsyskit.core.errors import RuntimeFailure, UsageError
 from mlsyskit.tools.sched.daemon.commands import register as register_daemon_commands
 
@@ -63,35 +60,6 @@ def _model():
         raise RuntimeFailure(str(e)) from None
 
 
-@dataclass(frozen=True)
-class SimSettings:
-    """`marble sim` settings: defaults here, then --config FILE.toml ([sim] table or top level), then flags."""
-
-    workload: str = ""
-    cluster: str = "16x6"
-    policies: str = ""             # "" -> fifo,backfill,optimus,tiresias and the default policy
-    seeds: int = 1
-    seed: int = 0
-    restart_cost: float = 30.0
-    model_error: float = 0.0
-    efficiency_threshold: float = 0.5
-    pressure_threshold: float = 0.8
-    events: bool = False
-
-    def __post_init__(self) -> None:
-        require(bool(self.workload), "workload: required (--workload or workload = ... in --config)")
-        require(self.seeds >= 1, f"seeds: must be >= 1, got {self.seeds}")
-        require(0.0 <= self.restart_cost, f"restart_cost: must be >= 0 seconds, got {self.restart_cost}")
-        require(0.0 <= self.model_error <= 0.9, f"model_error: must be in [0, 0.9], got {self.model_error}")
-
-
-def _sim_settings(config: Path | None, flags: dict) -> SimSettings:
-    section = None
-    if config is not None and "sim" in load_toml(config):
-        section = "sim"
-    return load_command_config(SimSettings, config, flags, section=section)
-
-
 @app.command()
 def sim(
     workload: str | None = typer.Option(None, "--workload", "-w", help="workload-1..4, a Pollux/Philly CSV path, or synthetic:JOBS[@LOAD][/GPUS:WEIGHT,...] (Poisson arrivals at LOAD x cluster capacity, default 0.9; optional job-size mix)"),
@@ -116,11 +84,12 @@ def sim(
     from mlsyskit.tools.sched.cluster import ClusterSpec
     from mlsyskit.tools.sched.experiment import WorkloadSource, parse_policies, report, run_one
     from mlsyskit.tools.sched.policies import DEFAULT_POLICY, PolicyOptions
+    from mlsyskit.tools.sched.sim_settings import sim_settings
     from mlsyskit.tools.sched.simulator import PolicyError
     from mlsyskit.tools.sched.workloads import WorkloadError
 
     set_verbosity(verbose, quiet)
-    cfg = _sim_settings(config, {"workload": workload, "cluster": cluster, "policies": policies, "seeds": seeds,
+    cfg = sim_settings(config, {"workload": workload, "cluster": cluster, "policies": policies, "seeds": seeds,
                                  "seed": seed, "restart_cost": restart_cost, "model_error": model_error,
                                  "efficiency_threshold": efficiency_threshold,
                                  "pressure_threshold": pressure_threshold, "events": events})

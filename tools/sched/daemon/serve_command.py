@@ -8,8 +8,6 @@ from pathlib import Path
 import typer
 
 from mlsyskit.core.cli import config_option, load_command_config, quiet_option, verbose_option
-from mlsyskit.core.config import load_toml
-from mlsyskit.tools.sched.daemon.settings import ServeSettings
 
 
 def register_serve(app: typer.Typer) -> None:
@@ -43,8 +41,10 @@ def register_serve(app: typer.Typer) -> None:
         config: Path | None = config_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option(),
     ) -> None:
         """Run the scheduler daemon: a job table that survives restarts, the policy, an executor."""
+        from mlsyskit.core.config import load_toml
         from mlsyskit.core.console import set_verbosity
         from mlsyskit.tools.sched.daemon.runner import serve_with
+        from mlsyskit.tools.sched.daemon.settings import ServeSettings
 
         set_verbosity(verbose, quiet)
         flags = {"cluster": cluster, "executor": executor, "policy": policy, "efficiency_threshold": efficiency_threshold,
