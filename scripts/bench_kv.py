@@ -40,8 +40,10 @@ import uvloop
 
 from mlsyskit.core.clock import RealClock
 from mlsyskit.core.console import emit_table, log, make_table
-from mlsyskit.tools.kv import processes, ycsb
-from mlsyskit.tools.kv.processes import ClusterSpec, sync_call
+from mlsyskit.tools.kv.client import ycsb
+from mlsyskit.tools.kv.client.call import call, parse_info
+from mlsyskit.tools.kv.ops import processes
+from mlsyskit.tools.kv.ops.processes import ClusterSpec
 from mlsyskit.tools.kv.shardmap import ShardMap
 
 CLOCK = RealClock()
@@ -117,7 +119,7 @@ class RedisGroup:
         deadline = CLOCK.now() + 30
         while True:
             try:
-                info = processes.parse_info(sync_call("127.0.0.1", self.ports[0], "INFO", "replication"))
+                info = parse_info(call("127.0.0.1", self.ports[0], "INFO", "replication"))
                 online = sum("state=online" in v for k, v in info.items() if k.startswith("slave"))
                 if online == len(self.ports) - 1:
                     break

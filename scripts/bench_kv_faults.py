@@ -97,8 +97,8 @@ RECOVERY_TARGETS = {"detection_s": ("<=", 2.0), "write_outage_s": ("<=", 5.0), "
 
 
 def recovery(args: argparse.Namespace) -> int:
-    from mlsyskit.tools.kv.check.recovery import catch_up, outage
-    from mlsyskit.tools.kv.replacement import replacement_ready
+    from kvbench.recovery import catch_up, outage
+    from kvbench.replacement import replacement_ready
 
     replacements: list[dict] = []
 
@@ -181,7 +181,7 @@ def switches(args: argparse.Namespace) -> int:
 def join_orders(args: argparse.Namespace) -> int:
     """Copy-then-join against join-then-copy (check/joinstall.py): the ms-sc write stall while a
     replacement joins and the bytes it copies after its join (target: the log tail only)."""
-    from mlsyskit.tools.kv.check.joinstall import join_stall
+    from kvbench.joinstall import join_stall
 
     orders = [True] if args.join_first else [False, True]
     runs = [asyncio.run(join_stall(args.out / "join" / f"r{i}-{'first' if jf else 'copy'}", join_first=jf,

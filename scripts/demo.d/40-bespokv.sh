@@ -49,11 +49,12 @@ python - "$dir" <<'PY'
 # Consistency check: every replica of a shard holds the same data (BKV.DIGEST hashes a node's
 # own datalet); chain replication acknowledged each write only after the tail applied it.
 import sys
-from mlsyskit.tools.kv.processes import load_record, sync_call
+from mlsyskit.tools.kv.client.call import call
+from mlsyskit.tools.kv.ops.processes import load_record
 record = load_record(sys.argv[1])
 nodes = record["map"]["nodes"]
 for shard in record["map"]["shards"]:
-    digests = {n: sync_call(nodes[n]["host"], nodes[n]["port"], "BKV.DIGEST") for n in shard}
+    digests = {n: call(nodes[n]["host"], nodes[n]["port"], "BKV.DIGEST") for n in shard}
     assert len({tuple(d) for d in digests.values()}) == 1, f"replicas disagree: {digests}"
     count, digest = next(iter(digests.values()))
     print(f"shard {'/'.join(shard)}: all {len(shard)} replicas hold {int(count)} keys, digest {digest.decode()}")
@@ -64,7 +65,7 @@ python - "$dir" <<'PY'
 # makes its successor the head under the next epoch; writes through the proxy go on.
 import os, signal, sys, time
 import redis
-from mlsyskit.tools.kv.processes import load_record
+from mlsyskit.tools.kv.ops.processes import load_record
 from mlsyskit.tools.kv.shardmap import ShardMap
 record = load_record(sys.argv[1])
 old = ShardMap.from_dict(record["map"])

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from mlsyskit.tools.kv import peerauth
-from mlsyskit.tools.kv.cluster import LocalCluster, node_datalet
-from mlsyskit.tools.kv.pipeline import RespConnection
-from mlsyskit.tools.kv.resp import Limits
+from mlsyskit.tools.kv.client.pipeline import RespConnection
+from mlsyskit.tools.kv.ops.cluster import LocalCluster, node_datalet
+from mlsyskit.tools.kv.redis.resp import Limits
 from mlsyskit.tools.kv.shardmap import ShardMap, layout
 from tests.conftest import ProcManager, free_port, wait_for_port
 

@@ -10,11 +10,11 @@ import random
 
 import pytest
 
-from mlsyskit.tools.kv import rmw
 from mlsyskit.tools.kv.check.linearizability import check_history
+from mlsyskit.tools.kv.check.simulate import SimShard
+from mlsyskit.tools.kv.client.history import History
 from mlsyskit.tools.kv.controlets.base import ControletOptions
-from mlsyskit.tools.kv.history import History
-from mlsyskit.tools.kv.simulate import SimShard
+from mlsyskit.tools.kv.redis import rmw
 
 FAST = ControletOptions(write_timeout=0.5, sync_timeout=0.1)
 

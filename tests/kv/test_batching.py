@@ -5,9 +5,10 @@ import asyncio
 import random
 
 import hiredis
+import pytest
 import redis
 
-from mlsyskit.tools.kv import ycsb
+from mlsyskit.tools.kv.client import ycsb
 from mlsyskit.tools.kv.controlets.base import PUT, Apply, Reply, Send
 from mlsyskit.tools.kv.controlets.ms_sc import ChainReplication
 
@@ -33,6 +34,7 @@ def test_chain_tail_acks_once_per_drained_read_and_the_head_answers_every_write(
     assert replies == [Reply(r) for r in reqs]
 
 
+@pytest.mark.slow
 def test_windowed_generator_against_redis_pairs_set_and_wait(redis_port) -> None:
     """Several operations outstanding per client; a write is SET+WAIT and completes on WAIT's reply."""
     endpoints = [("127.0.0.1", redis_port)]

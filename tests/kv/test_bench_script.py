@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from mlsyskit.core.net import free_range
 from tests.kv.conftest import REDIS_HINT, needs_redis
-from tests.kv.test_cli import free_range
+
+pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_kv.py"
 
@@ -21,7 +23,7 @@ def test_bench_kv_small_run_writes_measured_targets(tmp_path) -> None:
     if shutil.which("redis-benchmark") is None:
         pytest.skip(REDIS_HINT)
     out = tmp_path / "bench.json"
-    base = free_range(80, seed=4)
+    base = free_range(80)
     run = subprocess.run([sys.executable, str(SCRIPT), "--requests", "3000", "--repeats", "1", "--keys", "300",
                           "--ops", "400", "--clients", "4", "--rounds", "1", "--base-port", str(base),
                           "--out", str(out)], capture_output=True, text=True, timeout=120)

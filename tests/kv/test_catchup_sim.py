@@ -9,8 +9,8 @@ import random
 
 import pytest
 
+from mlsyskit.tools.kv.check.simulate import SimShard
 from mlsyskit.tools.kv.controlets.base import ControletOptions
-from mlsyskit.tools.kv.simulate import SimShard
 
 FAST = ControletOptions(write_timeout=0.5, sync_timeout=0.1, anti_entropy_interval=0.1)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mlsyskit.tools.kv.check.runner import FINAL_PROCESS, CheckSpec
-from mlsyskit.tools.kv.history import Event, History
+from mlsyskit.tools.kv.client.history import Event, History
 from tests.conftest import VENV_BIN
 
 BESPOKV = [sys.executable, "-m", "mlsyskit.tools.kv.cli"]
@@ -28,6 +28,7 @@ def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([*BESPOKV, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ms-sc", "ms-ec", "aa-sc", "aa-ec"])
 def test_check_passes_under_kill_pause_and_partition(mode: str, tmp_path) -> None:
     out = cli("check", "--mode", mode, "--nemesis", "kill,pause,partition", *SHORT, "--seed", "1",
@@ -42,6 +43,7 @@ def test_check_passes_under_kill_pause_and_partition(mode: str, tmp_path) -> Non
     assert out.returncode == 0 and result["valid"], "\n".join(result["violations"] + result["lost"])
 
 
+@pytest.mark.slow
 def test_check_without_faults_is_valid_and_a_tampered_history_is_rejected(tmp_path) -> None:
     out = cli("check", "--mode", "ms-sc", "--nemesis", "none", *SHORT, "--out", str(tmp_path), "--json", "-q")
     assert out.returncode == 0, out.stderr
@@ -70,6 +72,7 @@ def test_check_without_faults_is_valid_and_a_tampered_history_is_rejected(tmp_pa
     assert "check failed: not linearizable" in bad.stderr and f"key {key!r}" in bad.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "message"), [
     (["--mode", "xx-sc"], "--mode must be one of"),
     (["--nemesis", "kill,flood"], "unknown nemesis flood"),
@@ -81,6 +84,7 @@ def test_check_usage_errors_exit_2(args: list[str], message: str) -> None:
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_check_reads_its_settings_from_a_config_file(tmp_path) -> None:
     config = tmp_path / "check.toml"
     config.write_text('mode = "aa-ec"\nnemesis = []\nops = 50\nclients = 2\nkeys = 2\nseed = 9\n')
@@ -98,6 +102,7 @@ def test_spec_refuses_bad_values() -> None:
         CheckSpec(hold=(2.0, 1.0))
 
 
+@pytest.mark.slow
 def test_fault_bench_script_writes_its_table_and_json(tmp_path) -> None:
     script = Path(__file__).resolve().parents[2] / "scripts" / "bench_kv_faults.py"
     env = {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "COLUMNS": "200", **{k: os.environ[k] for k in ("PYTHONPATH",)

@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from mlsyskit.tools.kv.client import KVError, SmartClient, certainly_not_applied
-from mlsyskit.tools.kv.history import History
+from mlsyskit.tools.kv.client.history import History
+from mlsyskit.tools.kv.client.smart import KVError, SmartClient, certainly_not_applied
 from mlsyskit.tools.kv.shardmap import layout
 from tests.conftest import free_port
 
@@ -62,6 +62,7 @@ async def outcome(behaviour: str | None, op: str) -> str:
     return done.type
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("behaviour", "op", "expected"), [
     ("reset", "put", "info"),  # sent, then the connection died: may have been applied
     ("silent", "put", "info"),  # timed out

@@ -11,15 +11,18 @@ import asyncio
 import random
 
 import hiredis
+import pytest
 
 from mlsyskit.core.clock import RealClock
-from mlsyskit.tools.kv import processes
+from mlsyskit.core.net import free_range
 from mlsyskit.tools.kv.check.procs import ProcCluster
 from mlsyskit.tools.kv.check.verify import converge
-from mlsyskit.tools.kv.client import SmartClient
-from mlsyskit.tools.kv.pipeline import RespConnection
-from mlsyskit.tools.kv.processes import ClusterSpec
-from tests.kv.test_cli import free_range
+from mlsyskit.tools.kv.client.pipeline import RespConnection
+from mlsyskit.tools.kv.client.smart import SmartClient
+from mlsyskit.tools.kv.ops import processes
+from mlsyskit.tools.kv.ops.processes import ClusterSpec
+
+pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
 
 CLOCK = RealClock()
 
@@ -246,7 +249,7 @@ def test_a_pipelined_read_never_sees_a_later_write_of_the_same_connection(tmp_pa
 
     reordered = []
     for trial in range(3):  # a fresh cluster each time: the race is widest while links are new
-        base = free_range(5, seed=trial)
+        base = free_range(5)
         data_dir = tmp_path / f"c{trial}"
         processes.up(ClusterSpec(shards=1, replicas=3, controlet="ms-sc", base_port=base, data_dir=data_dir))
         try:

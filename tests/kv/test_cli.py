@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -13,23 +12,14 @@ import psutil
 import pytest
 
 from mlsyskit.core.config import ConfigError
-from mlsyskit.tools.kv.processes import ClusterSpec, port_free, up
-from tests.conftest import VENV_BIN, claim_ports, port_window
+from mlsyskit.core.net import free_range
+from mlsyskit.tools.kv.ops.processes import ClusterSpec, port_free, up
+from tests.conftest import VENV_BIN
 from tests.kv.conftest import needs_redis
 
+pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
+
 BESPOKV = [sys.executable, "-m", "mlsyskit.tools.kv.cli"]
-
-
-def free_range(width: int, seed: int) -> int:
-    """A base port with `width` consecutive free ports after it (checked, not assumed), outside
-    the ephemeral range (conftest.port_window) and never handed out before in this run."""
-    rng = random.Random(seed)
-    start, stop = port_window()
-    for _ in range(500):
-        base = rng.randrange(start, stop - width)
-        if claim_ports(base, width):
-            return base
-    raise RuntimeError("no free port range")
 
 
 def cli(*args: str, check: bool = True, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -51,7 +41,7 @@ def cluster_dir(tmp_path):
 
 def test_up_put_get_down_and_lmdb_survives_a_restart(cluster_dir) -> None:
     d = str(cluster_dir)
-    base = free_range(1 + 2 * 2 * 2, seed=1)
+    base = free_range(1 + 2 * 2 * 2)
     up = ["up", "--shards", "2", "--replicas", "2", "--topology", "ms", "--consistency", "strong",
           "--datalet", "lmdb", "--base-port", str(base), "--data-dir", d]
     out = cli(*up)
@@ -92,7 +82,7 @@ def test_up_put_get_down_and_lmdb_survives_a_restart(cluster_dir) -> None:
 def test_up_with_the_redis_datalet(cluster_dir) -> None:
     needs_redis()
     d = str(cluster_dir)
-    base = free_range(1 + 2 * 3, seed=2)
+    base = free_range(1 + 2 * 3)
     cli("up", "--replicas", "3", "--topology", "aa", "--consistency", "eventual", "--datalet", "redis",
         "--base-port", str(base), "--data-dir", d)
     record = json.loads((cluster_dir / "cluster.json").read_text())
@@ -109,7 +99,7 @@ def test_up_with_the_redis_datalet(cluster_dir) -> None:
 
 def test_foreground_up_stops_the_cluster_on_ctrl_c(cluster_dir, proc_manager) -> None:
     d = str(cluster_dir)
-    base = free_range(1 + 2, seed=3)
+    base = free_range(1 + 2)
     proc = proc_manager.start([*BESPOKV, "up", "--replicas", "2", "--base-port", str(base), "--data-dir", d,
                                "--foreground"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     # `up` says so once every process answered PING (EOF first means it failed).
@@ -153,7 +143,7 @@ def test_runtime_failures_exit_1(args: list[str], message: str) -> None:
 
 def test_client_commands_find_the_cluster_from_the_environment(cluster_dir) -> None:
     d = str(cluster_dir)
-    base = free_range(1 + 2, seed=7)
+    base = free_range(1 + 2)
     cli("up", "--replicas", "2", "--base-port", str(base), "--data-dir", d)
     env = {"MLSYSKIT_BESPOKV_ADDR": f"127.0.0.1:{base}"}
     assert cli("put", "city", "Oslo", env=env).stdout.strip() == "OK"
@@ -166,7 +156,7 @@ def test_client_commands_find_the_cluster_from_the_environment(cluster_dir) -> N
 
 
 def test_up_refuses_a_busy_redis_datalet_port_before_starting_anything(tmp_path) -> None:
-    base = free_range(1 + 2 * 2, seed=5)
+    base = free_range(1 + 2 * 2)
     spec = ClusterSpec(replicas=2, datalet="redis", base_port=base, data_dir=tmp_path / "c")
     with socket.socket() as s:  # squat on the second node's redis port (P+1+N+1)
         s.bind(("127.0.0.1", base + 4))
@@ -177,7 +167,7 @@ def test_up_refuses_a_busy_redis_datalet_port_before_starting_anything(tmp_path)
 
 
 def test_unusable_data_dir_and_corrupt_record_are_clear_errors(tmp_path) -> None:
-    out = cli("up", "--data-dir", "/dev/null/bespokv", "--base-port", str(free_range(2, seed=6)), check=False)
+    out = cli("up", "--data-dir", "/dev/null/bespokv", "--base-port", str(free_range(2)), check=False)
     assert out.returncode == 2 and "cannot use --data-dir /dev/null/bespokv" in out.stderr
     (tmp_path / "cluster.json").write_text("{not json")
     out = cli("status", "--data-dir", str(tmp_path), check=False)

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
+from mlsyskit.tools.kv.check.simulate import SimShard
 from mlsyskit.tools.kv.controlets import CONTROLETS, controlet_class, controlet_name
-from mlsyskit.tools.kv.simulate import SimShard
 
 SEEDS = range(25)
 

@@ -13,6 +13,8 @@ from mlsyskit.tools.kv.coord.client import CoordClient
 from mlsyskit.tools.kv.shardmap import layout
 from tests.conftest import ProcManager, free_port
 
+pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
+
 INTERVAL = 0.2  # heartbeat interval given to the server (x3 misses = 0.6 s to detect)
 
 

@@ -23,6 +23,8 @@ if not zk_local.available():
 
 from mlsyskit.tools.kv.coord.zk import ZkCoordinator  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
+
 SESSION_S = 1.0  # short sessions so a killed holder's ephemeral znodes go quickly
 
 
@@ -116,8 +118,9 @@ def test_a_restarted_nodes_agent_waits_for_its_old_session_instead_of_dying(zk, 
     restarted node held no lease and never rejoined (a check run that 'did not settle')."""
     import asyncio
 
-    from mlsyskit.tools.kv.controlplane import ZkBackend, parse_coordinator
     from mlsyskit.tools.kv.coord.aclient import CoordUnavailable
+    from mlsyskit.tools.kv.coord.spec import parse_coordinator
+    from mlsyskit.tools.kv.node.agent import ZkBackend
 
     old = coords()
     old.register(NodeAddr("s0r0", "127.0.0.1", 7001))  # the killed process's session, not yet expired

@@ -12,15 +12,18 @@ from __future__ import annotations
 import asyncio
 
 import hiredis
+import pytest
 
 from mlsyskit.tools.kv import peerauth
-from mlsyskit.tools.kv.check.procs import ProcCluster, call
-from mlsyskit.tools.kv.client import KVError
+from mlsyskit.tools.kv.check.procs import ProcCluster
+from mlsyskit.tools.kv.client.call import acall, parse_info
+from mlsyskit.tools.kv.client.mapfollow import FollowingClient
+from mlsyskit.tools.kv.client.pipeline import RespConnection
+from mlsyskit.tools.kv.client.smart import KVError
 from mlsyskit.tools.kv.coord.embedded import EmbeddedCoordinator
-from mlsyskit.tools.kv.mapfollow import FollowingClient
 from mlsyskit.tools.kv.peerauth import load_or_create_secret
-from mlsyskit.tools.kv.pipeline import RespConnection
-from mlsyskit.tools.kv.processes import parse_info
+
+pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
 
 KEYS, VALUE = 3000, b"v" * 4096  # 12 MB: a copy long enough to tell apart from the tail
 
@@ -76,10 +79,10 @@ async def _scenario(tmp_path) -> dict:
         while info.get("catching_up", "1") != "0" or info.get("role") != "tail":
             assert cluster.alive(victim), f"{victim} exited; see {cluster.data_dir}/logs/node-{victim}.log"
             try:
-                info = parse_info(await call(addr.host, addr.port, b"INFO", timeout=1.0))
+                info = parse_info(await acall(addr.host, addr.port, b"INFO", timeout=1.0))
                 if info.get("role") == "learner" and refused is None:
                     try:
-                        refused = await call(addr.host, addr.port, b"GET", b"key000001", timeout=1.0)
+                        refused = await acall(addr.host, addr.port, b"GET", b"key000001", timeout=1.0)
                     except hiredis.ReplyError as e:
                         refused = str(e)
             except (OSError, TimeoutError):
@@ -89,8 +92,8 @@ async def _scenario(tmp_path) -> dict:
         stop.set()
         await task
         last = acked[-1]
-        got = await call(addr.host, addr.port, b"GET", b"w%d" % (last % 50), timeout=2.0)
-        final = parse_info(await call(addr.host, addr.port, b"INFO", timeout=2.0))
+        got = await acall(addr.host, addr.port, b"GET", b"w%d" % (last % 50), timeout=2.0)
+        final = parse_info(await acall(addr.host, addr.port, b"INFO", timeout=2.0))
         await client.close()
     finally:
         stop.set()

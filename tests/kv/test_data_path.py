@@ -6,13 +6,15 @@ import asyncio
 import hiredis
 import pytest
 
-from mlsyskit.tools.kv.client import SmartClient
-from mlsyskit.tools.kv.cluster import LocalCluster
+from mlsyskit.tools.kv.client.pipeline import RespConnection
+from mlsyskit.tools.kv.client.smart import SmartClient
 from mlsyskit.tools.kv.controlets.base import ControletOptions
 from mlsyskit.tools.kv.datalets.memory import MemoryDatalet
-from mlsyskit.tools.kv.pipeline import RespConnection
-from mlsyskit.tools.kv.requests import Request
+from mlsyskit.tools.kv.node.requests import Request
+from mlsyskit.tools.kv.ops.cluster import LocalCluster
 from tests.kv.conftest import datalet_factory, make_map
+
+pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
 
 FAST = ControletOptions(write_timeout=0.5, sync_timeout=0.2, anti_entropy_interval=0.1)
 
@@ -222,7 +224,7 @@ def test_redis_datalet_under_maxmemory_fails_the_write_and_replicates_nothing(tm
     the OOM error, middle and tail do not apply the write, and the connection's next read answers."""
     import redis as redis_py
 
-    from mlsyskit.tools.kv.cluster import node_datalet
+    from mlsyskit.tools.kv.ops.cluster import node_datalet
     from tests.conftest import ProcManager, free_port, wait_for_port
 
     manager = ProcManager()

@@ -21,7 +21,8 @@ async def maybe(x):
     return await x if asyncio.isfuture(x) else x
 
 
-@pytest.mark.parametrize("name", sorted(DATALETS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "redis" else n  # a redis-server
+                                  for n in sorted(DATALETS)])
 def test_datalet_api(name: str, tmp_path, request) -> None:
     async def body() -> None:
         d = open_datalet(name, tmp_path, request, db=60)

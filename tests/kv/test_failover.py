@@ -11,6 +11,8 @@ import pytest
 from mlsyskit.tools.kv.coord import zk_local
 from tests.kv.test_check import cli
 
+pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
+
 SHORT = ["--ops", "200", "--clients", "4", "--keys", "4", "--seed", "1", "--heartbeat", "0.2"]
 
 
@@ -78,11 +80,11 @@ def test_up_on_zookeeper_fails_over_the_head(zk, tmp_path) -> None:
     import os
     import time
 
+    from mlsyskit.core.net import free_range
     from tests.kv.test_cli import cli as cli_checked
-    from tests.kv.test_cli import free_range
 
     d = str(tmp_path / "c")
-    cli_checked("up", "--replicas", "3", "--base-port", str(free_range(4, seed=31)), "--data-dir", d,
+    cli_checked("up", "--replicas", "3", "--base-port", str(free_range(4)), "--data-dir", d,
                 "--coordinator", f"zookeeper://{zk.hosts}/up", "-q", "--no-supervise",
                 timeout=120)  # the map right after the kill is checked; the supervisor would put s0r0 back
     try:

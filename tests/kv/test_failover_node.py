@@ -12,14 +12,14 @@ from dataclasses import replace
 import hiredis
 import pytest
 
-from mlsyskit.tools.kv.client import KVError, SmartClient
-from mlsyskit.tools.kv.cluster import LocalCluster
+from mlsyskit.tools.kv.client.mapfollow import FollowingClient
+from mlsyskit.tools.kv.client.pipeline import RespConnection
+from mlsyskit.tools.kv.client.smart import KVError, SmartClient
 from mlsyskit.tools.kv.controlets.base import ControletOptions
 from mlsyskit.tools.kv.coord.failover import plan_failover, plan_join
-from mlsyskit.tools.kv.mapfollow import FollowingClient
-from mlsyskit.tools.kv.pipeline import RespConnection
-from mlsyskit.tools.kv.requests import Request
-from mlsyskit.tools.kv.server import start_node
+from mlsyskit.tools.kv.frontend.server import start_node
+from mlsyskit.tools.kv.node.requests import Request
+from mlsyskit.tools.kv.ops.cluster import LocalCluster
 from tests.kv.conftest import datalet_factory, make_map, peer_connection
 
 
@@ -43,6 +43,7 @@ async def apply_map(cluster: LocalCluster, new_map, dead: set[str]) -> None:
     await wait_until(lambda: all(cluster.nodes[n].ready for n in new_map.nodes if n not in dead))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failed", ["s0r0", "s0r1", "s0r2"])
 def test_ms_sc_failover_keeps_every_acked_write(failed: str, tmp_path) -> None:
     """Head, middle or tail dies; the chain without it serves every write acknowledged before,
@@ -69,6 +70,7 @@ def test_ms_sc_failover_keeps_every_acked_write(failed: str, tmp_path) -> None:
     run(body())
 
 
+@pytest.mark.slow
 def test_ms_sc_writes_waiting_when_the_middle_dies_are_answered_once_by_the_new_tail(tmp_path) -> None:
     """The middle dies holding writes the tail never got: the head keeps them waiting, the tail
     catches up from the head under the new map and acknowledges them; none is lost or doubled."""
@@ -93,6 +95,7 @@ def test_ms_sc_writes_waiting_when_the_middle_dies_are_answered_once_by_the_new_
     run(body())
 
 
+@pytest.mark.slow
 def test_ms_ec_promotes_a_replica_and_the_others_follow_it(tmp_path) -> None:
     async def body() -> None:
         smap = make_map("ms-ec", shards=1, replicas=3)
@@ -115,6 +118,7 @@ def test_ms_ec_promotes_a_replica_and_the_others_follow_it(tmp_path) -> None:
     run(body())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["aa-sc", "aa-ec"])
 def test_active_active_replica_leaves_and_the_rest_serve(mode: str, tmp_path) -> None:
     async def body() -> None:
@@ -137,6 +141,7 @@ def test_active_active_replica_leaves_and_the_rest_serve(mode: str, tmp_path) ->
     run(body())
 
 
+@pytest.mark.slow
 def test_a_replacement_joins_at_the_tail_and_catches_up(tmp_path) -> None:
     async def body() -> None:
         smap = make_map("ms-sc", shards=1, replicas=2)
@@ -164,6 +169,7 @@ def test_a_replacement_joins_at_the_tail_and_catches_up(tmp_path) -> None:
     run(body())
 
 
+@pytest.mark.slow
 def test_newer_epoch_messages_are_held_until_the_map_arrives_and_older_ones_dropped(tmp_path) -> None:
     class FakeAgent:
         refreshes = 0
@@ -193,6 +199,7 @@ def test_newer_epoch_messages_are_held_until_the_map_arrives_and_older_ones_drop
     run(body())
 
 
+@pytest.mark.slow
 def test_a_deposed_node_and_a_node_without_lease_refuse_clients(tmp_path) -> None:
     async def body() -> None:
         smap = make_map("ms-sc", shards=1, replicas=3)
@@ -239,6 +246,7 @@ def test_a_deposed_node_and_a_node_without_lease_refuse_clients(tmp_path) -> Non
     run(body())
 
 
+@pytest.mark.slow
 def test_a_promoted_ms_ec_master_first_copies_from_a_survivor_that_is_ahead(tmp_path) -> None:
     """The coordinator promotes s0r1 on stale progress counts while s0r2 had received one more of
     the old master's writes: the new master polls the survivors and copies from s0r2 first, so
@@ -278,8 +286,9 @@ def test_the_control_agent_outlives_an_unexpected_error_and_still_takes_its_leas
     task's exception would surface only when the task is collected, which it never is."""
     from types import SimpleNamespace
 
-    from mlsyskit.tools.kv.controlplane import ControlAgent, parse_coordinator
     from mlsyskit.tools.kv.coord.aclient import CoordUnavailable
+    from mlsyskit.tools.kv.coord.spec import parse_coordinator
+    from mlsyskit.tools.kv.node.agent import ControlAgent
     from mlsyskit.tools.kv.shardmap import NodeAddr
 
     leases: list[float] = []
@@ -318,9 +327,9 @@ def test_a_node_whose_controlet_tick_fails_stops_instead_of_serving_without_time
     that raised used to end the ticker task silently, leaving a node that heartbeats (so it is never
     failed over) while no waiting write is ever answered or failed. Now the node calls on_fatal
     (a node process then fail-stops, to be failed over and replaced)."""
-    from mlsyskit.tools.kv.cluster import node_datalet
     from mlsyskit.tools.kv.controlets import controlet_class
-    from mlsyskit.tools.kv.node import Node
+    from mlsyskit.tools.kv.node.runtime import Node
+    from mlsyskit.tools.kv.ops.cluster import node_datalet
 
     smap = make_map("ms-sc", shards=1)
     node = Node(smap, "s0r0", node_datalet("memory", "s0r0", tmp_path, None), tick_interval=0.01)
@@ -350,7 +359,8 @@ def test_a_node_that_just_joined_heartbeats_at_once_for_its_lease_but_only_once(
     rejoining still waits its interval between every other round."""
     from types import SimpleNamespace
 
-    from mlsyskit.tools.kv.controlplane import ControlAgent, parse_coordinator
+    from mlsyskit.tools.kv.coord.spec import parse_coordinator
+    from mlsyskit.tools.kv.node.agent import ControlAgent
     from mlsyskit.tools.kv.shardmap import NodeAddr
 
     node = SimpleNamespace(node_id="s0r0", map=SimpleNamespace(epoch=1), deposed=False, controlet=None,

@@ -10,6 +10,8 @@ import redis
 
 from tests.kv.conftest import needs_redis
 
+pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
+
 
 def node_addr(tc, node_id: str = "s0r1") -> tuple[str, int]:
     a = tc.cluster.map.nodes[node_id]

@@ -8,8 +8,8 @@ import pytest
 
 from mlsyskit.core.clock import VirtualClock
 from mlsyskit.tools.kv.check.linearizability import check_history, check_key, operations
-from mlsyskit.tools.kv.history import History, HistoryFormatError
-from mlsyskit.tools.kv.simulate import SimShard
+from mlsyskit.tools.kv.check.simulate import SimShard
+from mlsyskit.tools.kv.client.history import History, HistoryFormatError
 
 
 def build(*rows) -> History:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
+from mlsyskit.tools.kv.check.simulate import SimShard
 from mlsyskit.tools.kv.controlets.base import ControletOptions, Snapshot
 from mlsyskit.tools.kv.controlets.learner import Learner
 from mlsyskit.tools.kv.controlets.ms_sc import ChainReplication
 from mlsyskit.tools.kv.controlets.streamlog import StreamHistory
-from mlsyskit.tools.kv.simulate import SimShard
 
 FAST = ControletOptions(write_timeout=0.5, sync_timeout=0.1, anti_entropy_interval=0.1)
 VALUE = b"v" * 100

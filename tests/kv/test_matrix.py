@@ -12,10 +12,12 @@ import itertools
 
 import pytest
 
-from mlsyskit.tools.kv.client import SmartClient
-from mlsyskit.tools.kv.cluster import LocalCluster
-from mlsyskit.tools.kv.pipeline import RespConnection
+from mlsyskit.tools.kv.client.pipeline import RespConnection
+from mlsyskit.tools.kv.client.smart import SmartClient
+from mlsyskit.tools.kv.ops.cluster import LocalCluster
 from tests.kv.conftest import datalet_factory, make_map
+
+pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
 
 CONTROLETS = ["ms-sc", "ms-ec", "aa-sc", "aa-ec"]
 DATALETS = ["memory", "lmdb", "redis"]

@@ -53,6 +53,7 @@ async def _roundtrip(port: int, payload: bytes) -> bytes:
     return data
 
 
+@pytest.mark.slow
 def test_proxy_relays_and_a_partition_resets_and_refuses_until_healed() -> None:
     async def body() -> None:
         server, port = await _echo_server()
@@ -86,6 +87,7 @@ def test_proxy_relays_and_a_partition_resets_and_refuses_until_healed() -> None:
     run(body())
 
 
+@pytest.mark.slow
 def test_proxy_to_a_dead_target_resets_the_caller() -> None:
     async def body() -> None:
         server, port = await _echo_server()
@@ -107,8 +109,10 @@ def test_proxy_to_a_dead_target_resets_the_caller() -> None:
     run(body())
 
 
+@pytest.mark.slow
 def test_cluster_faults_and_stop_leave_no_process_behind(tmp_path) -> None:
-    from mlsyskit.tools.kv.check.procs import ProcCluster, call
+    from mlsyskit.tools.kv.check.procs import ProcCluster
+    from mlsyskit.tools.kv.client.call import acall
 
     async def body() -> None:
         cluster = ProcCluster("ms-ec", "memory", 1, 3, tmp_path / "c", partitionable=True)
@@ -117,7 +121,7 @@ def test_cluster_faults_and_stop_leave_no_process_behind(tmp_path) -> None:
         try:
             master, slave, other = cluster.map.shards[0]
             maddr = cluster.map.nodes[master]
-            assert await call(maddr.host, maddr.port, b"SET", b"k", b"v") == b"OK"
+            assert await acall(maddr.host, maddr.port, b"SET", b"k", b"v") == b"OK"
             # replication really flows through the proxies (else a partition would cut nothing)
             for dst in (slave, other):
                 proxy = cluster.proxies[(master, dst)]
@@ -134,7 +138,7 @@ def test_cluster_faults_and_stop_leave_no_process_behind(tmp_path) -> None:
             await cluster.heal()  # resumes, reconnects and restarts
             assert cluster.alive(slave) and not cluster.paused
             addr = cluster.map.nodes[other]
-            assert await call(addr.host, addr.port, b"PING") == b"PONG"
+            assert await acall(addr.host, addr.port, b"PING") == b"PONG"
             procs.update(cluster.procs)
         finally:
             await cluster.stop()

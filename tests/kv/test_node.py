@@ -5,12 +5,13 @@ import asyncio
 
 import hiredis
 import numpy as np
+import pytest
 
-from mlsyskit.tools.kv import ycsb
-from mlsyskit.tools.kv.client import SmartClient
-from mlsyskit.tools.kv.cluster import LocalCluster
-from mlsyskit.tools.kv.history import History
-from mlsyskit.tools.kv.pipeline import RespConnection
+from mlsyskit.tools.kv.client import ycsb
+from mlsyskit.tools.kv.client.history import History
+from mlsyskit.tools.kv.client.pipeline import RespConnection
+from mlsyskit.tools.kv.client.smart import SmartClient
+from mlsyskit.tools.kv.ops.cluster import LocalCluster
 from tests.kv.conftest import datalet_factory, make_map, peer_connection
 
 
@@ -18,6 +19,7 @@ def run(coro, timeout: float = 60):
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
+@pytest.mark.slow
 def test_peer_messages_from_another_epoch_are_fenced(tmp_path) -> None:
     async def body() -> None:
         smap = make_map("ms-ec", shards=1, replicas=2)
@@ -35,6 +37,7 @@ def test_peer_messages_from_another_epoch_are_fenced(tmp_path) -> None:
     run(body())
 
 
+@pytest.mark.slow
 def test_lmdb_cluster_keeps_data_across_a_restart(tmp_path) -> None:
     smap = make_map("ms-sc", "lmdb", shards=2, replicas=2)
 
@@ -61,6 +64,7 @@ def test_lmdb_cluster_keeps_data_across_a_restart(tmp_path) -> None:
     assert [v for i, v in enumerate(values) if i != 7] == [b"%d" % i for i in range(50) if i != 7]
 
 
+@pytest.mark.slow
 def test_smart_client_records_an_invoke_ok_history(tmp_path) -> None:
     async def body() -> History:
         smap = make_map("aa-sc", shards=2, replicas=3)
@@ -94,6 +98,7 @@ def test_zipf_is_skewed_and_plans_are_deterministic() -> None:
     assert uniform.max() < 60
 
 
+@pytest.mark.slow
 def test_ycsb_run_against_a_cluster_and_against_redis(tmp_path, redis_port) -> None:
     async def body() -> tuple[dict, dict]:
         smap = make_map("ms-sc", shards=2, replicas=3)
@@ -111,6 +116,7 @@ def test_ycsb_run_against_a_cluster_and_against_redis(tmp_path, redis_port) -> N
         assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"]
 
 
+@pytest.mark.slow
 def test_digest_matches_across_replicas_and_differs_on_divergence(tmp_path) -> None:
     async def body() -> None:
         smap = make_map("ms-sc", shards=1, replicas=3)
@@ -131,8 +137,8 @@ def test_digest_matches_across_replicas_and_differs_on_divergence(tmp_path) -> N
 
 
 def test_a_proxy_spreads_active_active_operations_over_the_replicas() -> None:
-    from mlsyskit.tools.kv.node import Node
-    from mlsyskit.tools.kv.requests import Request
+    from mlsyskit.tools.kv.node.requests import Request
+    from mlsyskit.tools.kv.node.runtime import Node
 
     for controlet, spread in (("aa-sc", 3), ("aa-ec", 3), ("ms-sc", 1)):
         smap = make_map(controlet, shards=1, replicas=3)

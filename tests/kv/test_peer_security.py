@@ -11,10 +11,12 @@ import hiredis
 import pytest
 
 from mlsyskit.tools.kv import peerauth
-from mlsyskit.tools.kv.cluster import LocalCluster
+from mlsyskit.tools.kv.client.pipeline import RespConnection
 from mlsyskit.tools.kv.controlets.base import ControletOptions
-from mlsyskit.tools.kv.pipeline import RespConnection
+from mlsyskit.tools.kv.ops.cluster import LocalCluster
 from tests.kv.conftest import datalet_factory, make_map, peer_connection
+
+pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
 
 
 def run(coro, timeout: float = 60):

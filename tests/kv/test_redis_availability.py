@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 
 import hiredis
+import pytest
 
-from mlsyskit.tools.kv.client import certainly_not_applied
-from mlsyskit.tools.kv.cluster import LocalCluster
+from mlsyskit.tools.kv.client.pipeline import RespConnection
+from mlsyskit.tools.kv.client.smart import certainly_not_applied
 from mlsyskit.tools.kv.controlets.base import ControletOptions
-from mlsyskit.tools.kv.pipeline import RespConnection
+from mlsyskit.tools.kv.ops.cluster import LocalCluster
 from tests.kv.conftest import datalet_factory, make_map
+
+pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
 
 
 async def _error(conn: RespConnection, *command: bytes) -> str:

@@ -8,7 +8,10 @@ import subprocess
 import pytest
 import redis
 
-from tests.kv.test_cli import cli, free_range
+from mlsyskit.core.net import free_range
+from tests.kv.test_cli import cli
+
+pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
 
 DEFAULT_TESTS = ["PING_INLINE", "PING_MBULK", "SET", "GET", "INCR", "LPUSH", "RPUSH", "LPOP", "RPOP", "SADD",
                  "HSET", "SPOP", "ZADD", "ZPOPMIN", "LPUSH (needed to benchmark LRANGE)",
@@ -21,7 +24,7 @@ def bench_cluster(tmp_path):
     if shutil.which("redis-benchmark") is None:
         pytest.skip("needs redis-benchmark: apt-get install -y redis-tools")
     d = str(tmp_path / "cluster")
-    base = free_range(1 + 2 * 2 * 3, seed=14)
+    base = free_range(1 + 2 * 2 * 3)
     cli("up", "--shards", "2", "--replicas", "3", "--base-port", str(base), "--data-dir", d)
     try:
         yield base

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from mlsyskit.tools.kv import queries, rmw, values
-from mlsyskit.tools.kv.cluster import LocalCluster
-from mlsyskit.tools.kv.pipeline import RespConnection
-from mlsyskit.tools.kv.rmw import Command
+from mlsyskit.tools.kv.client.pipeline import RespConnection
+from mlsyskit.tools.kv.ops.cluster import LocalCluster
+from mlsyskit.tools.kv.redis import queries, rmw, values
+from mlsyskit.tools.kv.redis.rmw import Command
 from tests.kv.conftest import datalet_factory, make_map
 
 NOW = 1_700_000_000_000
@@ -69,6 +69,7 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("controlet", ["ms-sc", "ms-ec", "aa-sc"])
 def test_expiry_is_replicated_and_swept_through_the_write_path(controlet: str, tmp_path) -> None:
     async def body() -> None:
@@ -113,6 +114,7 @@ def test_expiry_is_replicated_and_swept_through_the_write_path(controlet: str, t
     asyncio.run(asyncio.wait_for(body(), 60))
 
 
+@pytest.mark.slow
 def test_a_restarted_head_finds_deadlines_in_its_caught_up_data(tmp_path) -> None:
     """The sweep of a write point that (re)starts scans its datalet: deadlines came by replication."""
     async def body() -> None:
@@ -133,6 +135,7 @@ def test_a_restarted_head_finds_deadlines_in_its_caught_up_data(tmp_path) -> Non
     asyncio.run(asyncio.wait_for(body(), 60))
 
 
+@pytest.mark.slow
 def test_deadlines_survive_a_whole_cluster_restart_on_lmdb(tmp_path) -> None:
     """Deadlines live in the stored bytes: after every node stops and starts again on its lmdb
     files, a key past its deadline is absent and swept, a key with time left keeps it."""
@@ -180,7 +183,7 @@ class _FakeNode:
 
 
 def test_the_sweep_reaps_only_expired_keys_retries_failures_and_stays_bounded() -> None:
-    from mlsyskit.tools.kv.expiry import ActiveExpiry
+    from mlsyskit.tools.kv.frontend.expiry import ActiveExpiry
     now = [NOW]
     data = {b"old": values.encode(values.Entry(values.STRING, NOW - 1, b"v")),
             b"later": values.encode(values.Entry(values.STRING, NOW + 5_000, b"v")),

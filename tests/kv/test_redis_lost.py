@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from mlsyskit.tools.kv import processes
+from mlsyskit.tools.kv.client.call import call
+from mlsyskit.tools.kv.client.pipeline import ConnectionLost
 from mlsyskit.tools.kv.datalets import make_datalet
-from mlsyskit.tools.kv.pipeline import ConnectionLost
-from mlsyskit.tools.kv.processes import sync_call
+from mlsyskit.tools.kv.ops import processes
 from tests.conftest import ProcManager, free_port, wait_for_port
 from tests.kv.conftest import needs_redis
 from tests.kv.test_supervisor import (
@@ -27,6 +27,8 @@ from tests.kv.test_supervisor import (
     _up,
     _write,
 )
+
+pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
 
 
 def _redis(manager: ProcManager) -> tuple[int, object]:
@@ -105,7 +107,7 @@ def test_a_dead_or_stopped_redis_server_is_failed_over_and_replaced(tmp_path: Pa
         assert _pids(d)["redis:s0r0"] != old_redis and row["role"] == "tail"
         assert len(acked) >= 100
         addr = _record(d)["map"]["nodes"]["s0r0"]  # the replacement is the tail: it serves reads
-        missing = [k for k in sorted(acked) if sync_call(addr["host"], addr["port"], "GET", k) != b"v" + k[1:]]
+        missing = [k for k in sorted(acked) if call(addr["host"], addr["port"], "GET", k) != b"v" + k[1:]]
         assert missing == []
         log = (d / "logs" / "supervisor.log").read_text()
         assert "redis:s0r0 " in log and "node:s0r0 restart-empty" in log

@@ -10,9 +10,11 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from mlsyskit.tools.kv.cluster import LocalCluster, node_datalet
-from mlsyskit.tools.kv.resp import Limits
+from mlsyskit.tools.kv.ops.cluster import LocalCluster, node_datalet
+from mlsyskit.tools.kv.redis.resp import Limits
 from tests.kv.conftest import ThreadedCluster, make_map
+
+pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
 
 
 def cluster(replicas: int = 1, controlet: str = "ms-sc", **kwargs) -> ThreadedCluster:

@@ -11,9 +11,9 @@ import random
 import pytest
 import redis
 
-from mlsyskit.tools.kv import datatypes, queries, rmw, values
-from mlsyskit.tools.kv.cluster import LocalCluster, node_datalet
-from mlsyskit.tools.kv.values import LIST, STRING, ZSET, Entry
+from mlsyskit.tools.kv.ops.cluster import LocalCluster, node_datalet
+from mlsyskit.tools.kv.redis import datatypes, queries, rmw, values
+from mlsyskit.tools.kv.redis.values import LIST, STRING, ZSET, Entry
 from tests.kv.conftest import ThreadedCluster, make_map
 
 KEYS = [b"l1", b"l2", b"s1", b"h1", b"z1", b"str"]
@@ -55,6 +55,7 @@ def _normal(command: list[bytes], answer):
     return answer
 
 
+@pytest.mark.slow
 def test_a_random_command_sequence_answers_as_real_redis_does(redis_port: int) -> None:
     real = redis.Redis("127.0.0.1", redis_port, db=40, protocol=2)
     real.flushdb()
@@ -80,6 +81,7 @@ def test_a_random_command_sequence_answers_as_real_redis_does(redis_port: int) -
     real.close()
 
 
+@pytest.mark.slow
 def test_resp3_clients_get_what_redis_gives_them(redis_port: int) -> None:
     """redis-py 8 speaks RESP3 by default: maps, sets and doubles, as from a real Redis."""
     def script(r: redis.Redis) -> list:
@@ -144,6 +146,7 @@ def test_spop_is_decided_once_at_the_write_point() -> None:
     assert datatypes.fmt_score(3.0) == b"3" and datatypes.fmt_score(float("-inf")) == b"-inf"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(1, 1), (2, 3)])  # the SET fast path, and forwarded writes and reads
 def test_a_client_cannot_forge_a_record_or_reap_a_key(shape) -> None:
     forged = values.encode(Entry(LIST, 0, [b"x"]))  # the stored bytes of a list
@@ -165,6 +168,7 @@ def test_a_client_cannot_forge_a_record_or_reap_a_key(shape) -> None:
         r.close()
 
 
+@pytest.mark.slow
 def test_damaged_records_answer_errors_and_expired_keys_are_not_listed() -> None:
     smap = make_map("ms-sc", shards=1, replicas=3)
     with ThreadedCluster(LocalCluster(smap, lambda n: node_datalet("memory", n))) as tc:

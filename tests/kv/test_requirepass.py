@@ -11,8 +11,10 @@ import pytest
 
 from mlsyskit.core.cli import load_command_config
 from mlsyskit.core.config import ConfigError
-from mlsyskit.tools.kv.processes import ClusterSpec, read_password, sync_call
-from tests.kv.test_cli import cli, free_range
+from mlsyskit.core.net import free_range
+from mlsyskit.tools.kv.client.call import call
+from mlsyskit.tools.kv.ops.processes import ClusterSpec, read_password
+from tests.kv.test_cli import cli
 
 PASSWORD = "s3cret pass-é"  # a space and a non-ASCII letter: bytes on the wire as in the file
 
@@ -39,9 +41,10 @@ def cluster_dir(tmp_path):
         cli("down", "--data-dir", str(tmp_path / "cluster"), check=False)
 
 
+@pytest.mark.slow
 def test_requirepass_cluster_refuses_until_auth_and_the_cli_authenticates(cluster_dir) -> None:
     d = str(cluster_dir)
-    base = free_range(1 + 2, seed=41)
+    base = free_range(1 + 2)
     # Through the shared CLI surface's env var: the password is on no command line at all.
     cli("up", "--replicas", "2", "--base-port", str(base), "--data-dir", d,
         env={"MLSYSKIT_BESPOKV_UP_REQUIREPASS": PASSWORD})
@@ -62,7 +65,7 @@ def test_requirepass_cluster_refuses_until_auth_and_the_cli_authenticates(cluste
         ok, written, read = raw(port, (b"AUTH", PASSWORD.encode()), (b"SET", b"k", b"v"), (b"GET", b"k"))
         assert (ok, written, read) == (b"OK", b"OK", b"v")
     with pytest.raises(ConnectionError, match="NOAUTH"):
-        sync_call("127.0.0.1", node_port, "INFO")
+        call("127.0.0.1", node_port, "INFO")
 
     # The CLI reads the password file of --data-dir ...
     assert cli("put", "city", "Lyon", "--data-dir", d).stdout.strip() == "OK"

@@ -6,10 +6,13 @@ import asyncio
 
 import pytest
 
-from mlsyskit.tools.kv.client import KVError
-from mlsyskit.tools.kv.mapfollow import retriable, retrying
+from mlsyskit.core.clock import VirtualClock
+from mlsyskit.core.retry import Backoff
+from mlsyskit.tools.kv.client.mapfollow import retriable, retrying
+from mlsyskit.tools.kv.client.smart import KVError
 
 FENCED = KVError("TRYAGAIN fenced: s0r0 has no current lease from the coordinator; retry")
+FAST = Backoff(0.001, 0.001)
 TIMED_OUT = KVError("TRYAGAIN write timed out waiting for the chain; it may still be applied")
 
 
@@ -40,24 +43,26 @@ def test_retrying_repeats_transient_refusals_and_fails_at_once_on_the_rest() -> 
             return value
         return call
 
-    assert asyncio.run(retrying(flaky([FENCED, TIMED_OUT], "v"), idempotent=True, pause_s=0.001)) == "v"
+    assert asyncio.run(retrying(flaky([FENCED, TIMED_OUT], "v"), idempotent=True, backoff=FAST)) == "v"
     assert len(calls) == 3
     calls.clear()
     with pytest.raises(KVError, match="TRYAGAIN write timed out"):  # not repeated for a DEL
-        asyncio.run(retrying(flaky([TIMED_OUT], "v"), idempotent=False, pause_s=0.001))
+        asyncio.run(retrying(flaky([TIMED_OUT], "v"), idempotent=False, backoff=FAST))
     assert len(calls) == 1
     calls.clear()
     with pytest.raises(KVError, match="syntax error"):
-        asyncio.run(retrying(flaky([KVError("ERR syntax error")], "v"), idempotent=True, pause_s=0.001))
+        asyncio.run(retrying(flaky([KVError("ERR syntax error")], "v"), idempotent=True, backoff=FAST))
     assert len(calls) == 1
 
 
 def test_retrying_gives_up_with_the_last_error_after_its_time() -> None:
     calls: list[int] = []
+    clock = VirtualClock()
 
     async def always_fenced():
         calls.append(1)
         raise FENCED
     with pytest.raises(KVError, match="fenced"):
-        asyncio.run(retrying(always_fenced, idempotent=False, within_s=0.2, pause_s=0.02))
-    assert 2 <= len(calls) <= 12  # bounded by within_s / pause_s, not for ever
+        asyncio.run(retrying(always_fenced, idempotent=False, within_s=0.2, backoff=Backoff(0.02, 0.02),
+                             clock=clock))
+    assert 2 <= len(calls) and clock.now() == pytest.approx(0.2)  # tried until within_s, not for ever

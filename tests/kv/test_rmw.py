@@ -6,9 +6,9 @@ import asyncio
 import pytest
 import redis
 
-from mlsyskit.tools.kv import rmw
-from mlsyskit.tools.kv.cluster import LocalCluster
-from mlsyskit.tools.kv.pipeline import RespConnection
+from mlsyskit.tools.kv.client.pipeline import RespConnection
+from mlsyskit.tools.kv.ops.cluster import LocalCluster
+from mlsyskit.tools.kv.redis import rmw
 from tests.kv.conftest import ThreadedCluster, datalet_factory, make_map
 
 
@@ -31,6 +31,7 @@ def test_rmw_semantics_are_redis_semantics() -> None:
             rmw.parse(bad)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("controlet", ["ms-sc", "ms-ec", "aa-sc"])
 def test_concurrent_increments_through_any_node_are_never_lost(controlet: str, tmp_path) -> None:
     async def body() -> None:
@@ -61,6 +62,7 @@ def test_concurrent_increments_through_any_node_are_never_lost(controlet: str, t
     run(body())
 
 
+@pytest.mark.slow
 def test_set_options_and_setnx_through_redis_py(tmp_path) -> None:
     smap = make_map("ms-sc", shards=2, replicas=3)
     with ThreadedCluster(LocalCluster(smap, datalet_factory("memory", tmp_path))) as tc:
@@ -81,6 +83,7 @@ def test_set_options_and_setnx_through_redis_py(tmp_path) -> None:
         r.close()
 
 
+@pytest.mark.slow
 def test_active_active_eventual_refuses_read_modify_write(tmp_path) -> None:
     async def body() -> None:
         smap = make_map("aa-ec", shards=1, replicas=3)

@@ -6,7 +6,7 @@ import asyncio
 
 from mlsyskit.tools.kv.controlets.base import Snapshot
 from mlsyskit.tools.kv.datalets.memory import MemoryDatalet
-from mlsyskit.tools.kv.snapshot import SNAPSHOT_BATCH, stream_snapshot
+from mlsyskit.tools.kv.node.snapshot import SNAPSHOT_BATCH, stream_snapshot
 
 
 class _Link:

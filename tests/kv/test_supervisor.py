@@ -13,12 +13,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mlsyskit.tools.kv import processes
-from mlsyskit.tools.kv.mapfollow import FollowingClient
-from mlsyskit.tools.kv.processes import sync_call
-from mlsyskit.tools.kv.restartpolicy import Action, PolicyConfig, RestartPolicy, Seen
+from mlsyskit.core.net import free_range
+from mlsyskit.tools.kv.client.call import call
+from mlsyskit.tools.kv.client.mapfollow import FollowingClient
+from mlsyskit.tools.kv.ops import processes
+from mlsyskit.tools.kv.ops.restartpolicy import Action, PolicyConfig, RestartPolicy, Seen
 from mlsyskit.tools.kv.shardmap import ShardMap
-from tests.kv.test_cli import cli, free_range
+from tests.kv.test_cli import cli
 
 CONFIG = PolicyConfig(grace_s=1.2, max_restarts=3, window_s=60.0, backoff_s=1.0, backoff_max_s=4.0)
 
@@ -127,6 +128,7 @@ def _without(smap: ShardMap, *gone: str) -> ShardMap:
                     tuple(tuple(n for n in reps if n not in gone) for reps in smap.shards), smap.nodes)
 
 
+@pytest.mark.slow
 def test_the_supervisor_acts_on_its_decisions_and_keeps_the_record(tmp_path: Path, monkeypatch) -> None:
     """`sleep` processes stand in for nodes (spawn is replaced: the argv is process_argv's, tested
     end to end below); the record, lmdb move-aside, kill of a stopped node and the crash-loop
@@ -134,11 +136,11 @@ def test_the_supervisor_acts_on_its_decisions_and_keeps_the_record(tmp_path: Pat
     import subprocess
 
     from mlsyskit.core.clock import VirtualClock
-    from mlsyskit.tools.kv import supervisor
-    from mlsyskit.tools.kv.record import entry, write_record
+    from mlsyskit.tools.kv.ops import supervisor
+    from mlsyskit.tools.kv.ops.record import entry, write_record
     from mlsyskit.tools.kv.shardmap import layout
 
-    smap = layout("ms-sc", "lmdb", 1, 3, "127.0.0.1", [free_range(1, seed=40 + i) for i in range(3)])
+    smap = layout("ms-sc", "lmdb", 1, 3, "127.0.0.1", [free_range(1) for _ in range(3)])
     started: list[tuple[str, subprocess.Popen]] = []
     command = {"argv": ["sleep", "60"]}
 
@@ -205,14 +207,15 @@ def test_the_supervisor_acts_on_its_decisions_and_keeps_the_record(tmp_path: Pat
             p.wait()
 
 
+@pytest.mark.slow
 def test_killing_a_stopped_node_leaves_its_exit_status_to_its_own_parent() -> None:
     """The supervisor SIGKILLs a stopped node and waits until it is gone, but reaps only processes it
     started. It used to waitpid() any pid: run in-process, it stole the status of its host's child,
     whose Popen then read 0 instead of -9 (a CI failure of the test above, about one run in twenty)."""
     import subprocess
 
-    from mlsyskit.tools.kv import supervisor
-    from mlsyskit.tools.kv.record import entry
+    from mlsyskit.tools.kv.ops import supervisor
+    from mlsyskit.tools.kv.ops.record import entry
 
     sup = supervisor.Supervisor.__new__(supervisor.Supervisor)  # _kill needs only its children
     sup.children = {}
@@ -256,9 +259,9 @@ def _replaced(d: Path, node: str, old_pid: int):
     return None
 
 
-def _up(d: Path, seed: int, *extra: str, ports: int = 4) -> None:
+def _up(d: Path, *extra: str, ports: int = 4) -> None:
     """A 3-replica cluster: the proxy and 3 nodes on `ports` free ports (7 with redis-servers after them)."""
-    cli("up", "--replicas", "3", "--base-port", str(free_range(ports, seed=seed)), "--data-dir", str(d),
+    cli("up", "--replicas", "3", "--base-port", str(free_range(ports)), "--data-dir", str(d),
         "--heartbeat", "0.2", "-q", *extra, timeout=120)
 
 
@@ -274,7 +277,7 @@ def _down_leaves_nothing(d: Path, seen: set[int]) -> None:
 
 async def _write(d: Path, keys: range, deadline_s: float) -> set[bytes]:
     """Write each key through a map-following client, retrying; the acknowledged keys."""
-    from mlsyskit.tools.kv.cli import fetch_map
+    from mlsyskit.tools.kv.cli_client import fetch_map
 
     proxy = _record(d)["proxy"]
 
@@ -299,9 +302,10 @@ async def _write(d: Path, keys: range, deadline_s: float) -> set[bytes]:
     return acked
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_head_is_replaced_empty_and_holds_every_acknowledged_write(tmp_path: Path) -> None:
     d = tmp_path / "c"
-    _up(d, 41, "--datalet", "lmdb")
+    _up(d, "--datalet", "lmdb")
     seen = _all_pids(d)
     try:
         acked = asyncio.run(_write(d, range(0, 100), 30.0))
@@ -316,7 +320,7 @@ def test_kill_9_of_the_head_is_replaced_empty_and_holds_every_acknowledged_write
         # the replacement is the tail: it serves reads, and holds everything acknowledged
         addr = _record(d)["map"]["nodes"]["s0r0"]
         missing = [k for k in sorted(acked)
-                   if sync_call(addr["host"], addr["port"], "GET", k) != b"v" + k[1:]]
+                   if call(addr["host"], addr["port"], "GET", k) != b"v" + k[1:]]
         assert missing == []
         assert (d / "s0r0" / "lmdb.failed-1").is_dir()
         # the supervisor clears the mark at its next poll after the replacement serves: not at once
@@ -327,28 +331,29 @@ def test_kill_9_of_the_head_is_replaced_empty_and_holds_every_acknowledged_write
         _down_leaves_nothing(d, seen | _all_pids(d))
 
 
+@pytest.mark.slow
 def test_a_sigstopped_node_is_killed_and_replaced_and_a_killed_supervisor_is_restarted(tmp_path: Path) -> None:
     d = tmp_path / "c"
-    _up(d, 43)
+    _up(d)
     seen = _all_pids(d)
     stopped = None
     try:
         proxy = _record(d)["proxy"]
-        assert sync_call(proxy["host"], proxy["port"], "SET", "a", "1") == b"OK"
+        assert call(proxy["host"], proxy["port"], "SET", "a", "1") == b"OK"
         stopped = _pids(d)["node:s0r2"]
         os.kill(stopped, signal.SIGSTOP)
         _until("s0r2 to be replaced", lambda: _replaced(d, "s0r2", stopped))
         assert not psutil.pid_exists(stopped) or psutil.Process(stopped).status() == psutil.STATUS_ZOMBIE
         assert "node:s0r2 kill-restart: stopped and absent from the map" in (
             d / "logs" / "supervisor.log").read_text()
-        assert sync_call(proxy["host"], proxy["port"], "GET", "a") == b"1"
+        assert call(proxy["host"], proxy["port"], "GET", "a") == b"1"
         seen |= _all_pids(d)
         # the supervisor killed -9: status says so (exit 1), the cluster serves, `supervise` restarts it
         os.kill(_pids(d)["supervisor"], signal.SIGKILL)
         _until("status to see the supervisor dead", lambda: not processes.supervisor_status(d)["up"])
         out = cli("status", "--data-dir", str(d), check=False)
         assert out.returncode == 1 and "bespokv supervise --data-dir" in out.stdout
-        assert sync_call(proxy["host"], proxy["port"], "SET", "b", "2") == b"OK"  # unsupervised, it serves
+        assert call(proxy["host"], proxy["port"], "SET", "b", "2") == b"OK"  # unsupervised, it serves
         cli("supervise", "--data-dir", str(d))
         again = cli("supervise", "--data-dir", str(d), check=False)
         assert again.returncode == 2 and "already runs" in again.stderr
@@ -364,8 +369,8 @@ def test_a_sigstopped_node_is_killed_and_replaced_and_a_killed_supervisor_is_res
 
 def test_no_supervisor_without_a_coordinator(tmp_path: Path) -> None:
     from mlsyskit.core.config import ConfigError
-    from mlsyskit.tools.kv import supervisor
-    from mlsyskit.tools.kv.record import write_record
+    from mlsyskit.tools.kv.ops import supervisor
+    from mlsyskit.tools.kv.ops.record import write_record
 
     write_record(tmp_path, {"map": {}, "datalet": "memory", "data_dir": str(tmp_path), "coordinator": None,
                             "processes": [{"name": "node:s0r0", "pid": os.getpid()}]})

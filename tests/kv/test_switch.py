@@ -8,10 +8,11 @@ import json
 
 import pytest
 
+from mlsyskit.core.net import free_range
 from mlsyskit.tools.kv.check.switchcheck import run_switches
 from mlsyskit.tools.kv.coord.failover import PlanError, plan_switch
 from mlsyskit.tools.kv.shardmap import layout
-from tests.kv.test_cli import cli, free_range
+from tests.kv.test_cli import cli
 
 
 def test_plan_switch_keeps_replicas_and_bumps_the_epoch() -> None:
@@ -29,6 +30,7 @@ def test_plan_switch_keeps_replicas_and_bumps_the_epoch() -> None:
 # Two paths, four switches: ms-ec <-> ms-sc (positions carried, a lagging slave confirmed), and into
 # and out of aa-ec ending in aa-sc (aligned, then gathered; checked linearizable). The tour of all 12
 # transitions is scripts/bench_kv_faults.py --switch (too long for CI's budget).
+@pytest.mark.slow
 @pytest.mark.parametrize("modes", [["ms-ec", "ms-sc", "ms-ec"], ["ms-sc", "aa-ec", "aa-sc"]])
 def test_switches_under_load_lose_nothing_and_are_linearizable_after_a_strong_switch(modes, tmp_path) -> None:
     result = asyncio.run(asyncio.wait_for(run_switches(modes, tmp_path, seed=1, segment_s=1.5), 180))
@@ -41,9 +43,10 @@ def test_switches_under_load_lose_nothing_and_are_linearizable_after_a_strong_sw
     assert result["valid"]
 
 
+@pytest.mark.slow
 def test_switch_cli_switches_a_cluster_and_refuses_what_it_cannot(tmp_path) -> None:
     d = str(tmp_path / "c")
-    base = free_range(1 + 2, seed=11)
+    base = free_range(1 + 2)
     cli("up", "--replicas", "2", "--consistency", "eventual", "--base-port", str(base), "--data-dir", d, "-q")
     try:
         cli("put", "k", "v", "--data-dir", d)
@@ -69,7 +72,7 @@ def test_the_strong_claim_ends_where_the_next_switch_begins() -> None:
     a stale read before the cutoff is still caught."""
     from mlsyskit.tools.kv.check.linearizability import check_history
     from mlsyskit.tools.kv.check.switchcheck import _until
-    from mlsyskit.tools.kv.history import Event, History
+    from mlsyskit.tools.kv.client.history import Event, History
 
     def ev(p, t, f, v, time):
         return Event(p, t, f, "s1k0", v, time)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from mlsyskit.tools.kv import values
+from mlsyskit.tools.kv.check.simulate import SimShard
 from mlsyskit.tools.kv.controlets import aa_ec_entry
-from mlsyskit.tools.kv.simulate import SimShard
+from mlsyskit.tools.kv.redis import values
 
 SEEDS = range(6)
 

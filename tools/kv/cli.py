@@ -1,15 +1,11 @@
 """bespokv command line: cluster lifecycle, client commands, YCSB bench, the consistency checker.
 
-Client commands find the cluster from --host/--port (--host needs --port), else --data-dir's
-record, else MLSYSKIT_BESPOKV_ADDR=HOST:PORT, else the record under ./.bespokv; never a
-guessed port. Exit codes: 0 success, 1 runtime failure (unreachable, a failed check, an
+The client commands (get/put/del/shardmap/bench) live in cli_client.py. Exit codes: 0 success, 1 runtime failure (unreachable, a failed check, an
 error from the cluster), 2 usage error.
 """
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
 from pathlib import Path
 
@@ -27,13 +23,11 @@ from mlsyskit.core.cli import (
     seed_option,
     verbose_option,
 )
-from mlsyskit.core.console import debug, emit_json, emit_table, log, make_table, reporter, set_verbosity
+from mlsyskit.core.console import emit_json, emit_table, log, make_table, reporter, set_verbosity
 from mlsyskit.core.errors import RuntimeFailure, UsageError
-from mlsyskit.tools.kv import processes
-from mlsyskit.tools.kv.client import KVError
+from mlsyskit.tools.kv.cli_client import DATA_DIR, bench, delete, get, put, resolve_data_dir, shardmap
 from mlsyskit.tools.kv.controlets import controlet_name
-from mlsyskit.tools.kv.mapfollow import FollowingClient, retrying
-from mlsyskit.tools.kv.shardmap import ShardMap
+from mlsyskit.tools.kv.ops import processes
 
 app = make_app(
     "bespokv",
@@ -41,23 +35,6 @@ app = make_app(
     "a sharded, replicated store by picking controlets for topology (master-slave / active-active) and "
     "consistency (strong / eventual), spoken to over the Redis protocol.",
 )
-
-ADDR_ENV = "MLSYSKIT_BESPOKV_ADDR"
-DEFAULT_DATA_DIR = Path(".bespokv")
-DATA_DIR = typer.Option(None, "--data-dir", help="Where the cluster record, logs and data live (default .bespokv).")
-HOST = typer.Option(None, "--host", help="Any node or the proxy; needs --port.")
-PORT = typer.Option(None, "--port", help="Port of --host (default host 127.0.0.1).")
-PASSWORD_ENV = "MLSYSKIT_BESPOKV_PASSWORD"
-PASSWORD = typer.Option(None, "--password", envvar=PASSWORD_ENV, show_envvar=False,
-                        help=f"The cluster's requirepass (or ${PASSWORD_ENV}; default: <data-dir>/requirepass).")
-RETRY_FOR = typer.Option(10.0, "--retry-for", min=0.0,
-                         help="Seconds to retry retriable answers (a failover, a replica that has just joined: "
-                              "-TRYAGAIN, -CLUSTERDOWN, an unreachable node); 0: one try.")
-
-
-def _data_dir(data_dir: Path | None) -> Path:
-    return data_dir if data_dir is not None else DEFAULT_DATA_DIR
-
 
 @app.command()
 def up(shards: int = typer.Option(None, "--shards", help="Number of shards S (default 1)."),
@@ -129,7 +106,7 @@ def up(shards: int = typer.Option(None, "--shards", help="Number of shards S (de
 def down(data_dir: Path = DATA_DIR, verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Stop every process of the recorded cluster (data stays on disk)."""
     set_verbosity(verbose, quiet)
-    stopped = processes.down(_data_dir(data_dir))
+    stopped = processes.down(resolve_data_dir(data_dir))
     log(f"stopped {len(stopped)} processes")
 
 
@@ -139,12 +116,12 @@ def status(data_dir: Path = DATA_DIR, as_json: bool = json_option(),
     """Ping every node and show its role, counters and restarts (exit 1 if any is down, or the
     supervisor is not running)."""
     set_verbosity(verbose, quiet)
-    rows = processes.status(_data_dir(data_dir))
+    rows = processes.status(resolve_data_dir(data_dir))
     if as_json:
         emit_json(rows)
     else:
-        _status_table(_data_dir(data_dir), rows)
-    sup = processes.supervisor_status(_data_dir(data_dir))
+        _status_table(resolve_data_dir(data_dir), rows)
+    sup = processes.supervisor_status(resolve_data_dir(data_dir))
     down_nodes = [r["name"] for r in rows if not r["up"]] + (["supervisor"] if sup and not sup["up"] else [])
     if down_nodes:
         raise RuntimeFailure(f"not answering: {', '.join(down_nodes)}")
@@ -186,17 +163,17 @@ def switch(topology: str = typer.Option(..., "--topology", help="ms (master-slav
     once every node serves under the new map. All 12 transitions among ms-sc, ms-ec, aa-sc and aa-ec:
     into aa-ec the replicas first align with the old origin's state; out of it the new origin first
     gathers every replica's newer writes and the others copy it (a data copy, unlike the others)."""
-    from mlsyskit.tools.kv.controlplane import CoordinatorSpec
-    from mlsyskit.tools.kv.switch import switch as live_switch
+    from mlsyskit.tools.kv.coord.spec import CoordinatorSpec
+    from mlsyskit.tools.kv.ops.switch import switch as live_switch
 
     set_verbosity(verbose, quiet)
-    record = processes.load_record(_data_dir(data_dir))
+    record = processes.load_record(resolve_data_dir(data_dir))
     if not record.get("coordinator"):
         raise UsageError("this cluster runs without a coordinator (up --coordinator none): nothing can switch it")
     target = controlet_name(topology, consistency)
     log(f"switching to {target} ...")
     result = live_switch(CoordinatorSpec.from_dict(record["coordinator"]), target, timeout=timeout,
-                         password=processes.read_password(_data_dir(data_dir)))
+                         password=processes.read_password(resolve_data_dir(data_dir)))
     if as_json:
         emit_json(result.as_dict())
     else:
@@ -205,176 +182,11 @@ def switch(topology: str = typer.Option(..., "--topology", help="ms (master-slav
                                 result.settled_s]]))
 
 
-# -- finding the cluster -------------------------------------------------------------
-def parse_addr(text: str, what: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"{what} wants HOST:PORT, got {text!r}")
-    return host, int(port)
-
-
-def cluster_address(data_dir: Path | None, host: str | None, port: int | None) -> tuple[str, int]:
-    """--host/--port, else --data-dir's record, else $MLSYSKIT_BESPOKV_ADDR, else ./.bespokv's record."""
-    if host is not None and port is None:
-        raise UsageError("--host needs --port (bespokv has no default port)")
-    if port is not None:
-        if not 0 < port < 65536:
-            raise UsageError(f"--port must be 1..65535, got {port}")
-        return host or "127.0.0.1", port
-    if data_dir is None and os.environ.get(ADDR_ENV):
-        return parse_addr(os.environ[ADDR_ENV], ADDR_ENV)
-    proxy = processes.load_record(_data_dir(data_dir))["proxy"]
-    return proxy["host"], proxy["port"]
-
-
-def cluster_password(data_dir: Path | None, password: str | None) -> bytes | None:
-    """--password (or its env var), else the password file of --data-dir (or ./.bespokv)."""
-    if password is not None:
-        return password.encode()
-    return processes.read_password(_data_dir(data_dir))
-
-
-def fetch_map(host: str, port: int, password: bytes | None = None) -> ShardMap:
-    debug(f"fetching the shard map from {host}:{port}")
-    try:
-        return ShardMap.from_json(processes.sync_call(host, port, "BKV.SHARDMAP", password=password))
-    except OSError as e:
-        if str(e).startswith(("NOAUTH", "WRONGPASS")):
-            raise RuntimeFailure(f"bespokv at {host}:{port} refused: {e} (give --password or "
-                                 f"${PASSWORD_ENV}, or --data-dir of the cluster)") from None
-        raise RuntimeFailure(f"cannot reach bespokv at {host}:{port}: {e}") from None
-
-
-def _kv(fn, data_dir: Path | None, host: str | None, port: int | None, password: str | None,
-        retry_for: float, idempotent: bool = True):
-    """Run fn(client) against the cluster, following its map and retrying what is retriable for up
-    to `retry_for` s (mapfollow.retrying): a failover or a just-joined replica answers -TRYAGAIN briefly."""
-    secret = cluster_password(data_dir, password)
-    address = cluster_address(data_dir, host, port)
-    smap = fetch_map(*address, password=secret)
-
-    async def current() -> ShardMap:
-        return await asyncio.to_thread(fetch_map, *address, password=secret)
-
-    async def body():
-        client = FollowingClient(smap, current, timeout=10.0, password=secret)
-        try:
-            return await retrying(lambda: fn(client), idempotent, within_s=retry_for)
-        finally:
-            await client.close()
-
-    try:
-        return asyncio.run(body())
-    except KVError as e:
-        raise RuntimeFailure(f"the cluster answered: {e}") from None
-    except TimeoutError:
-        raise RuntimeFailure("the cluster did not answer within 10 s") from None
-    except OSError as e:  # the seed answered but the key's node did not (stopped, or not yet up)
-        raise RuntimeFailure(f"a node of the cluster is unreachable: {e}") from None
-
-
-@app.command()
-def get(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT, password: str = PASSWORD,
-        retry_for: float = RETRY_FOR, as_json: bool = json_option(), verbose: bool = verbose_option(),
-        quiet: bool = quiet_option()) -> None:
-    """Print the value of KEY (exit 1 if it does not exist)."""
-    set_verbosity(verbose, quiet)
-    value = _kv(lambda c: c.get(key.encode()), data_dir, host, port, password, retry_for)
-    text = None if value is None else value.decode(errors="backslashreplace")
-    if as_json:
-        emit_json({"key": key, "value": text})
-    elif text is not None:
-        typer.echo(text)
-    if value is None:
-        raise RuntimeFailure(f"(nil): no key {key!r}")
-
-
-@app.command()
-def put(key: str, value: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT,
-        password: str = PASSWORD, retry_for: float = RETRY_FOR, as_json: bool = json_option(),
-        verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
-    """Set KEY to VALUE."""
-    set_verbosity(verbose, quiet)
-    _kv(lambda c: c.put(key.encode(), value.encode()), data_dir, host, port, password, retry_for)
-    if as_json:
-        emit_json({"key": key, "ok": True})
-    else:
-        typer.echo("OK")
-
-
-@app.command("del")
-def delete(key: str, data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT, password: str = PASSWORD,
-           retry_for: float = RETRY_FOR, as_json: bool = json_option(), verbose: bool = verbose_option(),
-           quiet: bool = quiet_option()) -> None:
-    """Delete KEY; prints 1 if it existed, else 0."""
-    set_verbosity(verbose, quiet)
-    # not idempotent in what it reports: after an unknown outcome a second DEL would say 0
-    existed = _kv(lambda c: c.delete(key.encode()), data_dir, host, port, password, retry_for, idempotent=False)
-    if as_json:
-        emit_json({"key": key, "existed": existed})
-    else:
-        typer.echo("1" if existed else "0")
-
-
-@app.command()
-def shardmap(data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT, password: str = PASSWORD,
-             verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
-    """Print the shard map (epoch, controlet, datalet, replicas per shard, node addresses) as JSON."""
-    set_verbosity(verbose, quiet)
-    typer.echo(json.dumps(fetch_map(*cluster_address(data_dir, host, port),
-                                     password=cluster_password(data_dir, password)).to_dict(), indent=2))
-
-
-@app.command()
-def bench(workload: str = typer.Option(None, "--workload", help="ycsb-a (default), ycsb-b, ycsb-c or ycsb-f."),
-          keys: int = typer.Option(None, "--keys", help="Key space size, loaded before the measured run (10000)."),
-          ops: int = typer.Option(None, "--ops", help="Operations in the measured run (20000)."),
-          zipf: float = typer.Option(None, "--zipf", help="Zipfian theta, 0 = uniform (0.99)."),
-          value_size: int = typer.Option(None, "--value-size", help="Bytes per value (32)."),
-          clients: int = typer.Option(None, "--clients", help="Concurrent client connections (16)."),
-          window: int = typer.Option(None, "--window", help="Operations each client keeps outstanding (1)."),
-          seed: int = typer.Option(None, "--seed", help="Seed of the operation mix and key choice (0)."),
-          redis: str = typer.Option(None, "--redis", help="Bench Redis instead: host:port[,host:port...] "
-                                                          "(primary first, then its replicas)."),
-          wait: int = typer.Option(0, "--wait", help="With --redis: WAIT for this many replicas after writes."),
-          primary_reads: bool = typer.Option(False, "--primary-reads",
-                                             help="With --redis: read at the primary only (default: spread)."),
-          data_dir: Path = DATA_DIR, host: str = HOST, port: int = PORT, password: str = PASSWORD,
-          config: Path = config_option(), as_json: bool = json_option(),
-          verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
-    """YCSB-style load: throughput and p50/p99/p999 latency (load phase, then the measured run).
-
-    Config file keys: name, keys, ops, zipf, value_size, clients, seed, load, window."""
-    from mlsyskit.tools.kv import ycsb
-
-    set_verbosity(verbose, quiet)
-    w = load_command_config(ycsb.Workload, config, {
-        "name": workload, "keys": keys, "ops": ops, "zipf": zipf, "value_size": value_size,
-        "clients": clients, "seed": seed, "window": window})
-    if redis:
-        endpoints = [parse_addr(e, "--redis") for e in redis.split(",")]
-        make, target = ycsb.redis_target_factory(endpoints, wait, not primary_reads), f"redis {redis}"
-    else:
-        secret = cluster_password(data_dir, password)
-        smap = fetch_map(*cluster_address(data_dir, host, port), password=secret)
-
-        async def make(s: int):
-            return await ycsb.bespokv_target(smap, s, secret)
-        target = f"bespokv {smap.controlet}/{smap.datalet} {len(smap.shards)}x{len(smap.shards[0])}"
-    with reporter() as rep:
-        rep.start(f"{w.name} on {target}", total=w.ops, unit="op")
-        try:
-            result = asyncio.run(ycsb.run_workload(w, make, on_progress=lambda i: rep.update(completed=i)))
-        except OSError as e:  # refused at connect, or a server went away mid-run
-            raise RuntimeFailure(f"bench against {target} failed: {e}") from None
-        rep.update(completed=w.ops)
-    result["target"] = target
-    if as_json:
-        emit_json(result)
-    else:
-        emit_table(make_table(f"{w.name} on {target}", ["ops/s", "p50 ms", "p99 ms", "p999 ms", "errors"],
-                              [[result["ops_per_s"], result["p50_ms"], result["p99_ms"], result["p999_ms"],
-                                result["errors"]]]))
+app.command()(get)
+app.command()(put)
+app.command("del")(delete)
+app.command()(shardmap)
+app.command()(bench)
 
 
 @app.command()
@@ -457,30 +269,30 @@ def supervise(data_dir: Path = DATA_DIR,
     failed it over (empty: it copies the state from a survivor), kills and replaces a node that
     was SIGSTOPped long enough to be replaced, and gives up on a crash loop. Log:
     <data-dir>/logs/supervisor.log."""
-    from mlsyskit.tools.kv import supervisor
+    from mlsyskit.tools.kv.ops import supervisor
 
     set_verbosity(verbose, quiet)
     if foreground:
-        supervisor.serve(_data_dir(data_dir))
+        supervisor.serve(resolve_data_dir(data_dir))
         return
-    pid = supervisor.start(_data_dir(data_dir))
-    log(f"supervisor started (pid {pid}); log: {_data_dir(data_dir)}/logs/supervisor.log")
+    pid = supervisor.start(resolve_data_dir(data_dir))
+    log(f"supervisor started (pid {pid}); log: {resolve_data_dir(data_dir)}/logs/supervisor.log")
 
 
 @app.command(hidden=True)
 def node(node_id: str, data_dir: Path = DATA_DIR) -> None:
     """Run one node of the recorded cluster (started by `up`)."""
-    from mlsyskit.tools.kv.nodeproc import serve_node
+    from mlsyskit.tools.kv.ops.nodeproc import serve_node
 
-    serve_node(_data_dir(data_dir), node_id)
+    serve_node(resolve_data_dir(data_dir), node_id)
 
 
 @app.command(hidden=True)
 def proxy(data_dir: Path = DATA_DIR) -> None:
     """Run the recorded cluster's proxy (started by `up`)."""
-    from mlsyskit.tools.kv.nodeproc import serve_node
+    from mlsyskit.tools.kv.ops.nodeproc import serve_node
 
-    serve_node(_data_dir(data_dir), None)
+    serve_node(resolve_data_dir(data_dir), None)
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from mlsyskit.tools.kv.check.model import UNKNOWN, Op, step
-from mlsyskit.tools.kv.history import History, HistoryFormatError
+from mlsyskit.tools.kv.client.history import History, HistoryFormatError
 
 
 def operations(history: History) -> dict[str, list[Op]]:

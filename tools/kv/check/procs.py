@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -21,40 +20,17 @@ from typing import Any
 
 import hiredis
 
+from mlsyskit.core import net
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.core.errors import RuntimeFailure
-from mlsyskit.tools.kv import coordproc
 from mlsyskit.tools.kv.check.faultproxy import FaultProxy
-from mlsyskit.tools.kv.controlplane import CoordinatorSpec, parse_coordinator
+from mlsyskit.tools.kv.client.call import acall, parse_info
+from mlsyskit.tools.kv.coord.spec import CoordinatorSpec, parse_coordinator
+from mlsyskit.tools.kv.ops import coordproc
 from mlsyskit.tools.kv.peerauth import SECRET_FILE, load_or_create_secret
-from mlsyskit.tools.kv.pipeline import RespConnection
-from mlsyskit.tools.kv.processes import parse_info
 from mlsyskit.tools.kv.shardmap import ShardMap, layout
 
 HOST = "127.0.0.1"
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct ports the OS handed out a moment ago (held together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-async def call(host: str, port: int, *parts: Any, timeout: float = 1.0) -> Any:
-    """One request on a fresh connection (health checks, digests, final reads)."""
-    conn = await RespConnection.connect(host, port, timeout=timeout)
-    try:
-        return await asyncio.wait_for(conn.call(*parts), timeout)
-    finally:
-        await conn.close()
 
 
 class ProcCluster:
@@ -85,7 +61,7 @@ class ProcCluster:
     async def start(self) -> None:
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
         n = self.shards * self.replicas
-        self.map = layout(self.controlet, self.datalet, self.shards, self.replicas, HOST, free_ports(n))
+        self.map = layout(self.controlet, self.datalet, self.shards, self.replicas, HOST, net.free_ports(n))
         routes: dict[str, dict[str, tuple[str, int]]] = {}
         if self.partitionable:
             for reps in self.map.shards:
@@ -117,7 +93,7 @@ class ProcCluster:
         from its SQLite state there. ZooKeeper: a leader and a standby waiting in the leader lock
         (a restart after a kill adds a new standby)."""
         if self.coord_spec is None:
-            url = self.coordinator if self.coordinator != "embedded" else f"embedded://{HOST}:{free_ports(1)[0]}"
+            url = self.coordinator if self.coordinator != "embedded" else f"embedded://{HOST}:{net.free_port()}"
             self.coord_spec = parse_coordinator(url, self.heartbeat, self.misses)
             load_or_create_secret(self.data_dir)  # the coordinator's clients prove it (peerauth.py)
             self.coord_spec = replace(self.coord_spec, secret_file=str(self.data_dir / SECRET_FILE))
@@ -176,7 +152,7 @@ class ProcCluster:
         for nid in current.nodes:
             addr = current.nodes[nid]
             try:
-                info = parse_info(await call(addr.host, addr.port, b"INFO", timeout=0.5))
+                info = parse_info(await acall(addr.host, addr.port, b"INFO", timeout=0.5))
             except (OSError, TimeoutError, hiredis.ReplyError):
                 return False
             lease = info.get("lease_s", "-")
@@ -219,8 +195,8 @@ class ProcCluster:
                     raise RuntimeError(f"node {nid} exited with {self.procs[nid].returncode}; "
                                        f"see {self.data_dir}/logs/node-{nid}.log")
                 try:
-                    if await call(addr.host, addr.port, b"PING", timeout=0.5) == b"PONG":
-                        info = parse_info(await call(addr.host, addr.port, b"INFO", timeout=0.5))
+                    if await acall(addr.host, addr.port, b"PING", timeout=0.5) == b"PONG":
+                        info = parse_info(await acall(addr.host, addr.port, b"INFO", timeout=0.5))
                         if info.get("catching_up", "0") == "0":  # a restarted replica resynchronises first
                             break
                 except (OSError, TimeoutError, hiredis.ReplyError):
@@ -318,7 +294,7 @@ class ProcCluster:
         for nid in self.nodes:
             addr = self.map.nodes[nid]
             try:
-                count, digest = await call(addr.host, addr.port, b"BKV.DIGEST", timeout=timeout)
+                count, digest = await acall(addr.host, addr.port, b"BKV.DIGEST", timeout=timeout)
                 out[nid] = (int(count), digest.decode())
             except (OSError, TimeoutError, hiredis.ReplyError, ValueError):
                 out[nid] = None

@@ -25,9 +25,9 @@ from mlsyskit.tools.kv.check.nemesis import FAULTS, Nemesis
 from mlsyskit.tools.kv.check.procs import ProcCluster
 from mlsyskit.tools.kv.check.verify import converge, lost_writes
 from mlsyskit.tools.kv.check.workload import Workload, is_write_once
+from mlsyskit.tools.kv.client.history import History
+from mlsyskit.tools.kv.client.pipeline import RespConnection
 from mlsyskit.tools.kv.controlets import controlet_class
-from mlsyskit.tools.kv.history import History
-from mlsyskit.tools.kv.pipeline import RespConnection
 
 MODES = ("ms-sc", "ms-ec", "aa-sc", "aa-ec")
 FINAL_PROCESS = 1_000_000_000  # process ids of the final reads, far from the clients'

@@ -25,10 +25,10 @@ from mlsyskit.tools.kv.check.linearizability import check_history, operations
 from mlsyskit.tools.kv.check.procs import ProcCluster
 from mlsyskit.tools.kv.check.runner import final_reads, final_values
 from mlsyskit.tools.kv.check.verify import lost_writes
-from mlsyskit.tools.kv.client import KVError
-from mlsyskit.tools.kv.history import History
-from mlsyskit.tools.kv.mapfollow import FollowingClient
-from mlsyskit.tools.kv.switch import switch
+from mlsyskit.tools.kv.client.history import History
+from mlsyskit.tools.kv.client.mapfollow import FollowingClient
+from mlsyskit.tools.kv.client.smart import KVError
+from mlsyskit.tools.kv.ops.switch import switch
 
 BIN_S = 0.25
 

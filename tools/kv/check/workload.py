@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlsyskit.core.clock import Clock
-from mlsyskit.tools.kv.client import KVError, SmartClient
-from mlsyskit.tools.kv.history import History
-from mlsyskit.tools.kv.mapfollow import FollowingClient, MapSource
+from mlsyskit.tools.kv.client.history import History
+from mlsyskit.tools.kv.client.mapfollow import FollowingClient, MapSource
+from mlsyskit.tools.kv.client.smart import KVError, SmartClient
 from mlsyskit.tools.kv.shardmap import ShardMap
 
 

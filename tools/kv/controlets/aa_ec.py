@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mlsyskit.tools.kv import values
 from mlsyskit.tools.kv.controlets.aa_ec_entry import ALIGNING, ENTRY_KINDS, REFUSED_ALIGNING, Entering
 from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
@@ -42,6 +41,7 @@ from mlsyskit.tools.kv.controlets.base import (
     Send,
     SendStored,
 )
+from mlsyskit.tools.kv.redis import values
 from mlsyskit.tools.kv.shardmap import hash64
 
 BUCKETS = 64

@@ -17,7 +17,7 @@ whatever is newer than its own, merged by version exactly as aa-ec merges:
     GREADY token              ->                                       (the origin serves: copy it)
 
 When every other replica has said GDONE the origin deletes the tombstones it holds, starts a
-new numbering at 0 and serves; live versioned records stay as they are (values.py reads them
+new numbering at 0 and serves; live versioned records stay as they are (redis/values.py reads them
 under every controlet). The other replicas refuse clients and do not empty their datalets until
 they copy the origin's state by the ordinary catch-up (stream.py: SYNCREQ, answered SYNCBUSY by
 every replica not serving yet; a replica leaving aa-ec then waits for the origin's GREADY or its

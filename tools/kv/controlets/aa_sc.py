@@ -61,7 +61,6 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from mlsyskit.tools.kv import rmw
 from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
     GET,
@@ -79,6 +78,7 @@ from mlsyskit.tools.kv.controlets.base import (
     stored,
 )
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
+from mlsyskit.tools.kv.redis import rmw
 
 TIMED_OUT = f"{TRYAGAIN} not acknowledged by every replica in time; a write may still be applied"
 LINK_LOST = f"{TRYAGAIN} the link to the sequencer failed; a write may still be applied"

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from mlsyskit.core.config import require
-from mlsyskit.tools.kv import rmw
+from mlsyskit.tools.kv.redis import rmw
 
 GET = "get"
 EXISTS = "exists"
@@ -96,6 +96,7 @@ class SendStored(NamedTuple):
 Action = Apply | Read | Reply | Fail | Send | Forward | Snapshot | Reset | SendStored
 
 TRYAGAIN = "TRYAGAIN"  # Redis's "retry later" error class: the write's outcome is not known
+FENCED = f"{TRYAGAIN} fenced:"  # refused before execution: the client refreshes its map and retries
 # A replica that is not serving yet (catching up, aligning) refuses a new operation before it does
 # anything with it: the client may count that as a definite failure (client.REFUSED_BEFORE_EXECUTION).
 NOT_SERVING = f"{TRYAGAIN} not serving yet:"

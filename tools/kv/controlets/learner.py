@@ -1,6 +1,6 @@
 """A learner: a node outside the shard map copying its home shard's state before it joins.
 
-Copy-then-join (controlplane.py): a node that finds itself absent from the map (a replacement, a
+Copy-then-join (node/agent.py): a node that finds itself absent from the map (a replacement, a
 node back after its failover) first copies a whole snapshot from a live replica of its home shard
 as a non-member, and asks the coordinator to join only once it holds that snapshot. It serves no
 client meanwhile, and answers no catch-up request (it is nobody's source). What it keeps is the

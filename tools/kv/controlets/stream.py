@@ -54,21 +54,27 @@ from mlsyskit.tools.kv.controlets.base import (
     Fail,
     Reset,
     Send,
-    Snapshot,
 )
-from mlsyskit.tools.kv.controlets.streamlog import StreamHistory, fields_size
+from mlsyskit.tools.kv.controlets.streamlog import StreamHistory
+from mlsyskit.tools.kv.controlets.streamtail import (
+    CONFIRMING,
+    POLLING,
+    READY,
+    RECEIVING,
+    TAILING,
+    WAITING,
+    LogTail,
+)
 
-READY, WAITING, RECEIVING, CONFIRMING, POLLING = "ready", "waiting", "receiving", "confirming", "polling"
 SYNC_KINDS = (b"SYNCREQ", b"SYNCBUSY", b"SNAPBEGIN", b"SNAPDATA", b"SNAPEND", b"SEQAT", b"POSQ", b"POS",
               *GATHER_KINDS)
 SYNC_KINDS += (b"SNAPCHAIN", b"LOGBEGIN", b"LOGDATA", b"LOGEND")  # the log tail (streamlog.py)
-TAILING = "tailing"  # receiving the log tail after our position
 CATCHING_UP = f"{TRYAGAIN} replica is catching up; retry"  # waiting operations failed: outcome unknown
 REFUSED_CATCHING_UP = f"{NOT_SERVING} replica is catching up; retry"  # a new operation, not executed
 BEACON_S = 1.0  # an origin or relay idle this long tells its downstream replicas its position once
 
 
-class OrderedStream(LeavingVersions, Controlet):
+class OrderedStream(LogTail, LeavingVersions, Controlet):
     """A replica that applies its upstream's numbered stream in order, catching up on any gap."""
 
     STREAM: ClassVar[bytes]  # the message kind that carries the numbered stream
@@ -329,54 +335,6 @@ class OrderedStream(LeavingVersions, Controlet):
         if getattr(old, "learner", False):
             self.learner_copy_s, self.join_began = old.last_sync_s, self.now
             self.copy["learner_epoch"], self.copy["learner_bytes"] = old.epoch, old.sync_bytes
-
-    def answer_sync(self, src: str, fields: Sequence[Any]) -> list[Action]:
-        """SYNCREQ token [seq chain] at a ready replica: the log tail after the requester's position
-        when this history passed through it and still holds the messages, else the whole snapshot
-        (preceded by the checksum at its position, so the requester can take tails later)."""
-        token, h = int(fields[0]), self.history
-        known = h.chain is not None and h.seq == self.applied
-        if len(fields) >= 3 and known:
-            seq = int(fields[1])
-            tail = h.tail_after(seq, int(fields[2]))
-            if tail is not None:
-                self.copy["tails_served"] += 1
-                return [Send(src, b"LOGBEGIN", (token, seq)), *(Send(src, b"LOGDATA", (token, *f)) for f in tail),
-                        Send(src, b"LOGEND", (token, self.applied, h.chain))]
-        self.copy["snapshots_served"] += 1
-        snapshot = Snapshot(src, token, self.applied)
-        return [Send(src, b"SNAPCHAIN", (token, self.applied, h.chain)), snapshot] if known else [snapshot]
-
-    def _on_tail(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
-        """LOGBEGIN token seq / LOGDATA token message... / LOGEND token seq chain from our source
-        (token and sender already checked): each message goes through the normal apply path."""
-        if kind == b"LOGBEGIN":
-            if self.mode is WAITING and int(fields[1]) == self.applied:
-                self.mode, self.tail_entries, self.tail_bytes = TAILING, 0, 0
-            return []
-        if self.mode is not TAILING:
-            return []
-        if kind == b"LOGDATA":
-            message = tuple(fields[1:])
-            seq = int(message[0])
-            if seq != self.applied + 1:
-                self.gaps += 1
-                return self.begin_sync()
-            self.applied = seq
-            self.history.record(seq, message)
-            self.tail_entries += 1
-            self.tail_bytes += fields_size(message)
-            return self.apply_stream(src, seq, message)
-        if kind != b"LOGEND":
-            return []
-        if int(fields[1]) != self.applied or int(fields[2]) != self.history.chain:
-            self.gaps += 1  # the tail did not lead to the source's state: copy the whole of it
-            self.history.forget(self.applied)
-            return self.begin_sync()
-        self.mode = READY
-        self.copy["tails"] += 1
-        self.copy["copied_bytes"] += self.tail_bytes
-        return self.on_synced()
 
     def _beacon(self, now: float) -> list[Action]:
         """Once the stream has been idle for BEACON_S: SEQAT to the downstream replicas. A gap is

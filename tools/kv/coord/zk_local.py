@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from mlsyskit.core import net
 from mlsyskit.core.errors import RuntimeFailure
 
 JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-simple.jar")
@@ -23,17 +24,6 @@ INSTALL_HINT = "needs ZooKeeper 3.8 and Java: apt-get install -y zookeeper"
 
 def available() -> bool:
     return shutil.which("java") is not None and all(Path(j).exists() for j in JARS)
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def mode(port: int, timeout_s: float = 1.0) -> str | None:
@@ -61,7 +51,7 @@ class LocalZooKeeper:
         if not available():
             raise RuntimeFailure(INSTALL_HINT)
         self.workdir = Path(workdir)
-        ports = _free_ports(3 * members)
+        ports = net.free_ports(3 * members)
         self.client_ports = ports[:members]
         self._peer_ports = ports[members:]
         self.procs: list[subprocess.Popen | None] = [None] * members

@@ -7,15 +7,15 @@ The server is a separate process that can die or stop on its own. Reconnecting i
 restarted server may have lost its last writes: appendfsync everysec), so the datalet reports the
 server lost (`on_lost`) when the connection closes, or when requests wait `stall_s` with no reply
 (a SIGSTOPped server), and fails every later operation; the node process then exits and is failed
-over like any crashed node (nodeproc.py).
+over like any crashed node (ops/nodeproc.py).
 """
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 
+from mlsyskit.tools.kv.client.pipeline import RespConnection
 from mlsyskit.tools.kv.datalets.base import Datalet
-from mlsyskit.tools.kv.pipeline import RespConnection
 
 
 class RedisDatalet(Datalet):

@@ -1,0 +1,195 @@
+"""The RESP front end: one asyncio Protocol per client connection (its session state: session.py).
+
+Everything a connection received in one read is parsed (hiredis) and dispatched before a
+single write of all ready replies goes back, which is what makes pipelined clients cheap.
+Bad input never raises out of here: malformed frames -- anything but an array of bulk
+strings, a length header over the limits -- close the connection after an error (as Redis
+does); unknown commands, wrong arity and oversize keys/values get errors.
+
+Resources per connection are bounded as Redis bounds them: `max_clients` connections, and a
+bulk header over `max_bulk_bytes` is refused before its payload is read.
+"""
+from __future__ import annotations
+
+import hiredis
+
+from mlsyskit.tools.kv.controlets.base import PUT
+from mlsyskit.tools.kv.frontend import admin
+from mlsyskit.tools.kv.frontend.commands import HANDLERS
+from mlsyskit.tools.kv.frontend.session import Session
+from mlsyskit.tools.kv.node.control import LeaseExpired
+from mlsyskit.tools.kv.node.requests import PEER_MESSAGE
+from mlsyskit.tools.kv.redis import resp, values
+
+
+class ClientConnection(Session):
+    """Parses what a client sent (RESP arrays or inline commands) and dispatches it."""
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is None:
+            return  # closed (over a limit, refused): nothing more is read
+        reader = self.reader
+        # Inline commands (`PING\r\n`) only at a request boundary. An empty hiredis buffer is not one:
+        # a read that ended right after an element of a long array leaves it empty mid-request, and
+        # the next read then starts with that array's next `$` header (a peer's large GKEYS was cut
+        # so and its rest parsed as inline commands: the stream desynchronised, the peer was closed).
+        first = data[:1]
+        if self.inline or (first != b"*" and first != b"$" and not reader.len() and self.peer is None):
+            data = self._inline_commands(data)
+            if not data:
+                return
+        reader.feed(data)
+        self.in_batch = True
+        count = 0
+        node = self.node
+        # Hot path, inlined: single-key GET/SET that this replica serves from its own datalet.
+        fast_get, fast_put = node.fast_get, node.fast_put
+        gated = self.in_refused_multi or not self.authed
+        owns, fits, as_is = node.owns, self.key_fits, self.set_as_is  # the handlers' rules (session.rules)
+        all_mine = node.only_shard
+        out, slots, ok, gets, first = self.out, self.slots, resp.OK, reader.gets, values.FIRST
+        budget = self.limits.max_output_bytes - self.transport.get_write_buffer_size()
+        try:
+            while (cmd := gets()) is not False:
+                count += 1
+                if not slots and not gated and type(cmd) is list:
+                    n = len(cmd)
+                    if n == 2 and fast_get is not None and cmd[0] == b"GET":
+                        key = cmd[1]
+                        if type(key) is bytes and fits(key) and (all_mine or owns(key)):
+                            try:
+                                v = fast_get(key)
+                            except LeaseExpired:  # deposed or paused past its lease: a retriable refusal
+                                out.append(self.lease_refusal())
+                                continue
+                            if v is None:
+                                out.append(b"$-1\r\n")
+                                continue
+                            if v[:1] == first:  # a record (redis/values.py): a deadline, a type, an escape
+                                out.append(values.get_answer(v, self.unix_ms()))
+                                continue
+                            out.append(b"$%d\r\n%b\r\n" % (len(v), v))
+                            budget -= len(v)
+                            if budget < 0:
+                                self.over_output_limit()
+                                return
+                            continue
+                    elif n == 3 and fast_put is not None and cmd[0] == b"SET":
+                        key, value = cmd[1], cmd[2]
+                        if type(key) is bytes and type(value) is bytes and as_is(key, value) \
+                                and (all_mine or owns(key)):
+                            fast_put(key, value)
+                            out.append(ok)
+                            continue
+                if not gated and type(cmd) is list and len(cmd) == 3 and cmd[0] == b"SET":
+                    key, value = cmd[1], cmd[2]  # a SET to replicate or forward: its request at once, no dispatch
+                    if type(key) is bytes and type(value) is bytes and as_is(key, value):
+                        self.single(PUT, key, value)
+                        if self.transport is None:
+                            return
+                        fast_get, fast_put = node.fast_get, node.fast_put
+                        continue
+                if type(cmd) is list and cmd and cmd[0] == PEER_MESSAGE and self.peer is not None:
+                    node.on_peer_message(self.peer, self.peer_bytes, cmd)  # authenticated: the replication path
+                    fast_get, fast_put = node.fast_get, node.fast_put  # off while the replica catches up
+                    continue
+                if type(cmd) is not list or not cmd or not _all_bulk(cmd):
+                    self.fatal("Protocol error: expected an array of bulk strings")
+                    return
+                self.dispatch(cmd)
+                if self.transport is None:
+                    return
+                fast_get, fast_put = node.fast_get, node.fast_put  # a peer message may change them
+                gated = self.in_refused_multi or not self.authed
+            if reader.len() > self.limits.max_request_bytes:
+                self.fatal(f"Protocol error: request larger than {self.limits.max_request_bytes} bytes")
+                return
+            if count == 0 or reader.has_data():  # a request is incomplete: is a header absurd?
+                if data[-2:] == b"\r\n" and self._oversized(data):
+                    return
+                if count == 0 and data[:1] == b"*" and self._too_many_args(data):
+                    return
+            # Bytes received since a request last completed bound what a trickled request holds
+            # (hiredis keeps a partial multibulk's parsed arguments outside its buffer).
+            self.waiting_bytes = 0 if count else self.waiting_bytes + len(data)
+            if self.waiting_bytes > self.limits.max_request_bytes:
+                self.fatal(f"Protocol error: request larger than {self.limits.max_request_bytes} bytes")
+                return
+        except hiredis.ProtocolError as e:
+            self.fatal(f"Protocol error: {e}")
+            return
+        finally:
+            node.stats["commands"] += count
+            self.in_batch = False
+            if node.quiet_due:  # after every message of this read: deferred peer actions (cumulative acks)
+                node.quiet()
+        self.flush()
+
+    def dispatch(self, cmd: list) -> None:
+        """The general path for one command (arguments already checked to be bulk strings)."""
+        name = cmd[0] if cmd[0] in HANDLERS else cmd[0].upper()
+        if self.in_refused_multi or not self.authed:
+            refusal = admin.gate(self, name)
+            if refusal is not None:
+                return self.reply(refusal)
+        handler = HANDLERS.get(name)
+        if handler is None:
+            return self.reply(resp.error(f"unknown command '{cmd[0][:64].decode(errors='replace')}'"))
+        try:
+            handler(self, cmd)
+        except LeaseExpired:  # a handler's local read (GET, GETRANGE...) found the lease lapsed
+            self.reply(self.lease_refusal())
+
+    def _inline_commands(self, data: bytes) -> bytes:
+        """Redis's inline form (`PING\\r\\n`, as redis-cli pipes and redis-benchmark's PING_INLINE send):
+        space-separated words on a line. Returns what follows them (RESP arrays) for hiredis."""
+        buf = self.inline + data
+        self.inline = b""
+        self.in_batch = True
+        try:
+            while buf and buf[:1] != b"*":
+                end = buf.find(b"\n")
+                if end < 0:
+                    if len(buf) > self.limits.max_key_bytes + self.limits.max_value_bytes:
+                        self.fatal("Protocol error: too big inline request")
+                        return b""
+                    self.inline = buf
+                    break
+                words, buf = buf[:end].rstrip(b"\r").split(), buf[end + 1:]
+                if words:
+                    self.node.stats["commands"] += 1
+                    self.dispatch(words)
+                    if self.transport is None:
+                        return b""
+        finally:
+            self.in_batch = False
+        if not buf or self.inline:
+            self.flush()
+            return b""
+        return buf
+
+    def _too_many_args(self, data: bytes) -> bool:
+        """A read that completed nothing and starts with `*n`: refuse an n over max_args."""
+        end = data.find(b"\r\n", 0, 24)
+        if end > 1 and data[1:end].isdigit() and int(data[1:end]) > self.limits.max_args:
+            self.fatal(f"Protocol error: invalid multibulk length ({int(data[1:end])} arguments > "
+                       f"{self.limits.max_args})")
+            return True
+        return False
+
+    def _oversized(self, data: bytes) -> bool:
+        """An incomplete request waits on the header that ends this read: refuse it if it
+        announces more than the limits (hiredis would otherwise wait for, and buffer, all of it)."""
+        why = resp.oversized_tail(data, self.limits.max_bulk_bytes_effective(), self.limits.max_args)
+        if why is None:
+            return False
+        self.fatal(f"Protocol error: {why}")
+        return True
+
+
+def _all_bulk(cmd: list) -> bool:
+    """Only bulk strings may be arguments: an integer, nil or nested array is never stored."""
+    for part in cmd:
+        if type(part) is not bytes:
+            return False
+    return True

@@ -1,0 +1,139 @@
+"""Outbound links from a node to other nodes: one-way peer messages and forwarded requests.
+
+A link connects lazily, authenticates with the cluster secret (peerauth.py) and queues
+frames while connecting, so the state machines can emit Send actions without caring whether
+the peer's socket is up yet. Nothing is dropped silently: when connecting fails `attempts`
+times in a row, or the queue outgrows `max_queued` frames, the link gives up -- it discards
+the queue, fails waiting calls, counts what it dropped and tells its owner (`on_give_up`),
+whose controlet then fails or retries what depended on those messages. Receivers detect the
+hole too: replicated streams are numbered and a replica never skips a number (stream.py).
+The next send starts connecting afresh.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from mlsyskit.core.clock import Clock, RealClock
+from mlsyskit.tools.kv import peerauth
+from mlsyskit.tools.kv.client.pipeline import ConnectionLost, RespConnection
+from mlsyskit.tools.kv.node.requests import PEER_AUTH, PEER_NONCE
+
+
+class Link:
+    def __init__(self, host: str, port: int, clock: Clock | None = None, attempts: int = 40,
+                 retry_delay: float = 0.05, secret: bytes | None = None, me: str = "", target: str = "",
+                 on_give_up: Callable[[int], None] | None = None, max_queued: int = 100_000) -> None:
+        self.host, self.port = host, port
+        self.clock = clock or RealClock()
+        self.attempts, self.retry_delay = attempts, retry_delay
+        self.secret, self.me, self.target = secret, me.encode(), target.encode()
+        self.on_give_up = on_give_up
+        self.max_queued = max_queued
+        self.conn: RespConnection | None = None
+        self.pending: list[tuple[bytes, asyncio.Future | None]] = []
+        self.connecting: asyncio.Task | None = None
+        self.failures = 0
+        self.dropped = 0
+
+    def _ready(self) -> bool:
+        return self.conn is not None and not self.conn.closed
+
+    def send(self, frame: bytes) -> None:
+        if self._ready():
+            self.conn.send(frame)
+        else:
+            self._queue(frame, None)
+
+    def call_frame(self, frame: bytes) -> asyncio.Future:
+        if self._ready():
+            return self.conn.call_frame(frame)
+        fut = asyncio.get_running_loop().create_future()
+        self._queue(frame, fut)
+        return fut
+
+    def _queue(self, frame: bytes, fut: asyncio.Future | None) -> None:
+        self.pending.append((frame, fut))
+        if len(self.pending) > self.max_queued:
+            self._give_up(f"more than {self.max_queued} messages queued for {self.host}:{self.port}")
+            return
+        if self.connecting is None or self.connecting.done():
+            self.connecting = asyncio.get_running_loop().create_task(self._connect())
+
+    def _give_up(self, why: str) -> None:
+        pending, self.pending = self.pending, []
+        self.failures += 1
+        self.dropped += len(pending)
+        for _, fut in pending:
+            if fut is not None and not fut.done():
+                fut.set_exception(ConnectionLost(why))
+        if self.connecting is not None and not self.connecting.done() \
+                and self.connecting is not asyncio.current_task():
+            self.connecting.cancel()
+        if self.on_give_up is not None:
+            self.on_give_up(len(pending))
+
+    async def _open(self) -> RespConnection:
+        conn = await RespConnection.connect(self.host, self.port)
+        if self.secret is not None:
+            try:
+                nonce = await asyncio.wait_for(conn.call(PEER_NONCE), 5.0)
+                answer = await asyncio.wait_for(
+                    conn.call(PEER_AUTH, self.me, peerauth.proof(self.secret, nonce, self.me, self.target)), 5.0)
+            except Exception:
+                await conn.close()
+                raise
+            if answer != b"OK":
+                await conn.close()
+                raise ConnectionLost(f"{self.host}:{self.port} refused this node's credentials")
+        return conn
+
+    async def _connect(self) -> None:
+        last: Exception | None = None
+        for _ in range(self.attempts):
+            try:
+                self.conn = await self._open()
+                break
+            except (TimeoutError, OSError, ConnectionError, Exception) as e:  # noqa: BLE001 - retried, then reported
+                last = e
+                await self.clock.asleep(self.retry_delay)
+        if not self._ready():
+            self._give_up(f"cannot reach {self.host}:{self.port}: {last}")
+            return
+        self.conn.on_lost = self._lost
+        pending, self.pending = self.pending, []
+        for frame, fut in pending:
+            if fut is None:
+                self.conn.send(frame)
+            else:
+                _chain(self.conn.call_frame(frame), fut)
+
+    def _lost(self) -> None:
+        """The peer closed an open connection: frames already written may never have arrived."""
+        self.failures += 1
+        if self.on_give_up is not None:
+            self.on_give_up(0)
+
+    async def close(self) -> None:
+        """Stop for good (the node stops, or the peer left the shard map): calls still queued fail."""
+        self.on_give_up = None
+        pending, self.pending = self.pending, []
+        for _, fut in pending:
+            if fut is not None and not fut.done():
+                fut.set_exception(ConnectionLost(f"link to {self.host}:{self.port} closed"))
+        if self.connecting is not None and not self.connecting.done():
+            self.connecting.cancel()
+        if self.conn is not None:
+            await self.conn.close()
+
+
+def _chain(src: asyncio.Future, dst: asyncio.Future) -> None:
+    def done(f: asyncio.Future) -> None:
+        if dst.done():
+            return
+        if f.exception() is not None:
+            dst.set_exception(f.exception())
+        else:
+            dst.set_result(f.result())
+
+    src.add_done_callback(done)

@@ -1,0 +1,133 @@
+"""What flows between the front end, the node runtime and the command handlers.
+
+Kept apart from runtime.py and the front end (frontend/) so that neither imports the other: the front end
+builds Requests, the node completes them, and the commands module needs only these types.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+import hiredis
+
+from mlsyskit.tools.kv.client.pipeline import ConnectionLost
+from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, FLUSH, GET, PUT
+from mlsyskit.tools.kv.redis import queries, resp, resp3, rmw, values
+
+PEER_MESSAGE = b"BKV.MSG"  # BKV.MSG epoch src kind fields...: one-way, authenticated peers only
+PEER_NONCE = b"BKV.NONCE"
+PEER_AUTH = b"BKV.AUTH"
+UNREACHABLE = "cannot reach"  # how a link that gave up connecting fails its queued calls (links.py)
+FLUSH_SHARD = b"BKV.FLUSHSHARD"  # FLUSHALL's part for the shard that owns the key given
+
+
+class Request:
+    """One single-key client operation; `complete` hands its encoded reply to whoever waits.
+
+    A request completes exactly once: a second completion is a protocol bug, so it is not
+    delivered (the client would get a reply for a command it never sent) and it is counted
+    in `Request.duplicate_completions`, which the tests assert stays 0.
+    """
+
+    __slots__ = ("op", "key", "value", "conn", "payload", "existed", "parent", "index", "rmw", "reply")
+    duplicate_completions: ClassVar[int] = 0
+
+    def __init__(self, op: str, key: bytes, value: bytes | None, conn: Any, parent: Any = None,
+                 index: int = 0) -> None:
+        self.op, self.key, self.value, self.conn = op, key, value, conn
+        self.payload: bytes | None = None
+        self.existed = False
+        self.parent, self.index = parent, index
+        self.rmw: list[bytes] | None = None  # the command of a read-modify-write (INCR, SETNX, SET NX ...)
+        self.reply: bytes | None = None  # its answer, computed where it was resolved
+
+    def complete(self, payload: bytes) -> None:
+        if self.payload is not None:
+            Request.duplicate_completions += 1
+            return
+        self.payload = payload
+        if self.parent is not None:
+            self.parent.part_done(self)
+        elif self.conn is not None:
+            self.conn.slot_done(self)
+
+    def frame(self) -> bytes:
+        """The command that performs this operation on another node."""
+        if self.rmw is not None and self.reply is None:
+            return hiredis.pack_command(tuple(self.rmw))
+        if self.op is PUT:  # the client's own bytes (a value that reads as a record was escaped)
+            value = self.value
+            return hiredis.pack_command((b"SET", self.key, values.client_string(value) if value[:1] == values.FIRST
+                                         else value))
+        if self.op is FLUSH:
+            return hiredis.pack_command((FLUSH_SHARD, self.key))
+        return hiredis.pack_command(({GET: b"GET", EXISTS: b"EXISTS", DEL: b"DEL"}[self.op], self.key))
+
+
+class Ready:
+    """An immediate reply queued behind a slower one (or filled in later by a handler)."""
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: bytes | None) -> None:
+        self.payload = payload
+
+
+def now_ms(req: Request) -> int:
+    """The wall clock of the connection a request came on (for lazy expiry)."""
+    conn = req.conn if req.conn is not None else req.parent.conn
+    return conn.unix_ms()
+
+
+def for_client(req: Request, payload: bytes) -> bytes:
+    """A typed command's RESP2 answer, reshaped for a client that chose RESP3 (resp3.py)."""
+    conn = req.conn if req.conn is not None else req.parent.conn
+    if getattr(conn, "protocol", 2) == 3 and req.rmw[0] in resp3.SHAPED:
+        return resp3.shape(req.rmw, payload)
+    return payload
+
+
+def read_answer(req: Request, stored: bytes | None) -> bytes:
+    """A read's answer from a replica's stored bytes: plain strings as they are, records
+    (values.py) decoded; a key past its deadline is absent (lazy expiry)."""
+    if req.rmw is not None:
+        return for_client(req, queries.answer(req.rmw, stored, now_ms(req)))
+    if stored is not None and stored[:1] == values.FIRST and values.is_tagged(stored):
+        now = now_ms(req)
+        if req.op is not GET:
+            return resp.ZERO if values.expired(stored, now) else resp.ONE
+        answer = values.get_answer(stored, now)
+        return resp.NULL if answer is values.WRONGTYPE and req.parent is not None else answer  # MGET: nil
+    if req.op is GET:
+        return resp.bulk(stored)
+    return resp.ZERO if stored is None else resp.ONE
+
+
+def write_reply(req: Request) -> bytes:
+    if req.reply is not None:
+        return req.reply if req.rmw is None else for_client(req, req.reply)
+    return resp.OK if req.op is PUT or req.op is FLUSH else (resp.ONE if req.existed else resp.ZERO)
+
+
+def relay_answer(req: Request, fut: asyncio.Future) -> bytes:
+    """Re-encode a forwarded request's answer the way this op answers."""
+    exc = fut.exception()
+    if exc is not None:
+        if isinstance(exc, hiredis.ReplyError):
+            if req.parent is not None and req.op is GET and str(exc).startswith("WRONGTYPE"):
+                return resp.NULL  # MGET answers nil for a key of another kind
+            return resp.error(str(exc))
+        if isinstance(exc, ConnectionLost) and str(exc).startswith(UNREACHABLE):
+            # the link never connected, so the request was never sent: the shard is down from here
+            return resp.error(f"CLUSTERDOWN the shard's node is unreachable, not applied: {exc}")
+        return resp.error(f"TRYAGAIN forward failed: {exc}")  # it may have been sent: the outcome is unknown
+    value = fut.result()
+    if req.rmw is not None:
+        return for_client(req, rmw.relayed(req.rmw, value))
+    if req.op is FLUSH:
+        return resp.OK
+    if req.op is GET:
+        return resp.bulk(value)
+    if req.op is PUT:
+        return resp.OK
+    return resp.integer(int(value))

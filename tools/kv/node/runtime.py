@@ -1,0 +1,453 @@
+"""The node runtime: wires one controlet and one datalet to sockets.
+
+A node is one replica of one shard (or, with no shard, a pure proxy). Client commands are
+parsed by the front end into single-key Requests; the node routes each to the local
+controlet when this node holds the key's shard, or forwards it to the right node
+otherwise (proxy mode: any node answers any key). The controlet's actions are executed
+here, in order (see controlets/base.py): datalet operations are issued at once and in
+order; the remaining actions of a batch wait for the batch's datalet results.
+
+A datalet error fails its request and stops the rest of its batch; every Send computed
+before the failure was known is dropped too (each batch carries the failure count it was
+made under), and the controlet hears of it (on_apply_failed) so it can catch up. A tick
+task feeds the controlet the clock (timeouts, catch-up retries, anti-entropy).
+
+With a control plane (agent.py) the node follows the coordinator's shard map: a new
+epoch rebuilds the controlet from the old one's state (reconfigure), peer messages from an
+older epoch are dropped and those from a newer one are held until the node has the new map,
+and the node serves clients only while it is in the map and its lease is valid (fenced()).
+"""
+from __future__ import annotations
+
+import asyncio
+import secrets as _secrets
+import traceback
+from collections import deque
+from typing import Any
+
+import hiredis
+
+from mlsyskit.core import __version__
+from mlsyskit.core.clock import Clock, RealClock
+from mlsyskit.tools.kv.controlets import Controlet, controlet_class
+from mlsyskit.tools.kv.controlets.base import (
+    EXISTS,
+    GET,
+    PUT,
+    Apply,
+    ControletOptions,
+    Fail,
+    Forward,
+    Read,
+    Reply,
+    Reset,
+    Send,
+    SendStored,
+    Snapshot,
+)
+from mlsyskit.tools.kv.datalets import Datalet
+from mlsyskit.tools.kv.node.control import ControlledNode
+from mlsyskit.tools.kv.node.links import Link
+from mlsyskit.tools.kv.node.requests import PEER_MESSAGE, Request, read_answer, relay_answer, write_reply
+from mlsyskit.tools.kv.node.snapshot import stream_snapshot
+from mlsyskit.tools.kv.redis import resp
+from mlsyskit.tools.kv.shardmap import ShardMap
+
+
+class Node(ControlledNode):
+    def __init__(self, shard_map: ShardMap, node_id: str | None, datalet: Datalet | None,
+                 limits: resp.Limits | None = None, secret: bytes | None = None,
+                 options: ControletOptions | None = None, clock: Clock | None = None,
+                 tick_interval: float = 0.05, requirepass: bytes | None = None) -> None:
+        self.map = shard_map
+        self.node_id = node_id
+        self.limits = limits or resp.Limits()
+        self.datalet = datalet
+        # Without a shared secret no peer can authenticate: a lone node stays closed to BKV.MSG.
+        self.secret = secret if secret is not None else _secrets.token_bytes(32)
+        self.requirepass = requirepass
+        self.clock = clock or RealClock()
+        self.options = options
+        self.tick_interval = tick_interval
+        self.agent: Any = None  # the ControlAgent when a coordinator is in charge of the map
+        self.deposed = False  # not in the current map: serves nothing until it rejoins
+        self.lease_until: float | None = None  # None: no control plane, no lease needed
+        self.held: list[tuple[int, str, bytes, list]] = []  # peer messages of a newer epoch
+        self.reconfigurations = 0
+        self.shard = shard_map.shard_of_node(node_id) if node_id else None
+        if node_id is not None and self.shard is None:
+            raise ValueError(f"node {node_id!r} is not in the shard map")
+        cls = controlet_class(shard_map.controlet)
+        self.controlet_cls = cls
+        self.controlet: Controlet | None = (
+            cls(node_id, shard_map.shards[self.shard], shard_map.epoch, options,
+                incarnation=_secrets.randbits(30)) if node_id else None)
+        if self.controlet is not None and self.sync_datalet_of(datalet):
+            self.controlet.read_local = datalet.get
+        self.time_per_op = cls.time_per_op and self.controlet is not None
+        self.visible = getattr(cls, "visible", None)  # stored bytes -> client value (aa-ec's versions)
+        self.epoch_bytes = str(shard_map.epoch).encode()
+        self.src_bytes = (node_id or "proxy").encode()
+        self.sync_datalet = datalet is not None and not datalet.is_async
+        self.fast_get = self.fast_put = None
+        self._fast_ready: bool | None = None
+        self._refresh_fast_paths()
+        self.only_shard = self.shard is not None and len(shard_map.shards) == 1
+        self.queue: deque[tuple[int, list]] = deque()  # (failure count, batch) waiting on remote-datalet results
+        self.failures = 0  # datalet failures so far: batches made before the latest one drop their Sends
+        self.resets = 0  # datalet emptied (a catch-up began here): a snapshot being streamed from it stops
+        self.links: dict[str, Link] = {}
+        # Where this node dials each peer when not at its shard-map address: `bespokv check` routes
+        # replica links through fault proxies to partition them (nodeproc.serve_node sets it).
+        self.routes: dict[str, tuple[str, int]] = {}
+        # Every node of the cluster by id (the record's and every map's): a learner outside the
+        # current map (controlets/learner.py) authenticates and is dialled with these addresses.
+        self.cluster_nodes: dict[str, Any] = dict(shard_map.nodes)
+        self.peer_names = {n.encode(): n for n in shard_map.nodes}
+        self.quiet_due = False  # peer messages were handled in the current read: on_quiet follows
+        self._sent_fields: tuple | None = None
+        self._sent_kind = b""
+        self._sent_frame = b""
+        self.rr = 0  # spreads connection-less forwarded operations over active-active replicas
+        self.client_connections: set[Any] = set()
+        self.server: asyncio.base_events.Server | None = None
+        self.ticker: asyncio.Task | None = None
+        self.on_fatal: Any = None  # called with a reason when the node cannot go on (nodeproc: fail-stop)
+        self.tasks: set[asyncio.Task] = set()
+        self.stats = {"commands": 0, "forwarded": 0, "peer_messages": 0, "fenced": 0, "errors": 0,
+                      "connections": 0, "refused_peer_messages": 0, "auth_failures": 0,
+                      "datalet_errors": 0, "sends_dropped": 0, "link_give_ups": 0,
+                      "rejected_connections": 0, "output_limit_closes": 0}
+
+    @staticmethod
+    def sync_datalet_of(datalet: Datalet | None) -> bool:
+        return datalet is not None and not datalet.is_async
+
+    def _refresh_fast_paths(self) -> None:
+        """Hot path: ops this replica answers from its own synchronous datalet; off while catching up."""
+        c = self.controlet
+        ready = c is not None and c.ready and not self.deposed and (
+            self.lease_until is None or self.clock.now() < self.lease_until)
+        if ready == self._fast_ready:
+            return
+        self._fast_ready = ready
+        local = self.sync_datalet and ready
+        if not local:
+            self.fast_get = self.fast_put = None
+            return
+        get = self.datalet.get if self.lease_until is None else self._leased_get
+        self.fast_get = get if c.serves_locally(GET) else None
+        self.fast_put = self.datalet.put if c.serves_locally(PUT) and self.lease_until is None else None
+
+    # -- lifecycle -----------------------------------------------------------
+    async def open(self) -> None:
+        """Open the datalet, reload controlet state from it, start the clock ticks."""
+        if self.datalet is not None:
+            await self.datalet.open()
+            on_load = getattr(self.controlet, "on_load", None)
+            if on_load is not None:
+                async for key, raw in self.datalet.export_pairs():
+                    on_load(key, raw)
+        if self.controlet is not None:
+            self.controlet.on_tick(self.clock.now())
+            self.ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+
+    def catch_up(self) -> None:
+        """This replica may have missed writes (a restart, a join): resynchronise before serving."""
+        if self.controlet is not None:
+            self.execute(self.controlet.on_start())
+            self._refresh_fast_paths()
+
+    @property
+    def ready(self) -> bool:
+        return self.controlet is None or self.controlet.ready
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await self.clock.asleep(self.tick_interval)
+            try:
+                self.tick()
+            except Exception as e:
+                # Without ticks no timeout fires and no write is ever failed: never carry on silently.
+                # A process fail-stops (on_fatal) so that it is failed over and replaced.
+                if self.on_fatal is None:
+                    raise
+                self.on_fatal(f"the controlet's tick failed: {type(e).__name__}: {e}\n"
+                              + "".join(traceback.format_exception(e)).rstrip())
+                return
+
+    def tick(self) -> None:
+        if self.deposed:
+            return
+        self.execute(self.controlet.on_tick(self.clock.now()))
+        self._refresh_fast_paths()
+
+    async def stop(self) -> None:
+        if self.agent is not None:
+            await self.agent.stop()
+        if self.ticker is not None:
+            self.ticker.cancel()
+        for task in list(self.tasks):
+            task.cancel()
+        if self.server is not None:
+            self.server.close()
+        for conn in list(self.client_connections):  # so nothing touches a closed datalet
+            conn.close()
+        for link in self.links.values():
+            await link.close()
+        if self.datalet is not None:
+            await self.datalet.close()
+
+    def link(self, node_id: str) -> Link:
+        link = self.links.get(node_id)
+        if link is None:
+            addr = self.map.nodes.get(node_id) or self.cluster_nodes[node_id]
+            host, port = self.routes.get(node_id, (addr.host, addr.port))
+            link = self.links[node_id] = Link(
+                host, port, secret=self.secret, me=self.node_id or "proxy", target=node_id,
+                on_give_up=lambda dropped, n=node_id: self.on_link_lost(n, dropped))
+        return link
+
+    def on_link_lost(self, node_id: str, dropped: int) -> None:
+        self.stats["link_give_ups"] += 1
+        if self.controlet is not None:
+            self.execute(self.controlet.on_link_lost(node_id))
+            self._refresh_fast_paths()
+
+    # -- client operations ---------------------------------------------------
+    def owns(self, key: bytes) -> bool:
+        return self.only_shard or (self.shard is not None and self.map.shard_for(key) == self.shard)
+
+    def submit(self, req: Request) -> None:
+        if self.lease_until is not None or self.deposed:
+            refusal = self.fenced()
+            if refusal is not None:
+                req.complete(resp.error(refusal))
+                return
+        if self.only_shard or self.map.shard_for(req.key) == self.shard:  # ours: no ring lookup for one shard
+            if self.time_per_op:
+                self.controlet.now = self.clock.now()
+            self.execute(self.controlet.on_client(req))
+            return
+        shard = self.map.shard_for(req.key)
+        replicas = self.map.shards[shard]
+        targets = (self.controlet_cls.read_targets(replicas) if req.op is GET or req.op is EXISTS
+                   else self.controlet_cls.write_targets(replicas))
+        if len(targets) > 1:  # active-active: spread connections over the replicas, one replica each,
+            # so a connection's pipelined writes to a shard stay on one FIFO path (session order)
+            conn = req.conn if req.parent is None else req.parent.conn
+            self.rr += 1
+            pick = getattr(conn, "id", self.rr)
+            self.forward(req, targets[pick % len(targets)])
+        else:
+            self.forward(req, targets[0])
+
+    def forward(self, req: Request, node_id: str) -> None:
+        self.stats["forwarded"] += 1
+        fut = self.link(node_id).call_frame(req.frame())
+        fut.add_done_callback(lambda f: req.complete(relay_answer(req, f)))
+
+    def on_peer_message(self, peer: str, peer_bytes: bytes, cmd: list) -> None:
+        """BKV.MSG epoch src kind fields... from an authenticated peer; other epochs are fenced off."""
+        self.stats["peer_messages"] += 1
+        if len(cmd) < 4 or self.controlet is None:
+            return
+        if cmd[1] != self.epoch_bytes:
+            self._other_epoch(peer, peer_bytes, cmd)
+            return
+        if cmd[2] != peer_bytes:  # the sender is who authenticated, whatever the message claims
+            self.stats["refused_peer_messages"] += 1
+            return
+        self.quiet_due = True
+        if cmd[3][:4] in (b"SNAP", b"LOGE", b"SEQA"):  # catch-ups are timed on the clock, not the tick
+            self.controlet.now = self.clock.now()
+        self.execute(self.controlet.on_peer(peer, cmd[3], cmd[4:]))
+        self._refresh_fast_paths()
+
+    def quiet(self) -> None:
+        """The front end drained a read that carried peer messages: the controlet's deferred actions."""
+        self.quiet_due = False
+        if self.controlet is not None:
+            self.execute(self.controlet.on_quiet())
+
+    # -- executing controlet actions -------------------------------------------
+    def execute(self, actions: list) -> None:
+        if not actions:
+            return
+        if self.sync_datalet and not self.queue:
+            self._run_inline(actions)
+            return
+        batch = []
+        last = None
+        for a in actions:
+            kind = type(a)
+            if kind is Apply or kind is Reset:
+                last = self._issue(a)
+                batch.append((a, last))
+            elif kind is Read or kind is SendStored:
+                last = self._issue(a)
+                batch.append((a, last))
+            else:
+                batch.append((a, None))
+        self.queue.append((self.failures, batch))
+        if isinstance(last, asyncio.Future) and not last.done():
+            last.add_done_callback(self._drain)
+        else:
+            self._drain()
+
+    def _issue(self, a: Any) -> Any:
+        """Start a datalet operation; a synchronous datalet's exception is returned, not raised."""
+        try:
+            kind = type(a)
+            if kind is Apply:
+                return self.datalet.delete(a.key) if a.value is None else self.datalet.put(a.key, a.value)
+            if kind is Reset:
+                self.resets += 1
+                return self.datalet.clear()
+            if kind is SendStored:
+                return self.datalet.get(a.key)
+            return self.datalet.get(a.req.key)  # every read needs the bytes: deadlines, types, versions
+        except Exception as e:  # noqa: BLE001 - a datalet error fails the request, never the node
+            return _Failed(e)
+
+    def _run_inline(self, actions: list) -> None:
+        """A local datalet: run the actions now. The common kinds are inlined (the write path)."""
+        datalet = self.datalet
+        for i, a in enumerate(actions):
+            kind = type(a)
+            if kind is Apply:
+                try:
+                    res = datalet.delete(a.key) if a.value is None else datalet.put(a.key, a.value)
+                except Exception as e:  # noqa: BLE001 - a datalet error fails the request, never the node
+                    return self._inline_failed(actions, i, e)
+                if a.value is None and a.req is not None:
+                    a.req.existed = bool(res)
+            elif kind is Send:
+                if a.fields is not self._sent_fields or a.kind is not self._sent_kind:  # held: ids stay unique
+                    self._sent_fields, self._sent_kind = a.fields, a.kind
+                    self._sent_frame = self.frame(a.kind, a.fields)
+                link = self.links.get(a.node) or self.link(a.node)
+                link.send(self._sent_frame)
+            elif kind is Reply:
+                a.req.complete(write_reply(a.req))
+            elif kind is Read or kind is Reset or kind is SendStored:
+                res = self._issue(a)
+                if type(res) is _Failed:
+                    return self._inline_failed(actions, i, res.error)
+                self._finish(a, res)
+            else:
+                self._finish(a, None)
+        return None
+
+    def _inline_failed(self, actions: list, i: int, error: BaseException) -> None:
+        """Action i's datalet operation raised: fail it, then finish the rest with Sends stopped."""
+        failed: set[int] = set()
+        self._datalet_failed(actions[i], error, failed)
+        for a in actions[i + 1:]:
+            kind = type(a)
+            if kind is Send or kind is Snapshot or id(getattr(a, "req", None)) in failed:
+                self.stats["sends_dropped"] += kind is Send
+                continue
+            res = self._issue(a) if kind is Apply or kind is Read or kind is Reset or kind is SendStored else None
+            if type(res) is _Failed:
+                self._datalet_failed(a, res.error, failed)
+            else:
+                self._finish(a, res)
+
+    def _drain(self, _f: Any = None) -> None:
+        queue = self.queue
+        while queue:
+            made_under, batch = queue[0]
+            for _, res in batch:
+                if isinstance(res, asyncio.Future) and not res.done():
+                    return
+            queue.popleft()
+            failed: set[int] = set()
+            stopped = made_under != self.failures
+            for a, res in batch:
+                if isinstance(res, asyncio.Future):
+                    res = res.exception() and _Failed(res.exception()) or res.result()
+                kind = type(a)
+                if type(res) is _Failed:
+                    stopped = True
+                    self._datalet_failed(a, res.error, failed)
+                elif stopped and (kind is Send or kind is Snapshot or id(getattr(a, "req", None)) in failed):
+                    self.stats["sends_dropped"] += kind is Send
+                else:
+                    self._finish(a, res)
+
+    def _datalet_failed(self, a: Any, error: BaseException, failed: set[int]) -> None:
+        """Fail the request, stop the batch, and let the controlet resynchronise."""
+        self.stats["datalet_errors"] += 1
+        self.failures += 1
+        req = getattr(a, "req", None)
+        if req is not None:
+            failed.add(id(req))
+            req.complete(resp.error(f"datalet error: {error}"))
+        if type(a) is Apply or type(a) is Reset:
+            self.execute(self.controlet.on_apply_failed(req))
+            self._refresh_fast_paths()
+
+    def _finish(self, a: Any, res: Any) -> None:
+        """Complete an action whose datalet operation (if any) has finished."""
+        kind = type(a)
+        if kind is Apply:
+            if a.req is not None and a.value is None:
+                a.req.existed = bool(res)
+        elif kind is Read:
+            self._answer_read(a.req, res)
+        elif kind is Reply:
+            a.req.complete(write_reply(a.req))
+        elif kind is Send:
+            if a.fields is not self._sent_fields or a.kind is not self._sent_kind:  # held: ids stay unique
+                self._sent_fields, self._sent_kind = a.fields, a.kind
+                self._sent_frame = self.frame(a.kind, a.fields)
+            self.link(a.node).send(self._sent_frame)
+        elif kind is Forward:
+            self.forward(a.req, a.node)
+        elif kind is Fail:
+            a.req.complete(resp.error(a.message))
+        elif kind is SendStored:
+            if res is not None:
+                self.link(a.node).send(self.frame(a.kind, (a.key, res)))
+        elif kind is Snapshot:
+            stream_snapshot(self, a)
+
+    def frame(self, kind: bytes, fields: tuple) -> bytes:
+        return hiredis.pack_command((PEER_MESSAGE, self.epoch_bytes, self.src_bytes, kind, *fields))
+
+    def _answer_read(self, req: Request, value: Any) -> None:
+        if self.visible is not None:
+            value = self.visible(value)
+        req.complete(read_answer(req, value))  # GET, EXISTS, TTL, LRANGE ... (expiry and types decoded)
+
+    # -- introspection -------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "bespokv_version": __version__, "node_id": self.node_id or "proxy",
+            "shard": -1 if self.shard is None else self.shard, "shards": len(self.map.shards),
+            "replicas": len(self.map.shards[0]), "epoch": self.map.epoch, "controlet": self.map.controlet,
+            "datalet": self.map.datalet, "connected_clients": len(self.client_connections),
+            "deposed": int(self.deposed), "reconfigurations": self.reconfigurations,
+            "lease_s": "-" if self.lease_until is None else round(self.lease_until - self.clock.now(), 3),
+            **{f"total_{k}": v for k, v in self.stats.items()}}
+        size = getattr(self.datalet, "size", None)
+        if size is not None:
+            out["keys"] = size()
+        if self.controlet is not None:
+            out.update({k: v for k, v in self.controlet.state().items() if k not in out})
+        if self.deposed:
+            out["catching_up"] = 1  # not serving until it has rejoined and caught up
+            out["role"] = "deposed"
+        if self.agent is not None:
+            out.update({f"coord_{k}": v for k, v in self.agent.stats.items()})
+        return out
+
+
+class _Failed:
+    """A datalet operation that raised (kept as a value so a batch can stop cleanly)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
