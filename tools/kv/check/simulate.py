@@ -20,23 +20,9 @@ from mlsyskit.core.sim import EventLoop, Seeds
 from mlsyskit.tools.kv.client.history import History
 from mlsyskit.tools.kv.controlets import controlet_class
 from mlsyskit.tools.kv.controlets.aa_ec import visible as versioned_visible
-from mlsyskit.tools.kv.controlets.base import (
-    DEL,
-    EXISTS,
-    GET,
-    PUT,
-    RMW,
-    Apply,
-    ControletOptions,
-    Fail,
-    Forward,
-    Read,
-    Reply,
-    Reset,
-    Send,
-    SendStored,
-    Snapshot,
-)
+from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT, RMW, ControletOptions
+from mlsyskit.tools.kv.datalets.memory import MemoryDatalet
+from mlsyskit.tools.kv.node.interpreter import Interpreter
 
 OPS = {"get": GET, "put": PUT, "del": DEL, "exists": EXISTS, "rmw": RMW}
 
@@ -69,7 +55,10 @@ class SimShard:
         self.incarnations = dict.fromkeys(self.ids, 0)
         self.members = list(self.ids)  # the current map's replicas, in role order
         self.controlets = {n: self._controlet(n) for n in self.ids}
-        self.data: dict[str, dict[bytes, bytes]] = {n: {} for n in self.ids}
+        self.stats = {"datalet_errors": 0, "sends_dropped": 0}
+        self.datalets = {n: MemoryDatalet() for n in self.ids}
+        self.interpreters = {n: Interpreter(self.datalets[n], SimTransport(self, n), self.stats) for n in self.ids}
+        self.tasks: dict[str, set] = {n: set() for n in self.ids}  # a replica's running snapshot exports
         self.link_clock: dict[tuple[str, str], float] = {}
         self.down: set[str] = set()
         self.paused: dict[str, list] = {}  # a paused replica: what reached it meanwhile, in order
@@ -83,8 +72,13 @@ class SimShard:
     def _controlet(self, node: str):
         replicas = self.members if node in self.members else self.ids
         c = self.cls(node, replicas, self.epoch, self.options, incarnation=self.incarnations[node])
-        c.read_local = lambda key: self.data[node].get(key)
+        c.read_local = lambda key: self.datalets[node].get(key)
         return c
+
+    @property
+    def data(self) -> dict[str, dict[bytes, bytes]]:
+        """Each replica's stored pairs (its memory datalet's dict)."""
+        return {n: d.data for n, d in self.datalets.items()}
 
     def submit(self, node: str, op: str, key: bytes, value: bytes | None = None, process: int = 0,
                delay: float = 0.0) -> SimRequest:
@@ -147,7 +141,9 @@ class SimShard:
     def crash(self, node: str) -> None:
         self.down.add(node)
         self.paused.pop(node, None)  # what was queued at a stopped process dies with it
-        self.data[node] = {}
+        self.tasks[node].clear()  # so do its tasks (a snapshot being exported)
+        self.datalets[node] = MemoryDatalet()
+        self.interpreters[node] = Interpreter(self.datalets[node], SimTransport(self, node), self.stats)
         for req in list(self.accepted[node]):  # their clients' connections break: outcome unknown
             self._complete(req, ConnectionError("connection lost"))
         for other in self.ids:
@@ -193,7 +189,7 @@ class SimShard:
             olds[node] = self.controlets[node]
             self.incarnations[node] += 1
             new = self.cls(node, replicas, self.epoch, self.options, incarnation=self.incarnations[node])
-            new.read_local = lambda key, node=node: self.data[node].get(key)
+            new.read_local = lambda key, node=node: self.datalets[node].get(key)
             new.now = self.loop.now()
             self.controlets[node] = new
         for node in replicas:
@@ -243,11 +239,29 @@ class SimShard:
 
         self.loop.schedule_at(t, deliver)
 
-    def _send(self, src: str, dst: str, kind: bytes, fields: tuple) -> None:
+    def _send(self, src: str, dst: str, frame: tuple) -> None:
         self.messages += 1
-        fields = tuple(_wire(f) for f in fields)
-        epoch = self.controlets[src].epoch
+        kind, fields, epoch = frame
         self._deliver_later(src, dst, lambda: self._peer(dst, src, kind, fields, epoch))
+
+    def _spawn(self, node: str, work) -> None:
+        """A task at `node` (a snapshot's export): one step per turn of the loop, as asyncio runs it,
+        held while the replica is paused and gone with it when it crashes."""
+        tasks = self.tasks[node]
+        tasks.add(work)
+
+        def step() -> None:
+            if work not in tasks:
+                work.close()
+                return
+            try:
+                work.send(None)
+            except StopIteration:
+                tasks.discard(work)
+                return
+            self.loop.schedule(0.0, lambda: self._handle(node, step))
+
+        self.loop.schedule(0.0, lambda: self._handle(node, step))
 
     def visible(self, node: str, raw: bytes | None) -> bytes | None:
         return versioned_visible(raw)  # aa-ec's records are read as they are under every controlet
@@ -258,42 +272,7 @@ class SimShard:
         return {k: v for k, v in out.items() if v is not None}
 
     def _execute(self, node: str, actions: list) -> None:
-        data = self.data[node]
-        for a in actions:
-            kind = type(a)
-            if kind is Apply:
-                existed = a.key in data
-                if a.value is None:
-                    data.pop(a.key, None)
-                else:
-                    data[a.key] = a.value
-                if a.req is not None and a.value is None:
-                    a.req.existed = existed
-            elif kind is Read:
-                req = a.req
-                value = self.visible(node, data.get(req.key))
-                self._complete(req, value if req.op is GET else value is not None)
-            elif kind is Reply:
-                if a.req.reply is not None:
-                    self._complete(a.req, a.req.reply)
-                else:
-                    self._complete(a.req, "OK" if a.req.op is PUT else int(a.req.existed))
-            elif kind is Fail:
-                self._complete(a.req, RuntimeError(a.message))
-            elif kind is Send:
-                self._send(node, a.node, a.kind, a.fields)
-            elif kind is Reset:
-                data.clear()
-            elif kind is SendStored:
-                if a.key in data:
-                    self._send(node, a.node, a.kind, (a.key, data[a.key]))
-            elif kind is Snapshot:
-                pairs = [x for kv in data.items() for x in kv]
-                self._send(node, a.node, b"SNAPBEGIN", (a.token, a.seq))
-                self._send(node, a.node, b"SNAPDATA", (a.token, *pairs))
-                self._send(node, a.node, b"SNAPEND", (a.token, a.seq))
-            elif kind is Forward:
-                self._forward(node, a.req, a.node)
+        self.interpreters[node].execute(actions)
 
     def _forward(self, src: str, req: SimRequest, dst: str) -> None:
         """A relayed request; if the target is unreachable the relay fails (as a link's call does)."""
@@ -325,3 +304,37 @@ def _wire(field: Any) -> bytes:
     if isinstance(field, bytes):
         return field
     return str(field).encode()
+
+
+class SimTransport:
+    """A replica's side of the simulated network: the runtime's transport (node/runtime.py), with
+    messages delivered by the event loop and answers recorded in the history."""
+
+    def __init__(self, shard: SimShard, node: str) -> None:
+        self.shard, self.node = shard, node
+
+    def frame(self, kind: bytes, fields: tuple) -> tuple:
+        return kind, tuple(_wire(f) for f in fields), self.shard.controlets[self.node].epoch
+
+    def send(self, dst: str, frame: tuple) -> None:
+        self.shard._send(self.node, dst, frame)
+
+    def forward(self, req: SimRequest, dst: str) -> None:
+        self.shard._forward(self.node, req, dst)
+
+    def reply(self, req: SimRequest) -> None:
+        result = req.reply if req.reply is not None else "OK" if req.op is PUT else int(req.existed)
+        self.shard._complete(req, result)
+
+    def answer(self, req: SimRequest, stored: bytes | None) -> None:
+        value = self.shard.visible(self.node, stored)
+        self.shard._complete(req, value if req.op is GET else value is not None)
+
+    def fail(self, req: SimRequest, message: str) -> None:
+        self.shard._complete(req, RuntimeError(message))
+
+    def spawn(self, work) -> None:
+        self.shard._spawn(self.node, work)
+
+    def on_apply_failed(self, req: SimRequest | None) -> None:
+        self.shard._execute(self.node, self.shard.controlets[self.node].on_apply_failed(req))

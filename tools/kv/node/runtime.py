@@ -3,14 +3,10 @@
 A node is one replica of one shard (or, with no shard, a pure proxy). Client commands are
 parsed by the front end into single-key Requests; the node routes each to the local
 controlet when this node holds the key's shard, or forwards it to the right node
-otherwise (proxy mode: any node answers any key). The controlet's actions are executed
-here, in order (see controlets/base.py): datalet operations are issued at once and in
-order; the remaining actions of a batch wait for the batch's datalet results.
-
-A datalet error fails its request and stops the rest of its batch; every Send computed
-before the failure was known is dropped too (each batch carries the failure count it was
-made under), and the controlet hears of it (on_apply_failed) so it can catch up. A tick
-task feeds the controlet the clock (timeouts, catch-up retries, anti-entropy).
+otherwise (proxy mode: any node answers any key). The controlet's actions are carried out
+by the one interpreter (node/interpreter.py, shared with the simulator); the node is its
+transport: links for messages and forwarded requests, RESP answers for the requests, asyncio
+tasks. A tick task feeds the controlet the clock (timeouts, catch-up retries, anti-entropy).
 
 With a control plane (agent.py) the node follows the coordinator's shard map: a new
 epoch rebuilds the controlet from the old one's state (reconfigure), peer messages from an
@@ -22,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import secrets as _secrets
 import traceback
-from collections import deque
+from collections.abc import Coroutine
 from typing import Any
 
 import hiredis
@@ -34,22 +30,13 @@ from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
     GET,
     PUT,
-    Apply,
     ControletOptions,
-    Fail,
-    Forward,
-    Read,
-    Reply,
-    Reset,
-    Send,
-    SendStored,
-    Snapshot,
 )
 from mlsyskit.tools.kv.datalets import Datalet
 from mlsyskit.tools.kv.node.control import ControlledNode
+from mlsyskit.tools.kv.node.interpreter import Interpreter
 from mlsyskit.tools.kv.node.links import Link
 from mlsyskit.tools.kv.node.requests import PEER_MESSAGE, Request, read_answer, relay_answer, write_reply
-from mlsyskit.tools.kv.node.snapshot import stream_snapshot
 from mlsyskit.tools.kv.redis import resp
 from mlsyskit.tools.kv.shardmap import ShardMap
 
@@ -93,9 +80,6 @@ class Node(ControlledNode):
         self._fast_ready: bool | None = None
         self._refresh_fast_paths()
         self.only_shard = self.shard is not None and len(shard_map.shards) == 1
-        self.queue: deque[tuple[int, list]] = deque()  # (failure count, batch) waiting on remote-datalet results
-        self.failures = 0  # datalet failures so far: batches made before the latest one drop their Sends
-        self.resets = 0  # datalet emptied (a catch-up began here): a snapshot being streamed from it stops
         self.links: dict[str, Link] = {}
         # Where this node dials each peer when not at its shard-map address: `bespokv check` routes
         # replica links through fault proxies to partition them (nodeproc.serve_node sets it).
@@ -105,9 +89,6 @@ class Node(ControlledNode):
         self.cluster_nodes: dict[str, Any] = dict(shard_map.nodes)
         self.peer_names = {n.encode(): n for n in shard_map.nodes}
         self.quiet_due = False  # peer messages were handled in the current read: on_quiet follows
-        self._sent_fields: tuple | None = None
-        self._sent_kind = b""
-        self._sent_frame = b""
         self.rr = 0  # spreads connection-less forwarded operations over active-active replicas
         self.client_connections: set[Any] = set()
         self.server: asyncio.base_events.Server | None = None
@@ -118,6 +99,8 @@ class Node(ControlledNode):
                       "connections": 0, "refused_peer_messages": 0, "auth_failures": 0,
                       "datalet_errors": 0, "sends_dropped": 0, "link_give_ups": 0,
                       "rejected_connections": 0, "output_limit_closes": 0}
+        self.actions = Interpreter(datalet, self, self.stats)
+        self.execute = self.actions.execute  # the controlet's actions, in order (node/interpreter.py)
 
     @staticmethod
     def sync_datalet_of(datalet: Datalet | None) -> bool:
@@ -270,156 +253,32 @@ class Node(ControlledNode):
         if self.controlet is not None:
             self.execute(self.controlet.on_quiet())
 
-    # -- executing controlet actions -------------------------------------------
-    def execute(self, actions: list) -> None:
-        if not actions:
-            return
-        if self.sync_datalet and not self.queue:
-            self._run_inline(actions)
-            return
-        batch = []
-        last = None
-        for a in actions:
-            kind = type(a)
-            if kind is Apply or kind is Reset:
-                last = self._issue(a)
-                batch.append((a, last))
-            elif kind is Read or kind is SendStored:
-                last = self._issue(a)
-                batch.append((a, last))
-            else:
-                batch.append((a, None))
-        self.queue.append((self.failures, batch))
-        if isinstance(last, asyncio.Future) and not last.done():
-            last.add_done_callback(self._drain)
-        else:
-            self._drain()
-
-    def _issue(self, a: Any) -> Any:
-        """Start a datalet operation; a synchronous datalet's exception is returned, not raised."""
-        try:
-            kind = type(a)
-            if kind is Apply:
-                return self.datalet.delete(a.key) if a.value is None else self.datalet.put(a.key, a.value)
-            if kind is Reset:
-                self.resets += 1
-                return self.datalet.clear()
-            if kind is SendStored:
-                return self.datalet.get(a.key)
-            return self.datalet.get(a.req.key)  # every read needs the bytes: deadlines, types, versions
-        except Exception as e:  # noqa: BLE001 - a datalet error fails the request, never the node
-            return _Failed(e)
-
-    def _run_inline(self, actions: list) -> None:
-        """A local datalet: run the actions now. The common kinds are inlined (the write path)."""
-        datalet = self.datalet
-        for i, a in enumerate(actions):
-            kind = type(a)
-            if kind is Apply:
-                try:
-                    res = datalet.delete(a.key) if a.value is None else datalet.put(a.key, a.value)
-                except Exception as e:  # noqa: BLE001 - a datalet error fails the request, never the node
-                    return self._inline_failed(actions, i, e)
-                if a.value is None and a.req is not None:
-                    a.req.existed = bool(res)
-            elif kind is Send:
-                if a.fields is not self._sent_fields or a.kind is not self._sent_kind:  # held: ids stay unique
-                    self._sent_fields, self._sent_kind = a.fields, a.kind
-                    self._sent_frame = self.frame(a.kind, a.fields)
-                link = self.links.get(a.node) or self.link(a.node)
-                link.send(self._sent_frame)
-            elif kind is Reply:
-                a.req.complete(write_reply(a.req))
-            elif kind is Read or kind is Reset or kind is SendStored:
-                res = self._issue(a)
-                if type(res) is _Failed:
-                    return self._inline_failed(actions, i, res.error)
-                self._finish(a, res)
-            else:
-                self._finish(a, None)
-        return None
-
-    def _inline_failed(self, actions: list, i: int, error: BaseException) -> None:
-        """Action i's datalet operation raised: fail it, then finish the rest with Sends stopped."""
-        failed: set[int] = set()
-        self._datalet_failed(actions[i], error, failed)
-        for a in actions[i + 1:]:
-            kind = type(a)
-            if kind is Send or kind is Snapshot or id(getattr(a, "req", None)) in failed:
-                self.stats["sends_dropped"] += kind is Send
-                continue
-            res = self._issue(a) if kind is Apply or kind is Read or kind is Reset or kind is SendStored else None
-            if type(res) is _Failed:
-                self._datalet_failed(a, res.error, failed)
-            else:
-                self._finish(a, res)
-
-    def _drain(self, _f: Any = None) -> None:
-        queue = self.queue
-        while queue:
-            made_under, batch = queue[0]
-            for _, res in batch:
-                if isinstance(res, asyncio.Future) and not res.done():
-                    return
-            queue.popleft()
-            failed: set[int] = set()
-            stopped = made_under != self.failures
-            for a, res in batch:
-                if isinstance(res, asyncio.Future):
-                    res = res.exception() and _Failed(res.exception()) or res.result()
-                kind = type(a)
-                if type(res) is _Failed:
-                    stopped = True
-                    self._datalet_failed(a, res.error, failed)
-                elif stopped and (kind is Send or kind is Snapshot or id(getattr(a, "req", None)) in failed):
-                    self.stats["sends_dropped"] += kind is Send
-                else:
-                    self._finish(a, res)
-
-    def _datalet_failed(self, a: Any, error: BaseException, failed: set[int]) -> None:
-        """Fail the request, stop the batch, and let the controlet resynchronise."""
-        self.stats["datalet_errors"] += 1
-        self.failures += 1
-        req = getattr(a, "req", None)
-        if req is not None:
-            failed.add(id(req))
-            req.complete(resp.error(f"datalet error: {error}"))
-        if type(a) is Apply or type(a) is Reset:
-            self.execute(self.controlet.on_apply_failed(req))
-            self._refresh_fast_paths()
-
-    def _finish(self, a: Any, res: Any) -> None:
-        """Complete an action whose datalet operation (if any) has finished."""
-        kind = type(a)
-        if kind is Apply:
-            if a.req is not None and a.value is None:
-                a.req.existed = bool(res)
-        elif kind is Read:
-            self._answer_read(a.req, res)
-        elif kind is Reply:
-            a.req.complete(write_reply(a.req))
-        elif kind is Send:
-            if a.fields is not self._sent_fields or a.kind is not self._sent_kind:  # held: ids stay unique
-                self._sent_fields, self._sent_kind = a.fields, a.kind
-                self._sent_frame = self.frame(a.kind, a.fields)
-            self.link(a.node).send(self._sent_frame)
-        elif kind is Forward:
-            self.forward(a.req, a.node)
-        elif kind is Fail:
-            a.req.complete(resp.error(a.message))
-        elif kind is SendStored:
-            if res is not None:
-                self.link(a.node).send(self.frame(a.kind, (a.key, res)))
-        elif kind is Snapshot:
-            stream_snapshot(self, a)
-
+    # -- the interpreter's transport (node/interpreter.py executes the controlet's actions) ------
     def frame(self, kind: bytes, fields: tuple) -> bytes:
         return hiredis.pack_command((PEER_MESSAGE, self.epoch_bytes, self.src_bytes, kind, *fields))
 
-    def _answer_read(self, req: Request, value: Any) -> None:
+    def send(self, node_id: str, frame: bytes) -> None:
+        (self.links.get(node_id) or self.link(node_id)).send(frame)
+
+    def reply(self, req: Request) -> None:
+        req.complete(write_reply(req))
+
+    def answer(self, req: Request, stored: Any) -> None:
         if self.visible is not None:
-            value = self.visible(value)
-        req.complete(read_answer(req, value))  # GET, EXISTS, TTL, LRANGE ... (expiry and types decoded)
+            stored = self.visible(stored)
+        req.complete(read_answer(req, stored))  # GET, EXISTS, TTL, LRANGE ... (expiry and types decoded)
+
+    def fail(self, req: Request, message: str) -> None:
+        req.complete(resp.error(message))
+
+    def spawn(self, work: Coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def on_apply_failed(self, req: Request | None) -> None:
+        self.execute(self.controlet.on_apply_failed(req))
+        self._refresh_fast_paths()
 
     # -- introspection -------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -443,11 +302,3 @@ class Node(ControlledNode):
             out.update({f"coord_{k}": v for k, v in self.agent.stats.items()})
         return out
 
-
-class _Failed:
-    """A datalet operation that raised (kept as a value so a batch can stop cleanly)."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error

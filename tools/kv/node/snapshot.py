@@ -12,7 +12,8 @@ half-old, half-empty export is never completed; the receiver's deadline makes it
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from collections.abc import Coroutine
+from typing import Protocol
 
 from mlsyskit.tools.kv.controlets.base import Snapshot
 from mlsyskit.tools.kv.datalets.base import Datalet
@@ -21,39 +22,35 @@ SNAPSHOT_BATCH = 256  # pairs per SNAPDATA message
 
 
 class SnapshotSource(Protocol):
-    """What streaming needs of the node runtime (node/runtime.py's Node is one)."""
+    """What streaming needs of its host (node/interpreter.py's Interpreter is one)."""
 
     datalet: Datalet
     resets: int  # bumped when the datalet is emptied
-    tasks: set[asyncio.Task]
 
-    def link(self, node_id: str) -> Any: ...
+    def send_message(self, node: str, kind: bytes, fields: tuple) -> None: ...
 
-    def frame(self, kind: bytes, fields: tuple) -> bytes: ...
+    def spawn(self, work: Coroutine) -> None: ...
 
 
-def stream_snapshot(node: SnapshotSource, a: Snapshot) -> None:
-    link = node.link(a.node)
-    link.send(node.frame(b"SNAPBEGIN", (a.token, a.seq)))
-
-    resets = node.resets
+def stream_snapshot(source: SnapshotSource, a: Snapshot) -> None:
+    """SNAPBEGIN now (in order with the Sends around it), then the export as a task the host runs."""
+    source.send_message(a.node, b"SNAPBEGIN", (a.token, a.seq))
+    resets = source.resets
 
     async def stream() -> None:
         batch: list[bytes] = []
-        async for key, value in node.datalet.export_pairs():
+        async for key, value in source.datalet.export_pairs():
             batch += (key, value)
             if len(batch) >= 2 * SNAPSHOT_BATCH:
-                if node.resets != resets:
+                if source.resets != resets:
                     return  # this replica emptied its datalet meanwhile: no SNAPEND, the receiver asks again
-                link.send(node.frame(b"SNAPDATA", (a.token, *batch)))
+                source.send_message(a.node, b"SNAPDATA", (a.token, *batch))
                 batch = []
                 await asyncio.sleep(0)  # heartbeats and clients between batches
-        if node.resets != resets:
+        if source.resets != resets:
             return
         if batch:
-            link.send(node.frame(b"SNAPDATA", (a.token, *batch)))
-        link.send(node.frame(b"SNAPEND", (a.token, a.seq)))
+            source.send_message(a.node, b"SNAPDATA", (a.token, *batch))
+        source.send_message(a.node, b"SNAPEND", (a.token, a.seq))
 
-    task = asyncio.get_running_loop().create_task(stream())
-    node.tasks.add(task)
-    task.add_done_callback(node.tasks.discard)
+    source.spawn(stream())
