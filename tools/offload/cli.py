@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
 import typer
 
 from mlsyskit.core.cli import (
@@ -31,6 +34,7 @@ from mlsyskit.core.storage_errors import MissingDirectoryError, StorageError, St
 from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.offload.pools import BudgetError
 from mlsyskit.tools.offload.profiler import Profile, ProfileError
+from mlsyskit.tools.offload.progress import Heartbeat, ProgressNote
 
 app = make_app(
     "tencache",
@@ -41,6 +45,7 @@ app = make_app(
 )
 PROFILE_FILE, PLOT_FILE = "profile.json", "profile.png"
 STEPS_FILE, SUMMARY_FILE = "steps.jsonl", "summary.json"
+PROGRESS_S = 9.5  # a progress line at least this often (+ the heartbeat's 0.5 s tick: <= 10 s), every phase
 
 
 @contextlib.contextmanager
@@ -57,7 +62,9 @@ def user_errors() -> Iterator[None]:
 
 
 @app.command()
-def profile(model: str = typer.Option("gpt-tiny", help="Model preset (gpt-tiny ... gpt-1.3b; the same default as train)."),
+def profile(model: str = typer.Option("gpt-tiny", help="Model preset (gpt-tiny ... gpt-1.3b; the same default as "
+                                                         "train) or package.module:factory."),
+            data: str = typer.Option(None, help="Token file or package.module:loader (default: the Shakespeare corpus)."),
             batch: int = typer.Option(4, help="Sequences per step."),
             seq: int = typer.Option(64, help="Tokens per sequence."),
             seed: int = seed_option(0, "Seed for weights and data."),
@@ -69,9 +76,11 @@ def profile(model: str = typer.Option("gpt-tiny", help="Model preset (gpt-tiny .
 
     set_verbosity(verbose, quiet)
     folder = ensure_out_dir(out or Path("tencache-profile"))
-    with user_errors(), reporter() as rep:
+    note = ProgressNote()
+    with user_errors(), reporter(interval=PROGRESS_S) as rep:
         rep.phase("profiling")
-        prof = run_profile(TrainConfig(model=model, batch=batch, seq=seq, seed=seed))
+        with Heartbeat(note, lambda t: rep.update(note=t)):
+            prof = run_profile(TrainConfig(model=model, batch=batch, seq=seq, seed=seed, data=data), note)
         prof.save(folder / PROFILE_FILE)
         if plot:
             from mlsyskit.tools.offload.plots import plot_profile
@@ -106,7 +115,14 @@ def load_profile(path: Path) -> Profile:
 
 @app.command()
 def train(model: str = typer.Option(None, help="Model preset (gpt-tiny, gpt-small, gpt-10m ... gpt-1.3b; default "
-                                                "the profile's, else gpt-tiny)."),
+                                                "the profile's, else gpt-tiny) or package.module:factory (called "
+                                                "with no arguments; its forward(x, y) returns the loss)."),
+          data: str = typer.Option(None, help="Token file (.npy, .pt or raw uint8 bytes) or package.module:loader "
+                                   "(loader(step, batch, seq, seed) -> (x, y)); default: the Shakespeare corpus."),
+          accumulate: int = typer.Option(None, help="Micro-batches (backward passes) per optimizer step (default 1)."),
+          clip: float = typer.Option(None, help="Clip the global gradient norm to this value (default: no clipping)."),
+          weight_decay: float = typer.Option(None, help="AdamW decoupled weight decay (default 0)."),
+          warmup: int = typer.Option(None, help="Linear lr warm-up over this many steps (default 0)."),
           profile_path: Path | None = typer.Option(None, "--profile", help="Profile file or `tencache profile --out` "
                                                    "folder; without it the run profiles first."),
           device_mem: str = typer.Option(None, help="Device budget (e.g. 2GiB; default 1GiB)."),
@@ -130,7 +146,9 @@ def train(model: str = typer.Option(None, help="Model preset (gpt-tiny, gpt-smal
           config: Path | None = config_option(),
           out: Path | None = out_option(f"{STEPS_FILE} (one JSON line per step, then the summary) and {SUMMARY_FILE}"),
           as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
-    """Train a GPT preset on the Shakespeare corpus with the chosen offload policy."""
+    """Train a GPT preset or your own model (--model package.module:factory) on the Shakespeare corpus or your
+    data (--data) with the chosen offload policy. A preset is built lazily: each tensor is generated straight
+    into its tier, so it may be larger than host memory."""
     from mlsyskit.tools.offload import trainer
 
     set_verbosity(verbose, quiet)
@@ -141,20 +159,29 @@ def train(model: str = typer.Option(None, help="Model preset (gpt-tiny, gpt-smal
                      "batch": batch or (prof.batch if prof and prof.batch else None),
                      "seq": seq or (prof.seq if prof and prof.seq else None), "seed": seed, "lr": lr,
                      "policy": policy, "checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every,
-                     "keep_checkpoints": keep_checkpoints, "resume": resume or None}
+                     "keep_checkpoints": keep_checkpoints, "resume": resume or None, "data": data,
+                     "accumulate": accumulate, "clip": clip, "weight_decay": weight_decay, "lr_warmup": warmup}
         cfg = load_command_config(trainer.TrainConfig, config, overrides)
         if cfg.checkpoint_dir is not None and not cfg.checkpoint_every:
             cfg = load_command_config(trainer.TrainConfig, config, {**overrides, "checkpoint_every": cfg.steps})
         folder = ensure_out_dir(out) if out is not None else None
-        with Telemetry(log_path=folder / STEPS_FILE if folder else None) as tel, reporter() as rep:
-            def phase(name: str) -> None:
-                if name == "training":
-                    rep.start(f"{cfg.policy} {cfg.model} step", total=cfg.steps, unit="steps")
-                else:
-                    rep.phase(name)
+        note, lock = ProgressNote(), threading.Lock()
+        with Telemetry(log_path=folder / STEPS_FILE if folder else None) as tel, reporter(interval=PROGRESS_S) as rep:
+            rep.phase("starting")  # before the heartbeat: its lines always name a phase
 
-            result = trainer.train(cfg, prof, telemetry=tel, on_phase=phase, on_step=lambda r: rep.update(
-                completed=r["step"] + 1, note=f"loss {r['loss']:.4f}, {r['step_s']:.2f} s/step"))
+            def phase(name: str) -> None:
+                with lock:
+                    if name == "training":
+                        rep.start(f"{cfg.policy} {cfg.model} step", total=cfg.steps, unit="steps")
+                    else:
+                        rep.phase(name)
+
+            def step(r: dict) -> None:
+                with lock:
+                    rep.update(completed=r["step"] + 1, note=f"loss {r['loss']:.4f}, {r['step_s']:.2f} s/step")
+
+            with Heartbeat(note, lambda t: rep.update(note=t), lock=lock):
+                result = trainer.train(cfg, prof, telemetry=tel, on_phase=phase, on_step=step, progress=note)
         if folder is not None:
             (folder / SUMMARY_FILE).write_text(json.dumps({"summary": result.summary, "losses": result.losses},
                                                           indent=1, default=str))
@@ -162,6 +189,31 @@ def train(model: str = typer.Option(None, help="Model preset (gpt-tiny, gpt-smal
         emit_json({"summary": result.summary, "losses": result.losses})
         return
     emit_table(summary_table(result.summary))
+
+
+@app.command()
+def export(checkpoint_dir: Path = typer.Argument(..., help="A --checkpoint-dir of `tencache train`."),
+           out: Path = typer.Option(..., "--out", help="The .safetensors file to write."),
+           as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+    """Write the newest valid checkpoint's fp32 weights as one safetensors file, one tensor at a time."""
+    from mlsyskit.tools.offload import checkpoint
+    from mlsyskit.tools.offload.export import write_safetensors
+
+    set_verbosity(verbose, quiet)
+    with user_errors():
+        ckpt = checkpoint.latest(checkpoint_dir)
+        if ckpt is None:
+            raise UsageError(f"no valid checkpoint in {checkpoint_dir}")
+        tensors = ckpt.manifest["tensors"]
+        specs = [(t["name"], torch.float32, tuple(t["shape"])) for t in tensors]
+        write_safetensors(out, specs, (master for _, master, _, _ in ckpt.states()),
+                          {"format": "pt", "model": str(ckpt.manifest.get("model")), "step": str(ckpt.step)})
+    result = {"path": str(out), "step": ckpt.step, "tensors": len(specs),
+              "bytes": sum(4 * math.prod(t["shape"]) for t in tensors)}
+    if as_json:
+        emit_json(result)
+        return
+    log(f"wrote {out}: {result['tensors']} tensors, {format_size(result['bytes'])} of fp32 weights (step {ckpt.step})")
 
 
 GPU_LABELS = {"gpu_mem_used": "device memory used (bytes)", "gpu_mem_budget": "device budget (bytes)",

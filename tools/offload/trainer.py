@@ -165,6 +165,7 @@ def preflight(cfg: TrainConfig, profile: Profile | None) -> NvmeRun | None:
         raise UsageError(f"the profile was recorded with --batch {profile.batch} --seq {profile.seq} but this run "
                          f"uses --batch {cfg.batch} --seq {cfg.seq}: the tensor order and activations differ; "
                          f"use the profile's values or re-run `tencache profile`")
+    sources.batches(cfg.data, cfg.batch, cfg.seq, cfg.seed)  # a missing token file or loader, refused now
     if profile is not None and profile.model != cfg.model:
         raise ProfileError(f"the profile was recorded for model {profile.model!r}, not {cfg.model!r}: use its "
                            f"model or re-run `tencache profile`")
