@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from mlsyskit.tools.sched.cluster import FreeMap, Placement
 from mlsyskit.tools.sched.daemon.specs import ClusterConfig, JobRequest
@@ -122,3 +123,34 @@ def fair_order(jobs: Iterable[tuple[int, str, int]], usage: Mapping[str, float])
         keyed.append((used, job_id))
     keyed.sort()
     return [job_id for _, job_id in keyed]
+
+
+def fair_queue(eligible: dict[int, tuple[Any, Any]], holding: Iterable[Any], now: float,
+               fair: FairShare) -> dict[int, tuple[Any, Any]]:
+    """The eligible jobs ({id: (Job, view)}, submission order) in fair-share order; `holding` are the
+    jobs that hold GPUs now (their use so far counts). Submission order while one user waits."""
+    if len({job.user for job, _ in eligible.values()}) <= 1:
+        return eligible
+    running: dict[str, float] = {}
+    for job in holding:
+        ran = job.held * max(0.0, now - job.started) if job.started is not None else 0.0
+        running[job.user] = running.get(job.user, 0.0) + job.attained + ran
+    order = fair_order(((i, job.user, job.request.lower_gpus) for i, (job, _) in eligible.items()),
+                       fair.usage(now, running))
+    return {i: eligible[i] for i in order}
+
+
+def waiting_reasons(waiting: Iterable[tuple[int, JobRequest]], cluster: ClusterConfig,
+                    held: Mapping[int, set[int]]) -> dict[int, str]:
+    """For the jobs left waiting, in queue order: Resources for the first that does not fit the free
+    GPUs (`held`: node -> device ids in use), Priority for every other (jobs ahead go first)."""
+    spec = cluster.spec()
+    free = FreeMap(spec)
+    free.take(tuple((node, len(ids)) for node, ids in held.items() if ids))
+    reasons: dict[int, str] = {}
+    blocked = False
+    for job_id, request in waiting:
+        fits = not blocked and fit_gpus(free, request.lower_gpus, spec.gpus_per_node, request.nodes) is not None
+        reasons[job_id] = PRIORITY if blocked or fits else RESOURCES
+        blocked = blocked or not fits
+    return reasons

@@ -16,10 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from mlsyskit.core.errors import RuntimeFailure, UsageError
+from mlsyskit.core.retry import retry_async
 from mlsyskit.core.rpc import ClientTls, RpcClient, RpcError, StatusCode
 from mlsyskit.tools.sched.daemon.files import SERVICE, DaemonFiles, default_user_token_file
 
 _USAGE_CODES = (StatusCode.INVALID_ARGUMENT, StatusCode.NOT_FOUND, StatusCode.FAILED_PRECONDITION)
+# A call that timed out on a busy machine is tried again (reads always; a submit with its key, which
+# the daemon uses to answer a repeat with the jobs the first try made). A refused connection is not:
+# no daemon there is said at once.
+RETRY_FOR_S = 90.0
+
+
+def _retriable(error: BaseException) -> bool:
+    return isinstance(error, RpcError) and error.code == StatusCode.DEADLINE_EXCEEDED
 
 
 def _read_secret(path: Path, what: str) -> str:
@@ -67,18 +76,19 @@ class DaemonClient:
     def __init__(self, endpoint: Endpoint, timeout: float = 30.0) -> None:
         self.endpoint, self.timeout = endpoint, timeout
 
-    def call(self, method: str, payload: dict | None = None) -> Any:
+    def call(self, method: str, payload: dict | None = None, retry_for: float = 0.0) -> Any:
+        """One call; with `retry_for`, tries that time out are repeated until that many seconds pass."""
         payload = {**(payload or {}), "caller": _login()}
         if self.endpoint.user_token:
             payload["user_token"] = self.endpoint.user_token
-        return asyncio.run(self._call(method, payload))
+        return asyncio.run(self._call(method, payload, retry_for))
 
-    async def _call(self, method: str, payload: dict) -> Any:
+    async def _call(self, method: str, payload: dict, retry_for: float) -> Any:
         try:
             tls = ClientTls.from_files(self.endpoint.tls_ca) if self.endpoint.tls_ca else None
             async with RpcClient(self.endpoint.address, token=self.endpoint.token or None, tls=tls, service=SERVICE,
                                  timeout=self.timeout) as rpc:
-                return await rpc.call(method, payload)
+                return await retry_async(lambda: rpc.call(method, payload), retriable=_retriable, deadline_s=retry_for)
         except RpcError as e:
             if e.code in _USAGE_CODES:
                 raise UsageError(_strip(e.message)) from None

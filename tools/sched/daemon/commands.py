@@ -11,6 +11,7 @@ simulator or rich, so each answers in a fraction of a second.
 """
 from __future__ import annotations
 
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ import typer
 from mlsyskit.core.cli import json_option
 from mlsyskit.core.errors import UsageError
 from mlsyskit.tools.sched.daemon import tables
-from mlsyskit.tools.sched.daemon.client import DaemonClient, Endpoint
+from mlsyskit.tools.sched.daemon.client import RETRY_FOR_S, DaemonClient, Endpoint
 from mlsyskit.tools.sched.daemon.files import default_state_dir
 from mlsyskit.tools.sched.daemon.profile_command import register_profile
 from mlsyskit.tools.sched.daemon.serve_command import register_serve
@@ -125,8 +126,8 @@ def register(app: typer.Typer) -> None:
                 parse_array(str(array))
             except ValueError as e:
                 raise UsageError(f"{where}: {e}") from None
-        payload = {"job": data, **({"array": str(array)} if array is not None else {})}
-        job = _client(state_dir, addr, token_file, tls_ca, user_token_file).call("submit", payload)
+        payload = {"job": data, "key": secrets.token_hex(16), **({"array": str(array)} if array is not None else {})}
+        job = _client(state_dir, addr, token_file, tls_ca, user_token_file).call("submit", payload, RETRY_FOR_S)
         if as_json:
             _emit_json(job)
             return
@@ -141,7 +142,7 @@ def register(app: typer.Typer) -> None:
                token_file: Path | None = _token_option(), tls_ca: Path | None = _ca_option(),
                user_token_file: Path | None = _user_token_option(), as_json: bool = json_option()) -> None:
         """Jobs: state, GPUs, run time, limit, and where they run or why they wait (one line each)."""
-        jobs = _client(state_dir, addr, token_file, tls_ca, user_token_file).call("status", {"job": job})["jobs"]
+        jobs = _client(state_dir, addr, token_file, tls_ca, user_token_file).call("status", {"job": job}, RETRY_FOR_S)["jobs"]
         _emit_json(jobs) if as_json else tables.write(tables.jobs_table(jobs))
 
     @app.command()
@@ -149,7 +150,7 @@ def register(app: typer.Typer) -> None:
               token_file: Path | None = _token_option(), tls_ca: Path | None = _ca_option(),
               user_token_file: Path | None = _user_token_option(), as_json: bool = json_option()) -> None:
         """Jobs waiting (with their pending reason) or holding GPUs."""
-        jobs = _client(state_dir, addr, token_file, tls_ca, user_token_file).call("queue")["jobs"]
+        jobs = _client(state_dir, addr, token_file, tls_ca, user_token_file).call("queue", None, RETRY_FOR_S)["jobs"]
         _emit_json(jobs) if as_json else tables.write(tables.jobs_table(jobs))
 
     @app.command()
@@ -162,7 +163,7 @@ def register(app: typer.Typer) -> None:
         """Ended jobs, as sacct shows them: submit, start, end, wait, run, state, exit code."""
         payload = {"user": user, "all": every, "limit": limit}
         jobs = [tables.history_row(j) for j in
-                _client(state_dir, addr, token_file, tls_ca, user_token_file).call("history", payload)["jobs"]]
+                _client(state_dir, addr, token_file, tls_ca, user_token_file).call("history", payload, RETRY_FOR_S)["jobs"]]
         _emit_json(jobs) if as_json else tables.write(tables.history_table(jobs))
 
     @app.command()
@@ -198,7 +199,7 @@ def register(app: typer.Typer) -> None:
         client = _client(state_dir, addr, token_file, tls_ca, user_token_file)
         offset = 0
         while True:
-            chunk = client.call("logs", {"job": job, "offset": offset})
+            chunk = client.call("logs", {"job": job, "offset": offset}, RETRY_FOR_S)
             sys.stdout.buffer.write(chunk["data"])
             sys.stdout.flush()
             offset = chunk["offset"]
@@ -212,7 +213,7 @@ def register(app: typer.Typer) -> None:
               token_file: Path | None = _token_option(), tls_ca: Path | None = _ca_option(),
               user_token_file: Path | None = _user_token_option(), as_json: bool = json_option()) -> None:
         """Nodes, their GPUs and which job holds each."""
-        rows = _client(state_dir, addr, token_file, tls_ca, user_token_file).call("nodes")["nodes"]
+        rows = _client(state_dir, addr, token_file, tls_ca, user_token_file).call("nodes", None, RETRY_FOR_S)["nodes"]
         if as_json:
             _emit_json(rows)
             return

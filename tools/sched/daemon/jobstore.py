@@ -33,10 +33,10 @@ _DDL = """CREATE TABLE IF NOT EXISTS marble_jobs (
     submitted REAL NOT NULL, started REAL, ended REAL, placement TEXT, shape TEXT, gpus TEXT, handle TEXT,
     exit_code INTEGER, reason TEXT NOT NULL DEFAULT '', run_dir TEXT, samples REAL,
     attained REAL NOT NULL DEFAULT 0, restarts INTEGER NOT NULL DEFAULT 0, user TEXT NOT NULL DEFAULT '',
-    array_job INTEGER, array_task INTEGER)"""
+    array_job INTEGER, array_task INTEGER, submit_key TEXT)"""
 # Columns added after the first release, with their definitions (older tables get them by ALTER TABLE).
 _ADDED = {"attained": "REAL NOT NULL DEFAULT 0", "restarts": "INTEGER NOT NULL DEFAULT 0",
-          "user": "TEXT NOT NULL DEFAULT ''", "array_job": "INTEGER", "array_task": "INTEGER"}
+          "user": "TEXT NOT NULL DEFAULT ''", "array_job": "INTEGER", "array_task": "INTEGER", "submit_key": "TEXT"}
 _COLUMNS = ("id, name, request, state, submitted, started, ended, placement, shape, gpus, handle, exit_code, reason, "
             "run_dir, samples, attained, restarts, user, array_job, array_task")
 
@@ -103,6 +103,7 @@ class JobStore:
             for column, definition in _ADDED.items():
                 if column not in have:
                     self.db.execute(f"ALTER TABLE marble_jobs ADD COLUMN {column} {definition}")
+            self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS marble_jobs_submit_key ON marble_jobs (submit_key)")
             with self.db.transaction():
                 if self.db.get("marble", "instance", None) is None:
                     self.db.put("marble", "instance", secrets.token_hex(4))
@@ -115,23 +116,34 @@ class JobStore:
         """A random id of this store (names Slurm jobs, so a restarted daemon finds its own)."""
         return self.db.get("marble", "instance")
 
-    def add(self, request: JobRequest, now: float, user: str = "", tasks: tuple[int, ...] = ()) -> list[int]:
-        """Queue a job, or one job per array task (all in one transaction: all or none); their ids."""
+    def add(self, request: JobRequest, now: float, user: str = "", tasks: tuple[int, ...] = (),
+            key: str | None = None) -> tuple[list[int], bool]:
+        """Queue a job, or one job per array task (all in one transaction: all or none): (their ids, True).
+        A `key` seen before (a client retrying a submit whose answer it lost) adds nothing: (the ids
+        that submit made, False)."""
         body = json.dumps(request.as_dict())
         with self.db.transaction():
+            if key is not None:
+                seen = self.db.query("SELECT id, array_job FROM marble_jobs WHERE submit_key=?", (key,))
+                if seen:
+                    first, array = seen[0]
+                    if array is None:
+                        return [first], False
+                    return [r[0] for r in self.db.query("SELECT id FROM marble_jobs WHERE array_job=? ORDER BY id",
+                                                        (array,))], False
             if not tasks:
-                self.db.execute("INSERT INTO marble_jobs (name, request, state, submitted, user) VALUES (?, ?, ?, ?, ?)",
-                                (request.display_name, body, QUEUED, now, user))
-                return [self.db.query("SELECT last_insert_rowid()")[0][0]]
+                self.db.execute("INSERT INTO marble_jobs (name, request, state, submitted, user, submit_key) "
+                                "VALUES (?, ?, ?, ?, ?, ?)", (request.display_name, body, QUEUED, now, user, key))
+                return [self.db.query("SELECT last_insert_rowid()")[0][0]], True
             ids: list[int] = []
             for task in tasks:
-                self.db.execute("INSERT INTO marble_jobs (name, request, state, submitted, user, array_job, array_task) "
-                                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                self.db.execute("INSERT INTO marble_jobs (name, request, state, submitted, user, array_job, array_task, "
+                                "submit_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                                 (f"{request.display_name}[{task}]", body, QUEUED, now, user, ids[0] if ids else None,
-                                 task))
+                                 task, None if ids else key))
                 ids.append(self.db.query("SELECT last_insert_rowid()")[0][0])
             self.db.execute("UPDATE marble_jobs SET array_job=? WHERE id=?", (ids[0], ids[0]))
-            return ids
+            return ids, True
 
     def states_of(self, ids: tuple[int, ...] | list[int]) -> dict[int, list[str]]:
         """For each id: the states of that job and, when it is an array's first job, of every task of the array."""

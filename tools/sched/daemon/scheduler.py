@@ -27,7 +27,6 @@ from pathlib import Path
 
 from mlsyskit.core.clock import Clock
 from mlsyskit.core.errors import UsageError
-from mlsyskit.tools.sched.cluster import FreeMap
 from mlsyskit.tools.sched.daemon import adapter, admission
 from mlsyskit.tools.sched.daemon.jobstore import (
     ACTIVE,
@@ -78,10 +77,14 @@ class Scheduler:
         self._never: dict[int, bool] = {}           # queued job -> it no longer fits this cluster
         self._deps_done: set[int] = set()           # afterok targets known done (done is final)
         self._queued: dict[int, tuple[Job, JobView]] = {}
+        self._inbox: list[Job] = []                 # submitted, not yet taken into `_queued` (see _drain)
+        self._inbox_lock = threading.Lock()
         self.reload_queue()
 
     def reload_queue(self) -> None:
         """Read the queue from the table (at start; the benchmark's full-rescan peer calls it every step)."""
+        with self._inbox_lock:
+            self._inbox = []
         self._queued = {j.id: (j, adapter.queued_view(j, self.model)) for j in self.store.jobs((QUEUED,))}
 
     def _enqueue(self, job_id: int) -> None:
@@ -94,26 +97,38 @@ class Scheduler:
     def submit(self, request: JobRequest, user: str = "") -> Job:
         return self.submit_all(request, user)[0]
 
-    def submit_all(self, request: JobRequest, user: str = "", tasks: tuple[int, ...] = ()) -> list[Job]:
-        """Queue a job (or one per array task); refuse one that can never run here or waits on no job."""
+    def submit_all(self, request: JobRequest, user: str = "", tasks: tuple[int, ...] = (),
+                   key: str | None = None) -> list[Job]:
+        """Queue a job (or one per array task); refuse one that can never run here or waits on no job.
+        It never waits for a scheduling step: new jobs go to an inbox the next step takes in. A `key`
+        seen before returns that submit's jobs (a retried submit never queues twice)."""
         self.model.check_app(request.app)
         why = admission.unavailable(self.cluster, request)
         if why:
             raise UsageError(why)
-        with self.lock:
-            missing = [d for d, states in self.store.states_of(request.after_ok).items() if not states]
-            if missing:
-                raise UsageError(f"dependency: no job {missing[0]}")
-            jobs = [self.store.get(i) for i in self.store.add(request, self.clock.now(), user, tasks)]
-            for job in jobs:
-                self._queued[job.id] = (job, adapter.queued_view(job, self.model))
-            ids = str(jobs[0].id) if len(jobs) == 1 else f"{jobs[0].id}-{jobs[-1].id} (array of {len(jobs)})"
-            self.log(f"job {ids} ({request.display_name}) queued: {request.gpus} GPU(s), app {request.app}"
+        missing = [d for d, states in self.store.states_of(request.after_ok).items() if not states]
+        if missing:
+            raise UsageError(f"dependency: no job {missing[0]}")
+        ids, new = self.store.add(request, self.clock.now(), user, tasks, key)
+        jobs = [self.store.get(i) for i in ids]
+        if new:
+            with self._inbox_lock:
+                self._inbox.extend(jobs)
+            what = str(ids[0]) if len(ids) == 1 else f"{ids[0]}-{ids[-1]} (array of {len(ids)})"
+            self.log(f"job {what} ({request.display_name}) queued: {request.gpus} GPU(s), app {request.app}"
                      + (f", user {user}" if user else ""))
-            return jobs
+        return jobs
+
+    def _drain(self) -> None:
+        """Take submitted jobs into the queue (under `lock`: every change of a queued job drains first)."""
+        with self._inbox_lock:
+            jobs, self._inbox = self._inbox, []
+        for job in jobs:
+            self._queued[job.id] = (job, adapter.queued_view(job, self.model))
 
     def cancel(self, job_id: int) -> Job:
         with self.lock:
+            self._drain()
             job = self.store.get(job_id)
             if job.state == QUEUED:
                 self.store.cancel_queued(job_id, self.clock.now())
@@ -151,6 +166,7 @@ class Scheduler:
 
     def step(self) -> None:
         with self.lock:
+            self._drain()
             for job in self.store.jobs(ACTIVE):
                 self._follow(job)
             self._schedule()
@@ -242,7 +258,7 @@ class Scheduler:
         jobs = self.store.jobs(ACTIVE)
         now = self.clock.now()
         eligible, reasons = self._eligible(now)
-        ordered = self._fair(eligible, jobs, now)
+        ordered = admission.fair_queue(eligible, jobs, now, self.fair)
         result = adapter.plan(self.policy, self.cluster, jobs, self.model, now, self._reports(jobs), self.history,
                               ordered, preemptible=self.executor.restartable)
         for why in result.ignored:
@@ -256,7 +272,8 @@ class Scheduler:
                     held[node].update(ids)
         for start in result.starts:
             self._start(start, held, now)
-        self._pending = {**reasons, **self._waiting(ordered, held)}
+        self._pending = {**reasons, **admission.waiting_reasons(
+            ((i, job.request) for i, (job, _) in ordered.items() if i in self._queued), self.cluster, held)}
 
     def _eligible(self, now: float) -> tuple[dict[int, tuple[Job, JobView]], dict[int, str]]:
         """Queued jobs the policy may start, and the hold reason of each other one. A job whose
@@ -284,34 +301,6 @@ class Scheduler:
             else:
                 reasons[job_id] = hold
         return eligible, reasons
-
-    def _fair(self, eligible: dict[int, tuple[Job, JobView]], jobs: list[Job], now: float):
-        """The eligible jobs in fair-share order (submission order while one user has jobs waiting)."""
-        if len({job.user for job, _ in eligible.values()}) <= 1:
-            return eligible
-        running: dict[str, float] = {}
-        for job in jobs:
-            ran = job.held * max(0.0, now - job.started) if job.started is not None else 0.0
-            running[job.user] = running.get(job.user, 0.0) + job.attained + ran
-        order = admission.fair_order(((i, job.user, job.request.lower_gpus) for i, (job, _) in eligible.items()),
-                                     self.fair.usage(now, running))
-        return {i: eligible[i] for i in order}
-
-    def _waiting(self, ordered: dict[int, tuple[Job, JobView]], held: dict[int, set[int]]) -> dict[int, str]:
-        """Resources for the first job left waiting that does not fit the free GPUs; Priority for the rest."""
-        spec = self.cluster.spec()
-        free = FreeMap(spec)
-        free.take(tuple((node, len(ids)) for node, ids in held.items() if ids))
-        reasons: dict[int, str] = {}
-        blocked = False
-        for job_id, (job, _) in ordered.items():
-            if job_id not in self._queued:
-                continue
-            fits = not blocked and admission.fit_gpus(free, job.request.lower_gpus, spec.gpus_per_node,
-                                                      job.request.nodes) is not None
-            reasons[job_id] = admission.PRIORITY if blocked or fits else admission.RESOURCES
-            blocked = blocked or not fits
-        return reasons
 
     def _start(self, start: adapter.PlannedStart, held: dict[int, set[int]], now: float) -> None:
         gpus: dict[int, tuple[int, ...]] = {}

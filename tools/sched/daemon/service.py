@@ -123,7 +123,10 @@ class DaemonService:
             tasks = parse_array(array) if array else ()
         except ValueError as e:
             raise UsageError(str(e)) from None
-        jobs = self.scheduler.submit_all(request, caller[0], tasks)
+        key = payload.get("key")
+        if key is not None and not (isinstance(key, str) and 8 <= len(key) <= 64):
+            raise UsageError("key: expected a submit key of 8..64 characters")
+        jobs = self.scheduler.submit_all(request, caller[0], tasks, key)
         return {**self.scheduler.describe(jobs[0]), "ids": [j.id for j in jobs]}
 
     def _status(self, payload: dict, caller: tuple[str, bool]) -> dict:
