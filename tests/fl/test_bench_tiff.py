@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_fl_tiff.py"
 
 
@@ -27,10 +29,13 @@ def test_cells_cover_the_sweep_and_cells_without_attackers_appear_once():
     bench = load_bench()
     args = bench.parse([])
     cells = bench.cells(args)
-    assert len(cells) == 3 * 3 * (1 + 2 * 6)  # datasets x alphas x (no attackers + 2 fractions x 6 attacks)
-    assert sum(attack == "none" for *_, attack in cells) == 9
-    assert {d for d, *_ in cells} == {"digits", "mnist1d", "breast-cancer"} and args.seeds >= 3
-    assert [d for d, *_ in cells[:3]] == ["digits", "mnist1d", "breast-cancer"]  # datasets innermost
+    assert len(cells) == 3 * 2 * (1 + 1 * 3)  # datasets x alphas x (no attackers + 1 fraction x 3 attacks)
+    assert sum(attack == "none" for *_, attack in cells) == 6
+    assert {d for d, *_ in cells} == {"digits", "classification", "mnist1d"} and args.seeds >= 3
+    assert [d for d, *_ in cells[:3]] == ["digits", "classification", "mnist1d"]  # datasets innermost
+    # the setting is in the default sweep: Dirichlet 0.05, half the clients scaling their updates
+    assert ("classification", 0.05, 0.5, "scaled") in cells
+    assert args.robust == ["median", "trimmed-mean", "krum", "fedavgm", "fedadam"] and args.tiff == "tiff"
 
 
 def test_targets_are_judged_on_means_and_recorded_per_seed():
@@ -55,10 +60,35 @@ def test_without_attackers_only_accuracy_is_judged_and_unpaid_groups_are_na():
     bench = load_bench()
     runs = {0: {"fedavg": run(0.90, 10.0, None), "tiff": run(0.895, 9.0, None)}}
     targets = bench.judge(runs, with_attackers=False)["targets"]
-    assert set(targets) == {"accuracy", "ledger_conserved"} and targets["accuracy"]["met"] is True
+    assert set(targets) == {"accuracy", "honest_tokens", "ledger_conserved"} and targets["accuracy"]["met"] is True
+    assert targets["honest_tokens"]["met"] is False and targets["honest_tokens"]["measured"] == 0.9  # < 0.95x
     unpaid = {0: {"fedavg": run(0.9, 10.0, 0.0), "tiff": run(0.9, 11.0, 0.0)}}
     na = bench.judge(unpaid, with_attackers=True)["targets"]["malicious_tokens"]
     assert na["met"] is None and na["measured"] is None and "n/a" in na["note"]
+
+
+def test_with_attackers_the_accuracy_bar_is_the_best_of_the_default_and_the_robust_aggregators():
+    bench = load_bench()
+    runs = {0: {"fedavg": run(0.50, 10.0, 5.0), "tiff": run(0.70, 12.0, 0.5), "median": run(0.705, 10.0, 5.0),
+                "krum": run(0.60, 10.0, 5.0)},
+            1: {"fedavg": run(0.50, 10.0, 5.0), "tiff": run(0.70, 12.0, 0.5), "median": run(0.60, 10.0, 5.0),
+                "krum": run(0.75, 10.0, 5.0)}}
+    cell = bench.judge(runs, with_attackers=True, robust=("median", "krum"))
+    acc = cell["targets"]["accuracy"]
+    # means: median 0.6525, krum 0.675: the bar is krum's; per seed the best of that seed's peers
+    assert cell["best_peer"] == "krum" and abs(acc["measured"] - 2.5) < 1e-9 and acc["met"] is True
+    assert acc["seeds_met"] == [0]  # seed 0: median 0.705 (-0.5 points); seed 1: krum 0.75 is 5 points over tiff
+    assert "max(default, robust)" in acc["target"]
+    clean = bench.judge(runs, with_attackers=False, robust=("median", "krum"))["targets"]["accuracy"]
+    assert abs(clean["measured"] - 20.0) < 1e-9  # without attackers only the default is the bar
+
+
+def test_the_classification_dataset_is_generated_and_resolvable_as_a_loader():
+    bench = load_bench()
+    from mlsyskit.tools.fl.plugins import load_dataset
+
+    x, y, client_of = load_dataset(bench.CLASSIFICATION, 20, 0)
+    assert x.shape == (3000, 40) and sorted(set(y.tolist())) == list(range(10)) and client_of is None
 
 
 def test_quick_mode_runs_end_to_end_and_writes_valid_json(tmp_path):
@@ -67,9 +97,11 @@ def test_quick_mode_runs_end_to_end_and_writes_valid_json(tmp_path):
     code = bench.main(["--quick", "--out", str(out)])
     result = json.loads(out.read_text())
     assert set(result["cells"]) == {"digits/alpha=0.5/attackers=0/none", "digits/alpha=0.5/attackers=0.4/label-flip",
-                                    "digits/alpha=0.5/attackers=0.4/free-rider"}
-    for cell in result["cells"].values():
-        assert cell["part"] == "tuning" and cell["seeds"] == [0] and set(cell["runs"]["0"]) == {"fedavg", "tiff"}
+                                    "digits/alpha=0.5/attackers=0.4/scaled"}
+    for key, cell in result["cells"].items():
+        assert cell["part"] == "tuning" and cell["seeds"] == [0] and len(cell["loadavg"]) == 3
+        # the robust aggregators set the accuracy bar with attackers; without, the default alone does
+        assert set(cell["runs"]["0"]) == ({"fedavg", "tiff"} if key.endswith("/none") else {"fedavg", "tiff", "median"})
         assert all(t["met"] in (True, False, None) for t in cell["targets"].values())
         assert cell["targets"]["ledger_conserved"]["met"] is True
     assert code == (0 if all(t["met"] is not False for c in result["cells"].values()
@@ -81,14 +113,15 @@ def test_quick_mode_runs_end_to_end_and_writes_valid_json(tmp_path):
     assert json.loads(before)["cells"] == json.loads(out.read_text())["cells"]
 
 
+@pytest.mark.slow  # forks worker processes
 def test_cells_past_the_budget_are_listed_not_run_also_from_worker_processes(tmp_path):
     bench = load_bench()
     out = tmp_path / "spent.json"
     assert bench.main(["--quick", "--budget-s", "1e-9", "--workers", "2", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["cells"] == {} and "workers" not in result["setting"]  # the same sweep whatever the workers
-    assert sorted(result["not_run"]) == ["digits/alpha=0.5/attackers=0.4/free-rider",
-                                         "digits/alpha=0.5/attackers=0.4/label-flip",
+    assert sorted(result["not_run"]) == ["digits/alpha=0.5/attackers=0.4/label-flip",
+                                         "digits/alpha=0.5/attackers=0.4/scaled",
                                          "digits/alpha=0.5/attackers=0/none"]
 
 

@@ -1,10 +1,14 @@
-"""Update validation and sample-weighted FedAvg.
+"""Update validation, sample-weighted FedAvg and the aggregation-rule interface.
 
 Validation runs on every update before it can be aggregated or paid: it must be for the open
 round, from a selected client, with exactly the global model's names, shapes and dtypes, finite,
 no larger than the configured byte limit, with sane metrics. What an update is worth (its size
 and direction against the server's own reference update) is checked next, also before the
 receipt, by the strategy's verifier (incentive/verify.py).
+
+An `Aggregator` turns the admitted updates of a round into the next global model. FedAvg is the
+default; the robust rules (coordinate-wise median, trimmed mean, multi-Krum) and the server
+optimisers (FedAvgM, FedAdam) live one per file in strategy/, each with its strategy.
 """
 from __future__ import annotations
 
@@ -56,3 +60,29 @@ def fedavg(updates: Sequence[tuple[Weights, int]]) -> Weights:
     names = updates[0][0].keys()
     return {name: (sum(w[name].astype(np.float64) * (n / total) for w, n in updates)).astype(updates[0][0][name].dtype)
             for name in names}
+
+
+class Aggregator:
+    """An aggregation rule: pure except for a server optimiser's state across rounds (state_dict)."""
+
+    name = "fedavg"
+
+    def aggregate(self, global_weights: Weights, updates: Sequence[tuple[Weights, int]]) -> Weights:
+        """The next global model from `updates` ((weights, num_samples), at least one)."""
+        return fedavg(updates)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what state_dict returned (stateless rules keep nothing)."""
+
+
+def stacked(updates: Sequence[tuple[Weights, int]], name: str) -> np.ndarray:
+    """One parameter of every update, stacked on a new first axis (float64)."""
+    return np.stack([np.asarray(w[name], dtype=np.float64) for w, _ in updates])
+
+
+def like(reference: Weights, arrays: Mapping[str, np.ndarray]) -> Weights:
+    """`arrays` cast to the dtypes of `reference`."""
+    return {name: np.asarray(arrays[name]).astype(reference[name].dtype) for name in reference}

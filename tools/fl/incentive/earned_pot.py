@@ -8,9 +8,8 @@ or rejected; the others failed: crashed, disconnected or missed the deadline):
     delivered pot  R_D = R * |D| / |S|          (one slot of R / |S| per provider that delivered)
     pay_p = R_D * w_p / sum_{j in P} w_j,       w_p = n_p * q_p ** gamma
 
-while the global model beats chance (outcome.pay_by_quality); before, quality is noise and cannot
-say whose work earned a refused update's slot, so each paid provider gets its own slot (R / |S|) and
-the rest is forfeited, as under the slot rule.
+while the global model beats chance (outcome.pay_by_quality); before, quality is noise, so w_p = 1:
+the paid set shares the delivered pot equally.
     forfeit = R - sum_p pay_p                    (escrow -> refund pool)
 
 So the pool gets the slots of work that never arrived, and the whole pot of a round whose updates the
@@ -25,6 +24,12 @@ tokens the attackers lost went to the consumers, not to the honest providers. Un
 wrongly refused honest update only moves its slot to other verified (mostly honest) providers, so
 honest pay no longer rests on the verifier being right about every honest update; attackers still
 earn only what their own verified quality earns. It adds no constant.
+
+Before the model beats chance this rule used to pay each paid provider one slot and forfeit the rest
+(nobody's work could be told apart). That forfeited the slots of the honest updates under the
+pre-chance floor, on MNIST-1D with no attacker at all, so honest providers earned 0.875-1.00x of
+FedAvg's pay (issue 21). The paid set before chance is still the verified, bounded updates at or
+above the trust bar, so a scaled or refused update earns nothing more than it did.
 """
 from __future__ import annotations
 
@@ -46,9 +51,7 @@ class EarnedPot(TiffTokens):
         total = sum(weights.values())
         if total <= 0 or delivered == 0:
             return [Transfer(ESCROW, POOL, pot, "forfeit")]
-        slot = pot / max(len(outcome.selected), 1)
-        # before the model beats chance nobody's work can be told apart, so nobody earns another's slot
-        earned = slot * (delivered if outcome.pay_by_quality else len(paid))
+        earned = pot * delivered / max(len(outcome.selected), 1)
         transfers = [Transfer(ESCROW, client_account(cid), earned * w / total, "pay")
                      for cid, w in sorted(weights.items())]
         transfers.append(Transfer(ESCROW, POOL, max(0.0, pot - sum(t.amount for t in transfers)), "forfeit"))

@@ -1,16 +1,28 @@
-"""Strategies by name (`--strategy fedavg|tiff`), registered here from an explicit tuple.
+"""Strategies by name (`--strategy fedavg|tiff|median|...|tiff+median|...`), registered here from an explicit tuple.
 
 The suite's one plug-in convention: a class per file with a `name`, added to the tuple below;
 plug-in modules never import the registry, so there is no import cycle. A strategy composes its
-selector and incentive (selection/, incentive/) directly.
+selector, incentive (selection/, incentive/) and aggregation rule (`rule`) directly.
+
+The robust baselines are FedAvg (random selection, equal pay) with another rule: coordinate-wise
+median, trimmed mean, multi-Krum, and the server optimisers FedAvgM and FedAdam. TIFF composes with
+each of them as `tiff+<name>` (strategy/tiff.py: with_rule). `STRATEGIES.names()` is the one list of
+choices: CLIs take theirs from it.
 """
 from mlsyskit.core.registry import Registry
 from mlsyskit.tools.fl.strategy.base import Strategy
+from mlsyskit.tools.fl.strategy.fedadam import FedAdam
 from mlsyskit.tools.fl.strategy.fedavg import FedAvg
-from mlsyskit.tools.fl.strategy.tiff import Tiff
+from mlsyskit.tools.fl.strategy.fedavgm import FedAvgM
+from mlsyskit.tools.fl.strategy.krum import Krum
+from mlsyskit.tools.fl.strategy.median import Median
+from mlsyskit.tools.fl.strategy.tiff import Tiff, with_rule
+from mlsyskit.tools.fl.strategy.trimmed_mean import TrimmedMean
+
+ROBUST = (Median, TrimmedMean, Krum, FedAvgM, FedAdam)  # FedAvg with another aggregation rule
 
 STRATEGIES: Registry[Strategy] = Registry("strategy")
-for _cls in (FedAvg, Tiff):
+for _cls in (FedAvg, Tiff, *ROBUST, *(with_rule(s.rule) for s in ROBUST)):
     STRATEGIES.add(_cls)
 
-__all__ = ["STRATEGIES", "Strategy"]
+__all__ = ["ROBUST", "STRATEGIES", "Strategy"]

@@ -1,10 +1,15 @@
 """Strategy interface in the style of Flower's: configure a round, verify its updates, aggregate, evaluate.
 
 A strategy composes separately pluggable parts: a Selector (who trains), an optional
-UpdateVerifier (which updates the server can vouch for, and their verified quality), an
-aggregation rule (which valid updates enter FedAvg) and an Incentive (who gets paid). The
-Coordinator calls it; the real server and the simulator drive the same Coordinator, so they
-share this code.
+UpdateVerifier (which updates the server can vouch for, their verified quality, and the bound on
+their size), an admission rule (which valid updates are aggregated), an aggregation rule
+(`rule`: an Aggregator, FedAvg by default; the robust rules are one file each beside this one)
+and an Incentive (who gets paid). The Coordinator calls it; the real server and the simulator
+drive the same Coordinator, so they share this code.
+
+A round's updates go: verify (each, before its receipt) -> bound (all of the round's, when the
+round closes: the verifier scales every update down to the round's size bound and discounts its
+verified quality by the same factor) -> admitted -> rule.aggregate -> pay.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from mlsyskit.tools.fl.aggregation import fedavg
+from mlsyskit.tools.fl.aggregation import Aggregator
 from mlsyskit.tools.fl.config import JobConfig
 from mlsyskit.tools.fl.data import ClientData
 from mlsyskit.tools.fl.incentive.base import Incentive
@@ -40,6 +45,7 @@ class Validation:
 
 class Strategy:
     name = "strategy"
+    rule: type[Aggregator] = Aggregator  # the aggregation rule (FedAvg)
 
     def __init__(self, config: JobConfig, selector: Selector, incentive: Incentive,
                  evaluator: Callable[[Weights], dict[str, float]], verifier: UpdateVerifier | None = None) -> None:
@@ -49,6 +55,7 @@ class Strategy:
         self.verifier = verifier
         self._evaluator = evaluator
         self._reference: Reference | None = None
+        self.aggregator = self.rule()
 
     def configure_round(self, round_num: int, available: Sequence[int], rng: random.Random) -> list[int]:
         return self.selector.select(round_num, available, self.config.per_round, rng)
@@ -65,21 +72,40 @@ class Strategy:
 
     def state_dict(self) -> dict:
         """What the strategy itself learns across rounds (checkpointed with the round)."""
-        return {"verifier": self.verifier.state_dict()} if self.verifier is not None else {}
+        state = {"aggregator": self.aggregator.state_dict()}
+        return state | ({"verifier": self.verifier.state_dict()} if self.verifier is not None else {})
 
     def load_state_dict(self, state: dict) -> None:
         if self.verifier is not None and "verifier" in state:
             self.verifier.load_state_dict(state["verifier"])
+        self.aggregator.load_state_dict(state.get("aggregator", {}))
+
+    def bound(self, updates: dict[int, Weights], outcome: RoundOutcome) -> dict[int, Weights]:
+        """The round's valid updates with their size bounded (verifier.bound); unchanged without a verifier.
+        A bounded update's verified quality is discounted by the factor its size was scaled by."""
+        if self.verifier is None or self._reference is None:
+            return updates
+        valid = {r.client_id: r for r in outcome.with_status("valid")}
+        bounded, factors = self.verifier.bound(self._reference, {cid: (updates[cid], r.num_samples)
+                                                                 for cid, r in valid.items()})
+        for cid, factor in factors.items():
+            report = valid[cid]
+            if report.verified_quality is not None:
+                report.verified_quality *= factor
+        return bounded
 
     def admitted(self, outcome: RoundOutcome) -> list[ClientReport]:
         """The valid updates that enter the aggregate (all of them, by default)."""
         return outcome.with_status("valid")
 
     def aggregate(self, global_weights: Weights, updates: dict[int, Weights], outcome: RoundOutcome) -> Weights:
+        bounded = self.bound(updates, outcome)
         chosen = self.admitted(outcome)
         for report in chosen:
             report.aggregated = True
-        return fedavg([(updates[r.client_id], r.num_samples) for r in chosen]) if chosen else global_weights
+        if not chosen:
+            return global_weights
+        return self.aggregator.aggregate(global_weights, [(bounded[r.client_id], r.num_samples) for r in chosen])
 
     def evaluate(self, weights: Weights) -> dict[str, float]:
         return self._evaluator(weights)

@@ -2,7 +2,8 @@
 
 It verifies nothing beyond the format checks every update gets (names, shapes, finite values,
 size, metrics), as the paper's baseline and Flower's FedAvg: what it pays and averages is what
-TIFF is measured against.
+TIFF is measured against. The robust baselines (median, trimmed mean, Krum, FedAvgM, FedAdam) are
+this strategy with another `rule`.
 """
 from __future__ import annotations
 
