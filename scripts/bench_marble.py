@@ -62,30 +62,33 @@ TUNE_GRID = [{}, {"efficiency_threshold": 0.35}, {"grow_threshold": 0.5}, {"grow
              {"starvation_s": 43200.0}]
 PHILLY_MIX = "1:70,2:10,4:10,8:8,16:2"
 
-# The held-out generator. Each workload: (jobs, arrival process, application weights, GPU
-# requests). The shipped workloads arrive as a Poisson-like stream over 8 h with ncf and cifar10
-# jobs the most common; these use other processes and mixes.
+# The held-out generator. Each workload: (jobs, arrival process, application weights, request
+# sizes: "low", "any" or "high" half of each application's plausible GPU counts, APP_REQUESTS).
+# The shipped workloads arrive as a Poisson-like stream over 8 h with ncf and cifar10 jobs the
+# most common; these use other processes and mixes.
 HELDOUT = {
     "heldout-diurnal": (160, "diurnal", {"bert": 3, "cifar10": 3, "deepspeech2": 3, "imagenet": 1, "ncf": 3,
-                                         "yolov3": 1}, (1, 2, 4, 8, 16)),
+                                         "yolov3": 1}, "any"),
     "heldout-bursty": (160, "bursty", {"bert": 2, "cifar10": 4, "deepspeech2": 2, "imagenet": 1, "ncf": 4,
-                                       "yolov3": 2}, (1, 2, 4, 8)),
+                                       "yolov3": 2}, "any"),
     "heldout-large": (120, "poisson", {"bert": 3, "cifar10": 1, "deepspeech2": 2, "imagenet": 2, "ncf": 1,
-                                       "yolov3": 2}, (4, 8, 12, 16, 24, 32)),
+                                       "yolov3": 2}, "high"),
     "heldout-small": (240, "poisson", {"bert": 1, "cifar10": 5, "deepspeech2": 2, "imagenet": 1, "ncf": 5,
-                                       "yolov3": 1}, (1, 1, 2, 4)),
+                                       "yolov3": 1}, "low"),
 }
+# GPU counts users plausibly ask for per application (its size class: imagenet jobs are large).
+APP_REQUESTS = {"cifar10": (1, 2, 4, 8), "ncf": (1, 2, 4), "bert": (2, 4, 8, 12, 16), "deepspeech2": (2, 4, 6, 8, 12),
+                "yolov3": (2, 4, 8), "imagenet": (8, 12, 16, 24, 32)}
 
 
 def heldout_rows(name: str, seed: int) -> list[dict]:
     """A Pollux-format workload (name,time,application,num_replicas,batch_size) from HELDOUT[name]:
-    arrivals over 8 hours as a Poisson process, a diurnal one (rate 1 + 0.8 sin over the day), or
-    bursts (batches of 4-12 jobs at Poisson instants); applications by weight; GPUs uniformly from
-    the request set (at least 1, at most 4 for ncf and yolov3, whose curves flatten early, as the
-    shipped workloads do); batch from the application's Pollux batch sizes. Seeded by (name, seed)
-    through a string seed (random.Random hashes it with SHA-512), so a seed gives the same file on
-    every machine."""
-    jobs, process, weights, requests = HELDOUT[name]
+    arrivals over 8 hours as a Poisson process, a diurnal one (rate 1 + 0.8 sin, three cycles),
+    or bursts (4-12 jobs within 2 minutes at uniform instants); applications by weight; GPUs
+    uniformly from the application's plausible counts (APP_REQUESTS: the lower half, all, or the
+    upper half); batch from the application's Pollux batch sizes. Seeded by (name, seed) through
+    a string seed, so a seed gives the same file on every machine."""
+    jobs, process, weights, sizes = HELDOUT[name]
     rng = random.Random(f"{name}/{seed}")
     span = 8 * 3600.0
     times: list[float] = []
@@ -96,7 +99,7 @@ def heldout_rows(name: str, seed: int) -> list[dict]:
     elif process == "diurnal":
         while len(times) < jobs:   # thinning: accept t with probability (1 + 0.8 sin) / 1.8
             t = rng.uniform(0, span)
-            if rng.random() < (1 + 0.8 * math.sin(2 * math.pi * t / 86400.0 * 3)) / 1.8:
+            if rng.random() < (1 + 0.8 * math.sin(2 * math.pi * 3 * t / span)) / 1.8:
                 times.append(t)
     else:
         times = [rng.uniform(0, span) for _ in range(jobs)]
@@ -105,10 +108,10 @@ def heldout_rows(name: str, seed: int) -> list[dict]:
     rows = []
     for i, t in enumerate(times):
         app = rng.choices(apps, w)[0]
-        gpus = rng.choice(requests)
-        if app in ("ncf", "yolov3"):
-            gpus = min(gpus, 4)
-        rows.append({"name": f"{name}-{i}", "time": round(t), "application": app, "num_replicas": gpus,
+        counts = APP_REQUESTS[app]
+        half = (len(counts) + 1) // 2
+        counts = counts[:half] if sizes == "low" else counts[-half:] if sizes == "high" else counts
+        rows.append({"name": f"{name}-{i}", "time": round(t), "application": app, "num_replicas": rng.choice(counts),
                      "batch_size": rng.choice(APP_BATCHES[app])})
     return rows
 
@@ -472,8 +475,9 @@ def main() -> None:
     t0 = time.perf_counter()
     doc: dict = {"restart_cost_s": RESTART_COST, "seeds": args.seeds, "policies": args.policies,
                  "default_policy": DEFAULT_POLICY, "tuning_workloads": TUNING,
-                 "heldout_generator": {k: {"jobs": v[0], "arrivals": v[1], "app_weights": v[2], "gpu_requests": v[3]}
+                 "heldout_generator": {k: {"jobs": v[0], "arrivals": v[1], "app_weights": v[2], "request_sizes": v[3]}
                                        for k, v in HELDOUT.items()},
+                 "app_requests": APP_REQUESTS,
                  "machine_load_average_start": os.getloadavg()[0], "cpus": os.cpu_count()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
 

@@ -50,6 +50,7 @@ class PolicyOptions:
     resize_interval: float = 1800.0       # seconds between two growths of one running job (bounded restarts)
     grow_period: float = 300.0            # seconds between passes that grow running jobs onto idle GPUs
     starvation_s: float = 24 * 3600.0     # a job waiting this long goes ahead of every other (starvation guard)
+    rank_by_estimate: bool = True         # inside a LAS queue, least estimated remaining service first (else FIFO)
 
     def __post_init__(self) -> None:
         require(0.0 <= self.efficiency_threshold <= 1.5, "efficiency_threshold must be in [0, 1.5]")

@@ -84,9 +84,20 @@ class Marble(Tiresias):
         return min(job.held_gpus, self.curve(state, job)[0])
 
     # ---- index upkeep ----------------------------------------------------------------------------
+    def rank(self, job: JobView) -> float:
+        """Order inside a queue: the least estimated remaining service first (GPU-seconds on p*:
+        the history of finished jobs of its application, policies.common.remaining_work), as the
+        state stood when the job entered the queue; a guess, so the LAS levels still come first."""
+        if not self.options.rank_by_estimate:
+            return job.arrival
+        state = self._state
+        base, _, _, rates = self.curve(state, job)
+        return remaining_work(self.model, state, job) / rates[base] * base
+
     def _rebuild(self, state: ClusterState) -> None:
         super()._rebuild(state)
         self._promoted.clear()
+        self._grown = {i for i, job in state.running.items() if job.held_gpus > self.curve(state, job)[0]}
 
     def _guard(self, state: ClusterState) -> float | None:
         """Promote jobs that waited `starvation_s` (the queue's front waited longest); the time
@@ -214,8 +225,11 @@ class Marble(Tiresias):
         heapq.heapify(heap)
         while spare > 0 and heap:
             _, job_id, size = heapq.heappop(heap)
-            if size - targets[job_id] > spare:
-                continue   # the next size does not fit what is left
+            if size - targets[job_id] > spare:   # part of the step, if that is faster still
+                rates = self.curve(state, by_id[job_id])[3]
+                size = targets[job_id] + spare
+                if rates[size] <= rates[targets[job_id]]:
+                    continue
             spare -= size - targets[job_id]
             targets[job_id] = size
             step = self._step(state, by_id[job_id], size, left[job_id])

@@ -27,7 +27,7 @@ from mlsyskit.tools.sched.policies.base import Policy
 from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Preempt, Start
 from mlsyskit.tools.sched.throughput import compact_shape
 
-Key = tuple[int, float, int]   # (queue level, arrival, job id)
+Key = tuple[int, float, int]   # (queue level, rank inside the queue: arrival, job id)
 CROSSING_SLACK = 1e-6          # GPU-seconds
 
 
@@ -56,8 +56,12 @@ class Tiresias(Policy):
             self._add(job, self._running, job.attained_at(state.now))
             self._push_crossing(job, state.now, job.attained_at(state.now), job.held_gpus)
 
+    def rank(self, job: JobView) -> float:
+        """Order inside a queue: first come first served (by arrival)."""
+        return job.arrival
+
     def _add(self, job: JobView, index: SortedList, attained: float) -> None:
-        key = (self.level(attained), job.arrival, job.job_id)
+        key = (self.level(attained), self.rank(job), job.job_id)
         self._key[job.job_id] = key
         index.add(key)
 
