@@ -102,3 +102,45 @@ def test_resize_events_log_the_gpus_they_release(tmp_path):
         held = sum(g for _, g in e["placement"])
         released = sum(g for _, g in e["released"])
         assert released == 6 and held < 6   # it gave back its 6 GPUs and got fewer
+
+
+def _submit(tmp_path, *args: str):
+    """`marble submit` in-process: every field error is found before any daemon is looked for."""
+    from conftest import invoke_cli
+
+    from mlsyskit.tools.sched.cli import app
+
+    res = invoke_cli(app, ["submit", *args, "--state-dir", str(tmp_path / "no-daemon")])
+    return res.exit_code, " ".join(res.output.split())
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'cmd = "true"\napp = "ncf"\ngpus = 1\nname = "caf\xe9"\n', "not a UTF-8 text file (byte 45: b'\\xe9')"),
+    (b"\xff\xfe\x00g\x00p\x00u\x00s", "not a UTF-8 text file (byte 0"),
+    (b'cmd = "true"\ngpus = [1\n', "invalid TOML"),
+    (b'cmd = "true"\napp = "ncf"\ngpus = 1.5\n', "gpus: GPUs and nodes are whole numbers, got 1.5 "
+                                                 "(fractional GPUs are not supported)"),
+    (b'cmd = "true"\napp = "ncf"\ngpus = 1\nbatch_size = 1e12\n', "batch_size: a whole number of samples"),
+    (b'cmd = "true"\napp = "ncf"\ngpus = 1\ntime = "1000000000"\n', "time: '1000000000' is 694,444 days"),
+    (b'cmd = "true"\napp = "ncf"\ngpus = 1\narray = "0-99999"\n', "array: '0-99999' has more than 1000 tasks"),
+])
+def test_bad_job_files_are_one_line_usage_errors(tmp_path, content, message):
+    path = tmp_path / "job.toml"
+    path.write_bytes(content)
+    code, output = _submit(tmp_path, str(path))
+    assert code == 2 and message in output and "Traceback" not in output, output
+    assert output.count("error:") == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpus", "1.5"], "--gpus 1.5: GPUs and nodes are whole numbers (fractional GPUs are not supported)"),
+    (["--gpus", "2", "--min-gpus", "0.5"], "--min-gpus 0.5: GPUs and nodes are whole numbers"),
+    (["--gpus", "1", "--batch-size", "1000000000000"], "batch_size: must be in 1..10,000,000 samples"),
+    (["--gpus", "1", "--time", "99999999"], "time: '99999999' is 69,444 days; the limit is 365 days"),
+    (["--gpus", "1", "--dependency", "after:3"], "dependency: 'after:3': use afterok"),
+    (["--gpus", "1", "--array", "5-1"], "array: '5-1' is an empty range"),
+    (["--gpus", "four"], "--gpus 'four': expected a whole number"),
+])
+def test_absurd_submit_flags_are_refused_naming_the_field(tmp_path, args, message):
+    code, output = _submit(tmp_path, "--cmd", "true", "--app", "ncf", *args)
+    assert code == 2 and message in output and "Traceback" not in output, output
