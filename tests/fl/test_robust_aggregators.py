@@ -4,8 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mlsyskit.core.storage import MetaStore
 from mlsyskit.tools.fl.aggregation import Aggregator, fedavg
+from mlsyskit.tools.fl.config import DataSpec, JobConfig
+from mlsyskit.tools.fl.coordinator import Coordinator
+from mlsyskit.tools.fl.simulator import Simulation
 from mlsyskit.tools.fl.strategy import ROBUST, STRATEGIES
+from mlsyskit.tools.fl.strategy.fedadam import SERVER_LR as ADAM_LR
 from mlsyskit.tools.fl.strategy.fedadam import FedAdamRule
 from mlsyskit.tools.fl.strategy.fedavgm import MOMENTUM, SERVER_LR, FedAvgMRule
 from mlsyskit.tools.fl.strategy.krum import KrumRule, krum_scores, multi_krum
@@ -64,8 +69,6 @@ def test_fedavgm_is_fedavg_plus_server_momentum_and_survives_a_checkpoint():
 
 
 def test_fedadam_moves_each_coordinate_by_about_the_server_lr_whatever_the_update_size():
-    from mlsyskit.tools.fl.strategy.fedadam import SERVER_LR as ADAM_LR
-
     start = {"w": np.zeros(2, np.float32)}
     small = FedAdamRule().aggregate(start, [w(0.01, -0.01)])["w"]
     huge = FedAdamRule().aggregate(start, [w(1e6, -1e6)])["w"]
@@ -99,3 +102,19 @@ def test_every_robust_rule_is_registered_alone_and_composed_with_tiff():
         composed = STRATEGIES.get(f"tiff+{strategy.rule.name}")
         assert composed.rule is strategy.rule and issubclass(composed, STRATEGIES.get("tiff"))
     assert {"fedavg", "tiff"} <= set(names)
+
+
+@pytest.mark.parametrize("strategy", ["fedavgm", "tiff+fedadam"])
+def test_a_server_optimisers_state_is_checkpointed_with_the_round_and_restored(tmp_path, strategy):
+    config = JobConfig(strategy=strategy, rounds=2, per_round=3, seed=1, data=DataSpec(num_clients=4, seed=1))
+    with MetaStore(tmp_path / "run.db") as store:
+        sim = Simulation(config, store)
+        sim.run()
+        kept = sim.coordinator.strategy.aggregator
+        assert kept.steps >= 1 and kept.state[kept.buffers[0]]
+    with MetaStore(tmp_path / "run.db") as store:
+        restored = Coordinator(config, store).strategy.aggregator
+    assert restored.steps == kept.steps
+    for buffer in kept.buffers:
+        assert set(restored.state[buffer]) == set(kept.state[buffer])
+        assert all(np.array_equal(restored.state[buffer][k], v) for k, v in kept.state[buffer].items())
