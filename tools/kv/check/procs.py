@@ -26,7 +26,7 @@ from mlsyskit.core.errors import RuntimeFailure
 from mlsyskit.tools.kv.check.faultproxy import FaultProxy
 from mlsyskit.tools.kv.client.call import acall, parse_info
 from mlsyskit.tools.kv.coord.spec import CoordinatorSpec, parse_coordinator
-from mlsyskit.tools.kv.ops import coordproc
+from mlsyskit.tools.kv.ops import coordproc, launcher
 from mlsyskit.tools.kv.peerauth import SECRET_FILE, load_or_create_secret
 from mlsyskit.tools.kv.shardmap import ShardMap, layout
 
@@ -103,7 +103,7 @@ class ProcCluster:
             argv = coordproc.coordinator_argv(self.coord_spec, self.data_dir / "coord")
             index = len(self.coord_procs) if self.coord_spec.kind == "zookeeper" else 0  # embedded: one log
             log = self.data_dir / "logs" / f"coordinator-{index}.log"
-            self.coord_procs.append(coordproc.spawn(argv, log))
+            self.coord_procs.append(launcher.spawn(argv, log))
             self.coord_logs.append(log)
 
     async def kill_coordinator(self) -> None:
@@ -172,9 +172,7 @@ class ProcCluster:
         return [sys.executable, "-m", "mlsyskit.tools.kv.cli", "node", node_id, "--data-dir", str(self.data_dir)]
 
     def _spawn(self, node_id: str) -> None:
-        with open(self.data_dir / "logs" / f"node-{node_id}.log", "ab") as log:
-            self.procs[node_id] = subprocess.Popen(self._argv(node_id), stdout=log, stderr=subprocess.STDOUT,
-                                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs[node_id] = launcher.spawn(self._argv(node_id), self.data_dir / "logs" / f"node-{node_id}.log")
         self._write_record()
 
     def _write_record(self) -> None:
@@ -187,45 +185,21 @@ class ProcCluster:
         return proc is not None and proc.poll() is None
 
     async def wait_ready(self, nodes: list[str]) -> None:
-        deadline = self.clock.now() + self.start_timeout
-        for nid in nodes:
-            addr = self.home[nid]
-            while True:
-                if not self.alive(nid):
-                    raise RuntimeError(f"node {nid} exited with {self.procs[nid].returncode}; "
-                                       f"see {self.data_dir}/logs/node-{nid}.log")
-                try:
-                    if await acall(addr.host, addr.port, b"PING", timeout=0.5) == b"PONG":
-                        info = parse_info(await acall(addr.host, addr.port, b"INFO", timeout=0.5))
-                        if info.get("catching_up", "0") == "0":  # a restarted replica resynchronises first
-                            break
-                except (OSError, TimeoutError, hiredis.ReplyError):
-                    pass
-                if self.clock.now() > deadline:
-                    raise RuntimeError(f"node {nid} was not up and caught up within {self.start_timeout:.0f}s")
-                await self.clock.asleep(0.05)
+        """Until every node answers and has caught up (launcher.wait_ready); fails if one exited."""
+        watched = {nid: self.procs[nid] for nid in nodes}
+        await asyncio.to_thread(
+            launcher.wait_ready, [(nid, self.home[nid].host, self.home[nid].port) for nid in nodes],
+            clock=self.clock, timeout=self.start_timeout, logs=f"{self.data_dir}/logs",
+            exited=lambda: [f"node {nid} (exit {p.returncode})" for nid, p in watched.items() if p.poll() is not None])
 
     async def stop(self) -> None:
-        for proc in self.coord_procs:  # first: stopping nodes must not look like failures
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    await asyncio.wait_for(asyncio.to_thread(proc.wait), 5)
-                except TimeoutError:
-                    proc.kill()
-                    await asyncio.to_thread(proc.wait)
+        """The coordinator first (stopping nodes must not look like failures), then every node
+        (resumed if paused), then the fault proxies: launcher.stop's sequence."""
+        await asyncio.to_thread(launcher.stop, self.coord_procs, self.clock)
         for nid in list(self.paused):
             self._signal(nid, signal.SIGCONT)
         self.paused.clear()
-        for nid in self.procs:
-            self._signal(nid, signal.SIGTERM)
-        deadline = self.clock.now() + 5.0
-        for nid, proc in self.procs.items():
-            while proc.poll() is None and self.clock.now() < deadline:
-                await self.clock.asleep(0.02)
-            if proc.poll() is None:
-                self._signal(nid, signal.SIGKILL)
-                await asyncio.to_thread(proc.wait)
+        await asyncio.to_thread(launcher.stop, list(self.procs.values()), self.clock)
         for proxy in self.proxies.values():
             await proxy.close()
         self.procs.clear()
@@ -234,10 +208,7 @@ class ProcCluster:
     def _signal(self, node_id: str, sig: int) -> None:
         proc = self.procs.get(node_id)
         if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
+            launcher.signal_group(proc, sig)
 
     # -- faults ------------------------------------------------------------------
     async def kill(self, node_id: str) -> None:

@@ -1,7 +1,8 @@
 """Clusters of nodes: all in this process (tests, benchmarks, --foreground) on loopback ports.
 
 `bespokv up` runs the same nodes as separate processes (see processes.py); both build a
-node's datalet with `node_datalet` so the two shapes are configured identically.
+node's datalet with `node_datalet` so the two shapes are configured identically, and both wait
+for a node with the launcher's readiness wait (launcher.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from mlsyskit.tools.kv.controlets.base import ControletOptions
 from mlsyskit.tools.kv.datalets import Datalet, make_datalet
 from mlsyskit.tools.kv.frontend.server import start_node
 from mlsyskit.tools.kv.node.runtime import Node
+from mlsyskit.tools.kv.ops import launcher
 from mlsyskit.tools.kv.peerauth import new_secret
 from mlsyskit.tools.kv.redis.resp import Limits
 from mlsyskit.tools.kv.shardmap import ShardMap
@@ -73,12 +75,10 @@ class LocalCluster:
         return node
 
     async def wait_ready(self, node_id: str, timeout: float = 10.0) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not self.nodes[node_id].ready:
-            if loop.time() > deadline:
-                raise TimeoutError(f"{node_id} did not catch up within {timeout}s")
-            await asyncio.sleep(0.01)
+        """Until the node answers and has caught up: the launcher's readiness wait, over its socket."""
+        addr = self.map.nodes[node_id]
+        await asyncio.to_thread(launcher.wait_ready, [(node_id, addr.host, addr.port)], timeout=timeout,
+                                password=self.requirepass, error=TimeoutError, logs="this process")
 
     async def __aenter__(self) -> LocalCluster:
         await self.start()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shutil
 import socket
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -42,12 +41,6 @@ def coordinator_argv(spec: CoordinatorSpec, state_dir: Path, index: int = 0) -> 
     return [sys.executable, "-m", "mlsyskit.tools.kv.coord.server", "--state-dir", str(state_dir),
             "--host", host, "--port", str(port), "--interval", str(spec.interval_s),
             "--misses", str(spec.misses), *secret]
-
-
-def spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
 
 
 def initialize(spec: CoordinatorSpec, shard_map: ShardMap, clock: Clock | None = None,

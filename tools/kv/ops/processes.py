@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.core.config import ConfigError, require
@@ -25,7 +22,8 @@ from mlsyskit.tools.kv.client.call import call, parse_info
 from mlsyskit.tools.kv.controlets import controlet_class
 from mlsyskit.tools.kv.coord.spec import CoordinatorSpec
 from mlsyskit.tools.kv.datalets import DATALETS
-from mlsyskit.tools.kv.ops import coordproc
+from mlsyskit.tools.kv.ops import coordproc, launcher
+from mlsyskit.tools.kv.ops.launcher import alive
 from mlsyskit.tools.kv.ops.placement import load_hosts, place
 from mlsyskit.tools.kv.ops.record import entry, load_record, record_path, same_process, spawn, write_record
 from mlsyskit.tools.kv.peerauth import load_or_create_secret
@@ -104,14 +102,6 @@ def port_free(host: str, port: int) -> bool:
             return True
         except OSError:
             return False
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie waiting for a parent that does not reap, e.g. a bare container init, is not)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def plan(spec: ClusterSpec) -> dict[str, Any]:
@@ -208,24 +198,10 @@ def _spawn(record: dict[str, Any], name: str) -> None:
 
 def _wait_ready(record: dict[str, Any], endpoints: list, clock: Clock, timeout: float,
                 password: bytes | None) -> None:
-    """Wait until every endpoint answers PING and every node has caught up (INFO catching_up:0)."""
-    deadline = clock.now() + timeout
-    for name, host, port in endpoints:
-        while True:
-            try:
-                if call(host, port, "PING", timeout=0.5, password=password) == b"PONG" and (
-                        name.startswith("redis") or name == "proxy"
-                        or parse_info(call(host, port, "INFO", timeout=0.5, password=password)
-                                      ).get("catching_up", "0") == "0"):
-                    break
-            except OSError:
-                pass
-            dead = [p["name"] for p in record["processes"] if not alive(p["pid"])]
-            if dead:
-                raise ConfigError(f"{', '.join(dead)} exited during start-up; see {record['data_dir']}/logs")
-            if clock.now() > deadline:
-                raise ConfigError(f"{name} at {host}:{port} did not answer within {timeout:.0f}s")
-            clock.sleep(0.05)
+    """launcher.wait_ready, failing at once when a recorded process exited."""
+    launcher.wait_ready(endpoints, clock=clock, timeout=timeout, password=password, error=ConfigError,
+                        logs=f"{record['data_dir']}/logs",
+                        exited=lambda: [p["name"] for p in record["processes"] if not alive(p["pid"])])
 
 
 def down(data_dir: Path, clock: Clock | None = None, grace: float = 5.0) -> list[str]:
@@ -238,58 +214,19 @@ def down(data_dir: Path, clock: Clock | None = None, grace: float = 5.0) -> list
     stopped = []
     for p in record.get("processes", []):
         if p["name"] == "supervisor" and same_process(p) is not None:
-            _stop_group(p["pid"], clock, grace)
-            _kill_if_running(p["pid"])
+            launcher.stop([p["pid"]], clock, grace)
             stopped.append(p["name"])
             record = load_record(Path(data_dir))
     procs = [p for p in record.get("processes", []) if p["name"] != "supervisor" and alive(p["pid"])]
     # The coordinator first (nodes going quiet must not look like failures), then the proxy and
     # nodes, then their redis datalets.
-    for p in procs:
-        if p["name"].startswith("coordinator"):
-            _stop_group(p["pid"], clock, grace)
-    for p in reversed(procs):
-        try:
-            os.killpg(p["pid"], signal.SIGTERM)
-        except ProcessLookupError:
-            continue
-    deadline = clock.now() + grace
-    for p in procs:
-        while _running(p["pid"]) and clock.now() < deadline:
-            clock.sleep(0.02)
-        _kill_if_running(p["pid"])
-        stopped.append(p["name"])
+    coordinators = [p["pid"] for p in procs if p["name"].startswith("coordinator")]
+    launcher.stop(coordinators, clock, grace)
+    launcher.stop([p["pid"] for p in reversed(procs) if p["pid"] not in coordinators], clock, grace)
+    stopped += [p["name"] for p in procs]
     record["processes"] = []
     write_record(Path(data_dir), record)
     return stopped
-
-
-def _stop_group(pid: int, clock: Clock, grace: float) -> None:
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = clock.now() + grace
-    while _running(pid) and clock.now() < deadline:
-        clock.sleep(0.02)
-
-
-def _kill_if_running(pid: int) -> None:
-    """SIGKILL a process group that outlived its grace."""
-    if _running(pid):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _running(pid: int) -> bool:
-    """Reap our own exited child if it is one (then alive() turns false), and say if it still runs."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    return alive(pid)
 
 
 def status(data_dir: Path) -> list[dict[str, Any]]:

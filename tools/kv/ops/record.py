@@ -23,6 +23,7 @@ import psutil
 
 from mlsyskit.core.config import ConfigError
 from mlsyskit.tools.kv.coord.spec import CoordinatorSpec
+from mlsyskit.tools.kv.ops import launcher
 from mlsyskit.tools.kv.ops.coordproc import coordinator_argv
 
 RECORD = "cluster.json"
@@ -94,10 +95,7 @@ def process_argv(record: dict[str, Any], name: str) -> list[str]:
 
 def spawn(record: dict[str, Any], name: str) -> subprocess.Popen:
     """Start process `name` detached (its own session: `down` stops its whole group)."""
-    path = Path(record["data_dir"]) / "logs" / f"{name.replace(':', '-')}.log"
-    with open(path, "ab") as log:
-        return subprocess.Popen(process_argv(record, name), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+    return launcher.spawn(process_argv(record, name), Path(record["data_dir"]) / "logs" / f"{name.replace(':', '-')}.log")
 
 
 def entry(name: str, pid: int) -> dict[str, Any]:

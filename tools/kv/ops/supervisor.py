@@ -41,7 +41,9 @@ from mlsyskit.core.config import ConfigError
 from mlsyskit.core.errors import RuntimeFailure
 from mlsyskit.tools.kv.client.call import call, parse_info
 from mlsyskit.tools.kv.coord.spec import CoordinatorSpec
-from mlsyskit.tools.kv.ops.processes import alive, read_password
+from mlsyskit.tools.kv.ops import launcher
+from mlsyskit.tools.kv.ops.launcher import alive
+from mlsyskit.tools.kv.ops.processes import read_password
 from mlsyskit.tools.kv.ops.record import entry, load_record, same_process, spawn, update_record
 from mlsyskit.tools.kv.ops.restartpolicy import Action, PolicyConfig, RestartPolicy, Seen
 from mlsyskit.tools.kv.shardmap import ShardMap
@@ -204,21 +206,9 @@ class Supervisor:
         self.log(name, f"{action.value}: {why}; restarted {mode}".rstrip(), proc.pid)
 
     def _kill(self, e: dict[str, Any]) -> None:
-        """SIGKILL the whole group (a stopped process cannot handle SIGTERM) and wait until it is gone."""
-        for send in (lambda: os.killpg(e["pid"], signal.SIGKILL), lambda: os.kill(e["pid"], signal.SIGKILL)):
-            try:
-                send()
-                break
-            except (ProcessLookupError, PermissionError):
-                continue
-        # Reap only what we started, through its Popen: a bare waitpid would also reap a child of
-        # whoever runs the supervisor in-process, whose Popen then reads exit status 0 (ECHILD).
-        own = self.children.get(e["pid"])
-        deadline = time.monotonic() + 5.0  # real time: the kernel's, whatever clock drives the policy
-        while self._observe(e) is not Seen.GONE and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if own is not None:
-            own.poll()  # gone is a zombie until reaped
+        """SIGKILL the whole group (a stopped process cannot handle SIGTERM) and wait until it is gone;
+        reap only what we started, through its Popen (launcher.kill)."""
+        launcher.kill(self.children.get(e["pid"]) or e["pid"], gone=lambda: self._observe(e) is Seen.GONE)
 
     def run(self) -> None:
         """Poll every heartbeat interval until self.stop[0] (set by SIGTERM/SIGINT: never mid-restart)."""
