@@ -9,4 +9,8 @@
     verify.py         lost acknowledged writes and replica convergence
     runner.py         one seeded run: start, load + faults, heal, quiesce, verify
     report.py         the verdict as a table or JSON, exit 1 when it failed
+    simulate.py       one shard's controlets on a virtual network and clock (the node's interpreter)
+
+May import every room (it starts clusters through ops and talks to them through client); only the
+CLI and tests import it.
 """

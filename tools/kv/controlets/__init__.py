@@ -1,4 +1,12 @@
-"""Controlet registry: (topology, consistency) and CLI names to classes."""
+"""Replication and consistency as pure state machines, and their registry: (topology, consistency)
+and CLI names to classes.
+
+Owns the controlet interface (base: events in, actions out), the four protocols (ms_sc, ms_ec,
+aa_sc, aa_ec with its switch entry and exit), catch-up of a numbered stream (stream, streamtail,
+streamlog) and the learner. No sockets, clocks or files: node/interpreter.py carries out their
+actions for the runtime and the simulator alike. May import only redis (the value format),
+kv.shardmap and mlsyskit.core.
+"""
 from __future__ import annotations
 
 from mlsyskit.core.config import ConfigError

@@ -1,4 +1,9 @@
-"""Datalet registry: CLI names to classes. Adding a datalet is one class and one line here."""
+"""The data plane: single-server stores behind a node (memory, lmdb, redis) behind one Datalet API,
+and their registry (CLI names to classes; adding a datalet is one class and one line here).
+
+May import client.pipeline (the redis datalet's connection) and mlsyskit.core; only node and ops
+(which build a node's datalet) import it.
+"""
 from __future__ import annotations
 
 from typing import Any

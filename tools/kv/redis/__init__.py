@@ -3,5 +3,5 @@ how a value is stored (values), the typed read-modify-write commands (rmw, datat
 read commands over any key (queries).
 
 Owns no sockets, tasks or clocks (time is an argument). May import only the standard library,
-hiredis and mlsyskit.core; every other bespokv room may import it.
+hiredis, msgpack, mlsyskit.core and kv.shardmap's hash; every other bespokv room may import it.
 """
