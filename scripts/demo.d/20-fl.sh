@@ -1,14 +1,16 @@
-# fl: a real fl-server (TIFF, mutual TLS from `fl-server certs` + a shared token) and 10 fl-client
-# processes on loopback, 2 of them label-flippers, Dirichlet(1.0) label skew, for 10 rounds; then the
-# report: tokens per honest vs malicious provider, accuracy, consumer refunds (TRR/UIR), and the
-# accuracy/token curves as PNGs.
+# fl: a real federation on one machine: `fl-server partition` writes each client's own folder
+# (digits, Dirichlet(1.0) label skew), a real fl-server (TIFF, mutual TLS from `fl-server certs` + a
+# shared token) holds only the validation/test sets, and 10 fl-client processes each load only their
+# own folder (--data), 2 of them label-flippers, for 10 rounds; then the report: tokens per honest vs
+# malicious provider, accuracy, consumer refunds (TRR/UIR), and the accuracy/token curves as PNGs.
 set -euo pipefail
 out="${DEMO_DIR:-$(mktemp -d -t fl-demo.XXXXXX)}/fl"
 rm -rf "$out"
 mkdir -p "$out"
+fl-server partition --dataset digits --clients 10 --alpha 1.0 --out "$out/data" --quiet > /dev/null
 fl-server certs "$out/certs" --clients 10 --quiet > /dev/null
 head -c 24 /dev/urandom | base64 > "$out/token"
-port=$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(python -c 'from mlsyskit.core.net import free_port; print(free_port())')
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do
@@ -18,7 +20,7 @@ cleanup() {
 trap cleanup EXIT
 # --min-clients 10: every round waits for all ten (a fault-free demo; the default 2 lets rounds go on
 # while clients are away)
-fl-server run --strategy tiff --dataset digits --clients 10 --per-round 4 --rounds 10 --alpha 1.0 \
+fl-server run --strategy tiff --validation "$out/data/server" --clients 10 --per-round 4 --rounds 10 \
   --min-clients 10 --address "127.0.0.1:$port" --run-dir "$out/run" --certs "$out/certs" \
   --token-file "$out/token" --registration-timeout 120 > "$out/server.txt" &
 server=$!
@@ -27,7 +29,7 @@ clients=()
 for id in 0 1 2 3 4 5 6 7 8 9; do
   attack=none
   if [ "$id" -lt 2 ]; then attack=label-flip; fi
-  fl-client run --server "127.0.0.1:$port" --client-id "$id" --attack "$attack" \
+  fl-client run --server "127.0.0.1:$port" --client-id "$id" --data "$out/data/client-$id" --attack "$attack" \
     --certs "$out/certs" --token-file "$out/token" --reconnect 120 2>> "$out/clients.log" &
   clients+=("$!")
   pids+=("$!")

@@ -24,8 +24,9 @@ from mlsyskit.core.storage import MetaStore
 from mlsyskit.tools.fl.client import FlClient
 from mlsyskit.tools.fl.config import DataSpec, JobConfig
 from mlsyskit.tools.fl.coordinator import Coordinator
-from mlsyskit.tools.fl.data import load_federated
+from mlsyskit.tools.fl.data import load_client, load_federated
 from mlsyskit.tools.fl.incentive.ledger import Ledger
+from mlsyskit.tools.fl.partition import write_partition
 from mlsyskit.tools.fl.training import train_local
 from tests.conftest import ProcManager, free_port, wait_for_port
 
@@ -40,8 +41,10 @@ def job() -> JobConfig:
 
 
 def server_args(port: int, run_dir) -> list[str]:
+    """The server holds only the validation and test sets `fl-server partition` wrote beside run_dir."""
     config = job()
-    return ["fl-server", "run", "--strategy", config.strategy, "--clients", str(CLIENTS), "--per-round",
+    return ["fl-server", "run", "--validation", str(run_dir.parent / "parts" / "server"),
+            "--strategy", config.strategy, "--clients", str(CLIENTS), "--per-round",
             str(PER_ROUND), "--rounds", str(ROUNDS), "--seed", str(SEED), "--min-clients", "2",
             "--round-timeout", "15", "--fill-timeout", "1", "--registration-timeout", "60",
             "--address", f"127.0.0.1:{port}", "--run-dir", str(run_dir)]
@@ -85,7 +88,8 @@ class Chaos:
                 chaos.trained.append((cid, task["round"]))
                 return update
 
-        client = Recording(f"127.0.0.1:{self.port}", cid, reconnect_s=60, backoff_initial_s=0.05,
+        own = load_client(job().data, cid)[0]  # this client's own data (a real client loads its --data)
+        client = Recording(f"127.0.0.1:{self.port}", cid, own, reconnect_s=60, backoff_initial_s=0.05,
                            backoff_max_s=0.5, jitter_seed=SEED * 100 + cid)
         self.tasks[cid] = asyncio.create_task(client.run())
 
@@ -185,7 +189,7 @@ def replay(config: JobConfig, run_dir, replay_db) -> tuple[Coordinator, list[dic
 
 
 def test_backoff_is_capped_full_jitter_reproducible_and_resets():
-    from mlsyskit.tools.fl.backoff import Backoff
+    from mlsyskit.core.retry import Backoff
 
     def delays(seed: int, n: int) -> list[float]:
         backoff = Backoff(0.1, 2.0, random.Random(seed))
@@ -209,9 +213,11 @@ def test_backoff_is_capped_full_jitter_reproducible_and_resets():
         Backoff(1.0, 0.5)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="kill -9 of process groups")
 def test_twenty_kills_of_server_and_clients_job_completes_books_balance_model_matches_replay(tmp_path):
     run_dir = tmp_path / "run"
+    write_partition(job().data, tmp_path / "parts")
     port = free_port()
     pm = ProcManager()
 

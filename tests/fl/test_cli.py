@@ -5,10 +5,21 @@ from __future__ import annotations
 import json
 import warnings
 
+import pytest
 from conftest import invoke_cli
 
 from mlsyskit.tools.fl.client_cli import app as client_app
+from mlsyskit.tools.fl.config import DataSpec
+from mlsyskit.tools.fl.partition import write_partition
 from mlsyskit.tools.fl.server_cli import app as server_app
+
+
+def parts(tmp_path):
+    """A digits partition for 2 clients: server/ (validation, test) and client-0/, client-1/."""
+    out = tmp_path / "parts"
+    if not out.exists():
+        write_partition(DataSpec(num_clients=2), out)
+    return out
 
 
 def simulate(run_dir, strategy):
@@ -44,8 +55,11 @@ def test_simulate_then_report_against_the_default(tmp_path):
 def test_bad_input_gives_one_line_errors(tmp_path):
     empty = tmp_path / "empty-token"
     empty.write_text("\n")
-    (tmp_path / "client.toml").write_text('client_id = 1\nattack = "evil"\n')
-    (tmp_path / "typo.toml").write_text('client_id = 1\nreconect_s = 5\n')
+    val = ["--validation", str(parts(tmp_path) / "server")]
+    data = ["--data", str(parts(tmp_path) / "client-0")]
+    (tmp_path / "client.toml").write_text(f'client_id = 1\nattack = "evil"\ndata = "{data[1]}"\n')
+    (tmp_path / "typo.toml").write_text(f'client_id = 1\nreconect_s = 5\ndata = "{data[1]}"\n')
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
     cases = [
         (server_app, ["simulate", "--clients", "10", "--per-round", "20", "--run-dir", str(tmp_path / "a")],
          "per_round must be in [1, clients=10]"),
@@ -53,28 +67,43 @@ def test_bad_input_gives_one_line_errors(tmp_path):
         (server_app, ["simulate", "--clients", "500", "--per-round", "5", "--run-dir", str(tmp_path / "c")],
          "cannot give 500 clients"),
         (server_app, ["report", "--run-dir", str(tmp_path / "nothing")], "holds no FL run"),
-        (server_app, ["run", "--tls-cert", str(tmp_path / "x.pem"), "--run-dir", str(tmp_path / "d")],
+        (server_app, ["run", *val, "--tls-cert", str(tmp_path / "x.pem"), "--run-dir", str(tmp_path / "d")],
          "--tls-cert and --tls-key go together"),
-        (server_app, ["run", "--token-file", str(tmp_path / "missing"), "--run-dir", str(tmp_path / "e")],
+        (server_app, ["run", *val, "--token-file", str(tmp_path / "missing"), "--run-dir", str(tmp_path / "e")],
          "cannot read token file"),
-        (client_app, ["run", "--client-id", "0", "--attack", "evil"], "--attack must be one of"),
+        (client_app, ["run", "--client-id", "0", *data, "--attack", "evil"], "--attack must be one of"),
         (client_app, ["run", "--server", "127.0.0.1:1"], "--client-id is required"),
         (client_app, ["run", "--config", str(tmp_path / "client.toml")], "--attack must be one of"),
         (client_app, ["run", "--config", str(tmp_path / "typo.toml")], "reconect_s"),
-        (client_app, ["run", "--client-id", "0", "--certs", str(tmp_path / "no-certs")], "fl-server certs"),
-        (server_app, ["run", "--certs", str(tmp_path / "no-certs"), "--run-dir", str(tmp_path / "j")],
+        (client_app, ["run", "--client-id", "0", *data, "--certs", str(tmp_path / "no-certs")], "fl-server certs"),
+        (server_app, ["run", *val, "--certs", str(tmp_path / "no-certs"), "--run-dir", str(tmp_path / "j")],
          "fl-server certs"),
         (server_app, ["simulate", "--strategy", "nope", "--run-dir", str(tmp_path / "k")], "fedavg"),
         (server_app, ["simulate", "--malicious-fraction", "1.5", "--run-dir", str(tmp_path / "l")],
          "--malicious-fraction and --dropout must be in [0, 1)"),
         (server_app, ["certs", str(tmp_path / "certs"), "--clients", "2", "--client", "7"], "not both"),
         (server_app, ["certs", str(tmp_path / "certs"), "--ip", "not-an-ip"], "--ip"),
-        (client_app, ["run", "--client-id", "0", "--server", "localhost"], "--server must be HOST:PORT"),
-        (server_app, ["run", "--address", "nonsense", "--run-dir", str(tmp_path / "g")], "--address must be HOST:PORT"),
-        (server_app, ["run", "--address", "127.0.0.1:99999", "--run-dir", str(tmp_path / "h")], "port in 0..65535"),
-        (client_app, ["run", "--client-id", "0", "--token-file", str(empty)], "is empty"),
-        (server_app, ["run", "--token-file", str(empty), "--run-dir", str(tmp_path / "f")], "is empty"),
-        (client_app, ["run", "--client-id", "0", "--tls-ca", str(tmp_path / "no-ca.pem")], "cannot read TLS CA"),
+        (client_app, ["run", "--client-id", "0", *data, "--server", "localhost"], "--server must be HOST:PORT"),
+        (server_app, ["run", *val, "--address", "nonsense", "--run-dir", str(tmp_path / "g")],
+         "--address must be HOST:PORT"),
+        (server_app, ["run", *val, "--address", "127.0.0.1:99999", "--run-dir", str(tmp_path / "h")],
+         "port in 0..65535"),
+        (client_app, ["run", "--client-id", "0", *data, "--token-file", str(empty)], "is empty"),
+        (server_app, ["run", *val, "--token-file", str(empty), "--run-dir", str(tmp_path / "f")], "is empty"),
+        (client_app, ["run", "--client-id", "0", *data, "--tls-ca", str(tmp_path / "no-ca.pem")],
+         "cannot read TLS CA"),
+        # a party's own data and model (issue 21): bad specs are usage errors naming the flag and target
+        (client_app, ["run", "--client-id", "0"], "--data is required"),
+        (client_app, ["run", "--client-id", "0", "--data", str(tmp_path / "nowhere")], "no such file or folder"),
+        (client_app, ["run", "--client-id", "0", "--data", str(tmp_path / "bad.npz")], "cannot read it as .npz"),
+        (client_app, ["run", "--client-id", "0", "--data", "no_such_module:load"], "cannot import no_such_module"),
+        (client_app, ["run", "--client-id", "0", *data, "--model", "no_such_module:net"],
+         "--model 'no_such_module:net': cannot import"),
+        (server_app, ["run", "--validation", str(tmp_path / "nowhere"), "--run-dir", str(tmp_path / "n")],
+         "--validation"),
+        (server_app, ["run", *val, "--classes", "3", "--run-dir", str(tmp_path / "o")], "--classes 3 is fewer"),
+        (server_app, ["partition", "--dataset", "digits", "--clients", "900", "--out", str(tmp_path / "p")],
+         "cannot give 900 clients"),
     ]
     for app, args, message in cases:
         result = invoke_cli(app, args)
@@ -83,6 +112,30 @@ def test_bad_input_gives_one_line_errors(tmp_path):
         assert "Traceback" not in result.output
 
 
+def test_errors_in_user_code_are_one_line_naming_the_target_exit_1_and_v_shows_the_traceback(tmp_path):
+    cases = [
+        (server_app, ["simulate", "--dataset", "tests.fl.user_code:raising_loader", "--run-dir", str(tmp_path / "a")],
+         "--dataset 'tests.fl.user_code:raising_loader' raised RuntimeError: the dataset server is down"),
+        (server_app, ["simulate", "--model", "tests.fl.user_code:raising_model", "--clients", "4", "--per-round",
+                      "2", "--rounds", "1", "--run-dir", str(tmp_path / "b")],
+         "--model 'tests.fl.user_code:raising_model' raised TypeError: unsupported layer"),
+        (client_app, ["run", "--client-id", "0", "--data", "tests.fl.user_code:raising_client_data"],
+         "--data 'tests.fl.user_code:raising_client_data' raised KeyError: 'y'"),
+    ]
+    for app, args, message in cases:
+        result = invoke_cli(app, args)
+        assert result.exit_code == 1, (args, result.output)
+        assert message in " ".join(result.output.split()), (args, result.output)
+        assert "Traceback" not in result.output
+        verbose = invoke_cli(app, [*args, "-v"])
+        assert verbose.exit_code == 1 and "Traceback" in verbose.output, verbose.output
+    # a loader's arrays that do not fit the task are refused before any connection: the data, not the code
+    result = invoke_cli(client_app, ["run", "--client-id", "0", "--data", "tests.fl.user_code:own_arrays",
+                                     "--model", "tests.fl.user_code:nothing_here"])
+    assert result.exit_code == 2 and "has no attribute 'nothing_here'" in result.output
+
+
+@pytest.mark.slow
 def test_runtime_failures_exit_1(tmp_path):
     """Valid requests that cannot be carried out: too few clients, no server, a server that refuses."""
     import socket
@@ -93,12 +146,15 @@ def test_runtime_failures_exit_1(tmp_path):
         taken = busy.getsockname()[1]
         (tmp_path / "token").write_text("secret")
         cases = [
-            (server_app, ["run", "--clients", "2", "--per-round", "1", "--address", "127.0.0.1:0", "--run-dir",
-                          str(tmp_path / "i"), "--registration-timeout", "0.5"],
+            (server_app, ["run", "--validation", str(parts(tmp_path) / "server"), "--clients", "2", "--per-round",
+                          "1", "--address", "127.0.0.1:0", "--run-dir", str(tmp_path / "i"),
+                          "--registration-timeout", "0.5"],
              "only 0 of the 2 clients a round needs were available"),
-            (server_app, ["run", "--address", f"127.0.0.1:{taken}", "--run-dir", str(tmp_path / "m")],
+            (server_app, ["run", "--validation", str(parts(tmp_path) / "server"), "--address", f"127.0.0.1:{taken}",
+                          "--run-dir", str(tmp_path / "m")],
              "cannot listen"),
-            (client_app, ["run", "--client-id", "0", "--server", f"127.0.0.1:{_free_port()}", "--reconnect", "0.3"],
+            (client_app, ["run", "--client-id", "0", "--data", str(parts(tmp_path) / "client-0"), "--server",
+                          f"127.0.0.1:{_free_port()}", "--reconnect", "0.3"],
              "no server at"),
         ]
         for app, args, message in cases:

@@ -14,6 +14,15 @@ from mlsyskit.tools.fl.client import FlClient
 from mlsyskit.tools.fl.config import DataSpec, JobConfig, TrainSpec
 from mlsyskit.tools.fl.server import FlServer
 
+pytestmark = pytest.mark.slow  # starts a server (listens on a socket) or a process
+
+
+def own(config, cid):
+    """Client cid's own data in this experiment (a real client loads its --data; tests split one dataset)."""
+    from mlsyskit.tools.fl.data import load_client
+
+    return load_client(config.data, cid)[0]
+
 pytest.importorskip("torch")
 
 CNN = "mlsyskit.tools.fl.examples.digits_cnn:small_cnn"
@@ -37,7 +46,7 @@ def test_custom_model_and_dataset_run_end_to_end_and_wrong_shapes_are_refused(tm
                                                         "shapes": wrong}, timeout=30):
                         break
             summaries = await asyncio.gather(server.serve(registration_timeout_s=60),
-                                             *(FlClient(address, cid).run() for cid in range(2)))
+                                             *(FlClient(address, cid, own(config, cid)).run() for cid in range(2)))
         finally:
             await server.stop()
         return server, summaries[1:]

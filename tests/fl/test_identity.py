@@ -16,6 +16,15 @@ from mlsyskit.tools.fl.client import ClientStopped, FlClient
 from mlsyskit.tools.fl.config import DataSpec, JobConfig
 from mlsyskit.tools.fl.incentive.ledger import client_account
 
+pytestmark = pytest.mark.slow  # starts a server (listens on a socket) or a process
+
+
+def own(config, cid):
+    """Client cid's own data in this experiment (a real client loads its --data; tests split one dataset)."""
+    from mlsyskit.tools.fl.data import load_client
+
+    return load_client(config.data, cid)[0]
+
 METRICS = {"num_samples": 0, "loss": 0.5, "quality": 0.9, "train_time_s": 0.1, "cpu_time_s": 0.1}
 
 
@@ -120,15 +129,16 @@ def test_certificates_bind_ids_replays_and_reports_are_refused(tmp_path):
                 await expect_code(rpc.call("job", {}, timeout=5), StatusCode.UNAVAILABLE)
             # ... and a client in that position is told what it lacks, not "no server answered"
             with pytest.raises(ClientStopped, match="asks for a client certificate"):
-                await FlClient(address, 0, token="t", tls=ClientTls.from_files(files.ca), reconnect_s=10).run()
+                await FlClient(address, 0, own(config, 0), token="t", tls=ClientTls.from_files(files.ca),
+                               reconnect_s=10).run()
             with pytest.raises(ClientStopped, match="expects TLS and this client sent plaintext: give --certs"):
-                await FlClient(address, 0, token="t", reconnect_s=10).run()
+                await FlClient(address, 0, own(config, 0), token="t", reconnect_s=10).run()
             # a whole client run as someone else stops at once with the server's reason
             with pytest.raises(ClientStopped, match="certificate is for client 1"):
-                await FlClient(address, 0, token="t", tls=tls_for(files, "1"), reconnect_s=10).run()
+                await FlClient(address, 0, own(config, 0), token="t", tls=tls_for(files, "1"), reconnect_s=10).run()
             serving = asyncio.create_task(server.serve(registration_timeout_s=60))
-            honest0 = Capturing(address, 0, token="t", tls=tls_for(files, "0"), log=log)
-            honest1 = FlClient(address, 1, token="t", tls=tls_for(files, "1"))
+            honest0 = Capturing(address, 0, own(config, 0), token="t", tls=tls_for(files, "0"), log=log)
+            honest1 = FlClient(address, 1, own(config, 1), token="t", tls=tls_for(files, "1"))
             results = await asyncio.gather(honest0.run(), honest1.run(), attacker(address, files, log), serving)
         finally:
             await server.stop()
@@ -220,7 +230,7 @@ def test_replayed_update_in_the_same_or_a_later_round_is_refused(tmp_path):
         port = await server.start()
         log: list = []
         try:
-            await asyncio.gather(server.serve(60), FlClient(f"127.0.0.1:{port}", 0).run(),
+            await asyncio.gather(server.serve(60), FlClient(f"127.0.0.1:{port}", 0, own(config, 0)).run(),
                                  replayer(f"127.0.0.1:{port}", log), holder(f"127.0.0.1:{port}"))
         finally:
             await server.stop()

@@ -8,14 +8,31 @@ import json
 import subprocess
 import time
 
+import pytest
+
 from mlsyskit.core.storage import MetaStore
+from mlsyskit.tools.fl.config import DataSpec
 from mlsyskit.tools.fl.incentive.ledger import Ledger
+from mlsyskit.tools.fl.partition import write_partition
 from tests.conftest import free_port, wait_for_port
+
+pytestmark = pytest.mark.slow
+
+
+_PARTS: dict[int, object] = {}  # server port -> the folders `fl-server partition` wrote for its clients
 
 
 def start_server(pm, port, run_dir, *extra):
-    args = ["fl-server", "run", "--strategy", "tiff", "--dataset", "digits", "--address", f"127.0.0.1:{port}",
-            "--run-dir", str(run_dir), "--registration-timeout", "60", "--round-timeout", "20", *extra]
+    """A real server that holds only the validation/test sets of a digits partition written beside run_dir
+    (once per test); its clients each get their own folder of it (start_client)."""
+    clients = int(extra[list(extra).index("--clients") + 1])
+    parts = run_dir.parent / "parts"
+    if not parts.exists():
+        write_partition(DataSpec(dataset="digits", num_clients=clients), parts)
+    _PARTS[port] = parts
+    args = ["fl-server", "run", "--strategy", "tiff", "--validation", str(parts / "server"), "--address",
+            f"127.0.0.1:{port}", "--run-dir", str(run_dir), "--registration-timeout", "60", "--round-timeout", "20",
+            *extra]
     proc = pm.start(args)
     wait_for_port(port, proc=proc, timeout=60)
     return proc
@@ -23,7 +40,7 @@ def start_server(pm, port, run_dir, *extra):
 
 def start_client(pm, port, cid, *extra, **popen):
     return pm.start(["fl-client", "run", "--server", f"127.0.0.1:{port}", "--client-id", str(cid),
-                     "--dataset", "digits", "--reconnect", "60", *extra], **popen)
+                     "--data", str(_PARTS[port] / f"client-{cid}"), "--reconnect", "60", *extra], **popen)
 
 
 def proc_env() -> dict:
@@ -125,7 +142,7 @@ def test_server_restart_resumes_from_checkpoint(proc_manager, tmp_path):
     run_dir = tmp_path / "run"
     common = ["--clients", "3", "--per-round", "2", "--rounds", "4"]
     server = start_server(proc_manager, port, run_dir, *common, "--crash-after-round", "2")
-    clients = [start_client(proc_manager, port, cid) for cid in range(3)]
+    clients = [start_client(proc_manager, port, cid, "--json") for cid in range(3)]
     code, _ = finish(proc_manager, server)
     assert code == 3
     total, _, _, rounds = books(run_dir)
@@ -134,10 +151,21 @@ def test_server_restart_resumes_from_checkpoint(proc_manager, tmp_path):
     code, stderr = finish(proc_manager, server)
     assert code == 0, stderr
     assert "resuming after round 2" in stderr
-    assert all(finish(proc_manager, c)[0] == 0 for c in clients)
-    total, endowments, _, rounds = books(run_dir)
+    summaries = []
+    for client in clients:
+        out, err = client.communicate(timeout=120)
+        assert client.returncode == 0, err.decode()[-2000:]
+        assert "Traceback" not in err.decode()
+        summaries.append(json.loads(out))
+    total, endowments, pay, rounds = books(run_dir)
     assert [r["round"] for r in rounds] == [1, 2, 3, 4]
     assert abs(total) < 1e-9 and all(v == 1000.0 for v in endowments.values()) and len(endowments) == 3
+    # each client's own token summary is the ledger's, though round 2's news died with the first server
+    with MetaStore(run_dir / "fl.db") as store:
+        balances = Ledger(store).balances()
+    for cid, summary in enumerate(summaries):
+        assert abs(summary["tokens_earned"] - pay.get(f"client:{cid}", 0.0)) < 1e-9, (cid, summary, pay)
+        assert abs(summary["balance"] - balances[f"client:{cid}"]) < 1e-9
 
 
 def test_server_killed_while_every_selected_client_trains_job_completes_with_the_same_clients(proc_manager, tmp_path):

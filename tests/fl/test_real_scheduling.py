@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import free_port
 from tests.fl.test_loopback import finish, start_client, start_server
+
+pytestmark = pytest.mark.slow  # starts a server (listens on a socket) or a process
 
 
 def round_ends(run_dir) -> list[dict]:

@@ -55,6 +55,7 @@ def tls_attempt(port: int, ca, cert=None, key=None) -> int:
     return local
 
 
+@pytest.mark.slow
 def test_failed_tls_handshakes_are_logged_with_the_peer_address_and_the_reason(tmp_path, caplog):
     files = issue_certs(tmp_path / "certs", client_ids=["0"])
     stranger = issue_certs(tmp_path / "other", client_ids=["0"])  # another CA, its own client pair

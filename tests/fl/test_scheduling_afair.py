@@ -9,9 +9,9 @@ import pytest
 
 from mlsyskit.core.config import ConfigError
 from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
-from mlsyskit.tools.fl.scheduling import make_scheduler
 from mlsyskit.tools.fl.scheduling.base import TrackingConfig
 from mlsyskit.tools.fl.scheduling.hetero import HeteroConfig, HeteroScheduler
+from mlsyskit.tools.fl.selectors import make_selector
 
 CLIENTS = range(40)
 
@@ -41,8 +41,8 @@ def poorly_served_share(scheduler, rounds=60, seed=0):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_afair_picks_the_worst_served_clients_more_often_than_random_and_than_tiers_alone(seed):
-    afair = poorly_served_share(make_scheduler("afair"), seed=seed)
-    random_share = poorly_served_share(make_scheduler("random"), seed=seed)
+    afair = poorly_served_share(make_selector("afair"), seed=seed)
+    random_share = poorly_served_share(make_selector("random"), seed=seed)
     tiers_only = poorly_served_share(HeteroScheduler(HeteroConfig(preset="afair", afair_client_share=0.0)), seed=seed)
     # a quarter of the population is poorly served; random gives them about a quarter of the picks
     assert 0.15 < random_share < 0.35
@@ -83,15 +83,15 @@ def test_afair_constants_are_checked(bad):
 
 
 def test_deadline_profiled_only_cuts_a_slow_explorer_at_the_profiled_clients_deadline():
-    fast = make_scheduler("fast", tracking=TrackingConfig(deadline_profiled_only=True))
+    fast = make_selector("fast", tracking=TrackingConfig(deadline_profiled_only=True))
     fast.observe(outcome(1, [0, 1, 2]))  # latencies 1, 2, 3 s
     assert fast.round_deadline([0, 2, 30]) == pytest.approx(1.5 * 3.0)  # 30 is unprofiled
-    assert make_scheduler("fast").round_deadline([0, 30]) == 1.5 * 600.0  # the default: the fallback counts
+    assert make_selector("fast").round_deadline([0, 30]) == 1.5 * 600.0  # the default: the fallback counts
 
 
 @pytest.mark.parametrize("name, pool, profiled_only", [("fast", 0.0, False), ("afair", 3.0, True),
                                                         ("adaptive", 0.0, True), ("rfair", 0.0, False)])
 def test_presets_carry_their_tuned_pool_and_deadline_rule_unless_overridden(name, pool, profiled_only):
-    scheduler = make_scheduler(name)
+    scheduler = make_selector(name)
     assert (scheduler.config.pool(), scheduler.tracking.deadline_profiled_only) == (pool, profiled_only)
     assert HeteroConfig(preset=name, fast_pool=1.5).pool() == 1.5

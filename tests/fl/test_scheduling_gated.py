@@ -6,11 +6,11 @@ import random
 
 from mlsyskit.tools.fl.config import SelectionConfig
 from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
-from mlsyskit.tools.fl.scheduling import make_scheduler
 from mlsyskit.tools.fl.scheduling.gated import GatedScheduler
 from mlsyskit.tools.fl.scheduling.harness import HarnessConfig, run
 from mlsyskit.tools.fl.scheduling.hetero import HeteroConfig
 from mlsyskit.tools.fl.selection.trusted_random import TrustedRandomSelector
+from mlsyskit.tools.fl.selectors import make_selector
 
 ATTACKERS = set(range(5))  # also the fastest clients: a speed-only scheduler loves them
 
@@ -23,7 +23,7 @@ def outcome(round_num, selected):
 
 def gated(fast_pool=3.0):
     gate = TrustedRandomSelector(SelectionConfig(epsilon=0.0, epsilon_min=0.0))
-    return GatedScheduler(gate, make_scheduler("fast", HeteroConfig(preset="fast", fast_pool=fast_pool)), pool_factor=3)
+    return GatedScheduler(gate, make_selector("fast", HeteroConfig(preset="fast", fast_pool=fast_pool)), pool_factor=3)
 
 
 def drive(selector, rounds):
@@ -37,7 +37,7 @@ def drive(selector, rounds):
 
 def test_fast_inside_tiff_trust_avoids_distrusted_fast_clients():
     # fast_pool 0: only the very fastest score 1, so fast alone keeps picking the fast attackers
-    plain = drive(make_scheduler("fast", HeteroConfig(preset="fast", fast_pool=0.0)), 30)
+    plain = drive(make_selector("fast", HeteroConfig(preset="fast", fast_pool=0.0)), 30)
     assert sum(c in ATTACKERS for chosen in plain[-10:] for c in chosen) >= 20
     composed = gated(fast_pool=0.0)  # the fastest of TIFF's pool, not a rotation among them
     trace = drive(composed, 30)

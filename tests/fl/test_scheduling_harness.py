@@ -7,28 +7,28 @@ import statistics
 
 import pytest
 
-from mlsyskit.tools.fl.scheduling import make_scheduler
 from mlsyskit.tools.fl.scheduling.availability import SyntheticAvailability
 from mlsyskit.tools.fl.scheduling.base import TrackingConfig
 from mlsyskit.tools.fl.scheduling.harness import HarnessConfig, run
 from mlsyskit.tools.fl.scheduling.resources import ResourceModel, Slowdown
+from mlsyskit.tools.fl.selectors import make_selector
 
 SMALL = HarnessConfig(clients=60, per_round=6, rounds=40)
 SEEDS = (0, 1, 2)
 
 
 def summaries(name, config=SMALL):
-    return [run(make_scheduler(name), config, seed).summary(target=0.7) for seed in SEEDS]
+    return [run(make_selector(name), config, seed).summary(target=0.7) for seed in SEEDS]
 
 
 @pytest.mark.parametrize("name", ["oort", "adaptive", "tifl"])
 def test_same_seed_same_trace_and_results(name):
-    first = run(make_scheduler(name), SMALL, seed=4)
-    second = run(make_scheduler(name), SMALL, seed=4)
+    first = run(make_selector(name), SMALL, seed=4)
+    second = run(make_selector(name), SMALL, seed=4)
     assert first.selections == second.selections
     assert first.accuracy == second.accuracy and first.round_end_s == second.round_end_s
     assert first.summary(0.7) == second.summary(0.7)
-    assert run(make_scheduler(name), SMALL, seed=5).selections != first.selections
+    assert run(make_selector(name), SMALL, seed=5).selections != first.selections
 
 
 def test_fast_shortens_rounds_against_random_on_every_seed():
@@ -53,7 +53,7 @@ def test_afair_narrows_per_client_accuracy_against_fast():
 def test_unavailable_clients_are_masked():
     availability = SyntheticAvailability(3, mean_on_s=60, mean_off_s=60, horizon_s=50_000)
     for name in ("random", "oort", "adaptive"):
-        result = run(make_scheduler(name), SMALL, seed=3, availability=availability)
+        result = run(make_selector(name), SMALL, seed=3, availability=availability)
         starts = [0.0, *result.round_end_s[:-1]]
         for start, chosen in zip(starts, result.selections, strict=True):
             assert all(availability.is_active(c, start) for c in chosen)
@@ -62,19 +62,19 @@ def test_unavailable_clients_are_masked():
 
 def test_a_tight_deadline_counts_wasted_work_and_caps_rounds():
     config = HarnessConfig(clients=60, per_round=6, rounds=15, deadline_s=3.0)
-    result = run(make_scheduler("random"), config, seed=0)
+    result = run(make_selector("random"), config, seed=0)
     durations = [b - a for a, b in zip([0.0, *result.round_end_s], result.round_end_s, strict=False)]
     assert max(durations) <= 3.0 + 1e-9
     summary = result.summary()
     assert 0 < summary["wasted_cpu_s"] < summary["cpu_s"]
-    loose = run(make_scheduler("random"), HarnessConfig(clients=60, per_round=6, rounds=15), seed=0).summary()
+    loose = run(make_selector("random"), HarnessConfig(clients=60, per_round=6, rounds=15), seed=0).summary()
     assert loose["wasted_cpu_s"] == 0
     assert summary["final_accuracy"] < loose["final_accuracy"]  # late updates do not train the model
 
 
 def test_a_client_slowed_mid_run_is_retiered_and_dropped_by_fast():
     def scheduler():
-        return make_scheduler("fast", tracking=TrackingConfig(num_tiers=4, retier_every=5))
+        return make_selector("fast", tracking=TrackingConfig(num_tiers=4, retier_every=5))
 
     baseline = scheduler()
     warm = run(baseline, HarnessConfig(clients=60, per_round=6, rounds=10), seed=0)
@@ -86,9 +86,10 @@ def test_a_client_slowed_mid_run_is_retiered_and_dropped_by_fast():
     result = run(slowed, HarnessConfig(clients=60, per_round=6, rounds=60), seed=0, resources=resources)
     assert result.selections[:10] == warm.selections
     # re-tiered out of the fast half: one slow round moves its EMA (beta 0.5) half way, and fast
-    # does not pick it again to measure more
+    # stops picking it; only its exploration slot (1 of 6, drawn among all 60) may still land on it
     assert slowed.tiers.tier_of(quickest) >= 2 and slowed.tiers.retiers > baseline.tiers.retiers
-    assert all(quickest not in chosen for chosen in result.selections[25:])
+    assert all(quickest in chosen for chosen in warm.selections[1:])  # before: in every round
+    assert sum(quickest in chosen for chosen in result.selections[25:]) <= 2
 
 
 def test_compare_reports_every_scheduler_with_values_in_range(capsys):
@@ -104,6 +105,7 @@ def test_compare_reports_every_scheduler_with_values_in_range(capsys):
         assert 0 < jain <= 1 and 0 <= float(cells[6]) <= 1
 
 
+@pytest.mark.slow
 def test_same_trace_in_processes_with_different_hash_seeds():
     import json
     import os
@@ -111,10 +113,10 @@ def test_same_trace_in_processes_with_different_hash_seeds():
     import sys
 
     script = ("import json\n"
-              "from mlsyskit.tools.fl.scheduling import make_scheduler\n"
+              "from mlsyskit.tools.fl.selectors import make_selector\n"
               "from mlsyskit.tools.fl.scheduling.availability import SyntheticAvailability\n"
               "from mlsyskit.tools.fl.scheduling.harness import HarnessConfig, run\n"
-              "out = {n: run(make_scheduler(n), HarnessConfig(clients=40, per_round=5, rounds=12), 7,\n"
+              "out = {n: run(make_selector(n), HarnessConfig(clients=40, per_round=5, rounds=12), 7,\n"
               "              availability=SyntheticAvailability(7, mean_on_s=120, mean_off_s=60)).selections\n"
               "       for n in ('tifl', 'oort', 'adaptive')}\n"
               "print(json.dumps(out))\n")
@@ -130,9 +132,9 @@ def test_same_trace_in_processes_with_different_hash_seeds():
 
 def test_adaptive_leaves_fast_after_a_plateau_and_spreads_participation():
     for seed in SEEDS:
-        adaptive = make_scheduler("adaptive")
+        adaptive = make_selector("adaptive")
         result = run(adaptive, SMALL, seed)
-        fast = run(make_scheduler("fast"), SMALL, seed)
+        fast = run(make_selector("fast"), SMALL, seed)
         assert adaptive.shifts and adaptive.weights["fast"] < 1.0
         assert result.selections[:adaptive.shifts[0][0]] == fast.selections[:adaptive.shifts[0][0]]  # fast until then
         assert result.summary()["participation_jain"] > fast.summary()["participation_jain"]

@@ -11,11 +11,11 @@ import pytest
 from mlsyskit.core.config import ConfigError
 from mlsyskit.core.registry import UnknownNameError
 from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
-from mlsyskit.tools.fl.scheduling import SCHEDULERS, make_scheduler
 from mlsyskit.tools.fl.scheduling.base import TrackingConfig
 from mlsyskit.tools.fl.scheduling.hetero import HeteroConfig, HeteroScheduler
 from mlsyskit.tools.fl.scheduling.oort import OortConfig, OortScheduler, weighted_sample
 from mlsyskit.tools.fl.scheduling.tifl import TiflConfig, TiflScheduler
+from mlsyskit.tools.fl.selectors import SELECTORS, make_selector
 
 NAMES = ["random", "tifl", "oort", "fast", "rfair", "afair", "perf", "adaptive"]
 
@@ -48,28 +48,31 @@ def drive(scheduler, rounds, available=range(40), k=5, seed=0, accuracy=lambda r
 
 
 def test_registry_names_and_unknown_name():
-    assert sorted(SCHEDULERS.names()) == sorted(NAMES)
+    # one family: TIFF's selectors and the schedulers, each registered once, each built the same way
+    assert sorted(SELECTORS.names()) == sorted([*NAMES, "quality-greedy", "trusted-random"])
+    for name in SELECTORS.names():
+        assert make_selector(name).name == name
     with pytest.raises(UnknownNameError):
-        make_scheduler("fastest")
+        make_selector("fastest")
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_selects_k_distinct_available_clients_deterministically(name):
     available = [3, 5, 8, 13, 21, 34, 35, 36, 37, 38, 39, 1, 2]
-    trace_a = drive(make_scheduler(name), 30, available=available, k=4)
-    trace_b = drive(make_scheduler(name), 30, available=available, k=4)
+    trace_a = drive(make_selector(name), 30, available=available, k=4)
+    trace_b = drive(make_selector(name), 30, available=available, k=4)
     assert trace_a == trace_b
     for chosen in trace_a:
         assert len(chosen) == 4 == len(set(chosen)) and set(chosen) <= set(available)
-    small = make_scheduler(name).select(1, [7, 9], 5, random.Random(0))
+    small = make_selector(name).select(1, [7, 9], 5, random.Random(0))
     assert sorted(small) == [7, 9]  # fewer available than k: all of them
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "random"])
 def test_state_dict_round_trips_through_json_and_resumes_the_same_selection(name):
-    first = make_scheduler(name)
+    first = make_selector(name)
     drive(first, 25)
-    second = make_scheduler(name)
+    second = make_selector(name)
     second.load_state_dict(json.loads(json.dumps(first.state_dict())))
     assert second.state_dict() == json.loads(json.dumps(first.state_dict()))
     rng_a, rng_b = random.Random(99), random.Random(99)
@@ -78,7 +81,7 @@ def test_state_dict_round_trips_through_json_and_resumes_the_same_selection(name
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "random"])
 def test_unavailable_clients_are_never_selected(name):
-    scheduler = make_scheduler(name)
+    scheduler = make_selector(name)
     drive(scheduler, 15)  # every client known and profiled
     for r in range(16, 30):
         online = [c for c in range(40) if (c + r) % 3]
@@ -152,7 +155,7 @@ def test_fast_prefers_the_fastest_clients_and_rfair_rotates():
     late = Counter(c for chosen in pooled[-10:] for c in chosen)
     assert sum(n for c, n in late.items() if c < 25) >= 4 * 10  # the fast 60% of a population of 40
     assert max(late.values()) <= 6 and len(late) >= 15
-    rfair = make_scheduler("rfair")
+    rfair = make_selector("rfair")
     drive(rfair, 40, k=5)  # 200 slots over 40 clients
     assert set(rfair.participation.values()) <= {4, 5, 6}
     assert rfair.participation_jain() > 0.98
@@ -198,7 +201,7 @@ def test_free_weights_override_presets_and_are_validated():
 
 
 def test_adaptive_starts_fast_and_shifts_on_plateau():
-    adaptive = make_scheduler("adaptive")
+    adaptive = make_selector("adaptive")
     assert adaptive.weights["fast"] == 1.0
     drive(adaptive, 8, accuracy=lambda r: 0.1 * r)  # still improving: no shift
     assert adaptive.shifts == [] and adaptive.weights["fast"] == 1.0
@@ -216,7 +219,7 @@ def test_adaptive_starts_fast_and_shifts_on_plateau():
 
 @pytest.mark.parametrize("name", ["tifl", "oort", "adaptive"])
 def test_memory_grows_with_clients_touched_not_with_the_population(name):
-    scheduler = make_scheduler(name)
+    scheduler = make_selector(name)
     population = list(range(100_000))
     touched = set()
     for r in range(1, 4):

@@ -131,9 +131,9 @@ def test_signals_read_the_coordinators_deadline_failures():
 
 def test_a_client_claiming_to_be_fast_is_tiered_by_the_servers_clock():
     from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
-    from mlsyskit.tools.fl.scheduling import make_scheduler
+    from mlsyskit.tools.fl.selectors import make_selector
 
-    scheduler = make_scheduler("fast")
+    scheduler = make_selector("fast")
     for r in range(1, 4):
         reports = {c: ClientReport(c, {"train_time_s": 1.0 + c, "received_s": 1.0 + c, "num_samples": 5})
                    for c in range(10)}

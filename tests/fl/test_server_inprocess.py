@@ -13,7 +13,17 @@ from mlsyskit.core.storage import MetaStore
 from mlsyskit.tools.fl.client import ClientStopped, FlClient
 from mlsyskit.tools.fl.config import DataSpec, JobConfig
 from mlsyskit.tools.fl.incentive.ledger import client_account
-from mlsyskit.tools.fl.server import FlServer, transport_limit
+from mlsyskit.tools.fl.server import FlServer
+from mlsyskit.tools.fl.server_wire import transport_limit
+
+pytestmark = pytest.mark.slow  # starts a server (listens on a socket) or a process
+
+
+def own(config, cid):
+    """Client cid's own data in this experiment (a real client loads its --data; tests split one dataset)."""
+    from mlsyskit.tools.fl.data import load_client
+
+    return load_client(config.data, cid)[0]
 
 METRICS = {"num_samples": 10, "loss": 0.5, "quality": 0.9, "train_time_s": 0.1, "cpu_time_s": 0.1}
 
@@ -47,7 +57,8 @@ async def misbehave(address: str, log: list) -> None:
 
 
 def test_bad_updates_deadline_and_auth(tmp_path):
-    config = JobConfig(strategy="tiff", rounds=3, per_round=3, round_timeout_s=3.0, data=DataSpec(num_clients=3))
+    # 8 s: the bad updates must arrive before the deadline on a loaded machine; round 3's silence waits it out
+    config = JobConfig(strategy="tiff", rounds=3, per_round=3, round_timeout_s=8.0, data=DataSpec(num_clients=3))
 
     async def main():
         store = MetaStore(tmp_path / "fl.db")
@@ -56,7 +67,7 @@ def test_bad_updates_deadline_and_auth(tmp_path):
         address = f"127.0.0.1:{port}"
         try:
             with pytest.raises(ClientStopped, match="bad or missing token"):
-                await FlClient(address, 0, token="wrong", reconnect_s=5).run()
+                await FlClient(address, 0, own(config, 0), token="wrong", reconnect_s=5).run()
             async with RpcClient(address, token="t") as rpc:
                 with pytest.raises(RpcError, match="outside 0..2") as info:
                     _ = [m async for m in rpc.stream("join", {"client_id": 7, "num_samples": 1,
@@ -64,7 +75,7 @@ def test_bad_updates_deadline_and_auth(tmp_path):
                 assert info.value.code == StatusCode.INVALID_ARGUMENT
             serving = asyncio.create_task(server.serve(registration_timeout_s=60))
             log: list = []
-            honest = [asyncio.create_task(FlClient(address, i, token="t").run()) for i in (0, 1)]
+            honest = [asyncio.create_task(FlClient(address, i, own(config, i), token="t").run()) for i in (0, 1)]
             await asyncio.gather(misbehave(address, log), *honest, serving)
         finally:
             await server.stop()
@@ -120,7 +131,8 @@ def test_update_over_the_job_limit_but_under_the_transport_limit_is_rejected_wit
         address = f"127.0.0.1:{port}"
         try:
             serving = asyncio.create_task(server.serve(registration_timeout_s=60))
-            reply, _, _ = await asyncio.gather(send_oversized(address), FlClient(address, 0).run(), serving)
+            reply, _, _ = await asyncio.gather(send_oversized(address), FlClient(address, 0, own(config, 0)).run(),
+                                               serving)
         finally:
             await server.stop()
         return server, reply, store
@@ -170,7 +182,8 @@ def test_session_messages_claiming_another_client_end_only_that_session(tmp_path
         address = f"127.0.0.1:{port}"
         try:
             serving = asyncio.create_task(server.serve(registration_timeout_s=30))
-            codes, honest, _ = await asyncio.gather(spoof(address), FlClient(address, 0).run(), serving)
+            codes, honest, _ = await asyncio.gather(spoof(address), FlClient(address, 0, own(config, 0)).run(),
+                                                    serving)
         finally:
             await server.stop()
         store.close()
@@ -198,7 +211,8 @@ def test_real_transport_and_simulation_give_the_same_job(tmp_path):
         port = await server.start()
         address = f"127.0.0.1:{port}"
         try:
-            clients = [FlClient(address, cid, attack=attacks.get(cid, "none")).run() for cid in range(4)]
+            clients = [FlClient(address, cid, own(config, cid), attack=attacks.get(cid, "none")).run()
+                       for cid in range(4)]
             await asyncio.gather(server.serve(registration_timeout_s=60), *clients)
         finally:
             await server.stop()
@@ -227,12 +241,14 @@ def test_real_transport_and_simulation_give_the_same_job(tmp_path):
 
 
 def test_a_reconnect_mid_round_drops_the_old_stream_at_once(tmp_path):
-    """Client 1 is selected, then opens a new session (as after a lost connection) before reporting: the
-    round marks it failed at once instead of waiting for its 60 s deadline, and goes on with client 0."""
+    """Client 1 is selected, then its session breaks and it opens a new one (as after a lost connection)
+    before reporting: the round marks it failed at once instead of waiting for its 60 s deadline, and goes on
+    with client 0. While the old session was live, a second one was refused (one session per client id)."""
     config = JobConfig(strategy="fedavg", rounds=1, per_round=2, min_clients=2, round_timeout_s=60.0,
                        data=DataSpec(num_clients=2))
+    refused = []
 
-    async def flaky(address: str) -> None:
+    async def flaky(address: str, server) -> None:
         hello = {"client_id": 1, "num_samples": 10, "local_only_accuracy": 0.5}
         async with RpcClient(address) as rpc:
             first = rpc.bidi("session", timeout=60)
@@ -240,6 +256,15 @@ def test_a_reconnect_mid_round_drops_the_old_stream_at_once(tmp_path):
             async for task in first:
                 if task["type"] == "train":
                     break  # selected; now "reconnect" without reporting
+            concurrent = rpc.bidi("session", timeout=60)  # the first is alive (busy with its task): refused
+            await concurrent.send(hello)
+            with pytest.raises(RpcError) as info:
+                async for _ in concurrent:
+                    pass
+            refused.append(info.value.code)
+            first.cancel()  # the connection is lost ...
+            while 1 in server._queues:  # ... and the server sees it go
+                await asyncio.sleep(0.01)  # polling the server's state for a condition
             second = rpc.bidi("session", timeout=60)
             await second.send(hello)
             async for task in second:
@@ -256,7 +281,8 @@ def test_a_reconnect_mid_round_drops_the_old_stream_at_once(tmp_path):
         port = await server.start()
         address = f"127.0.0.1:{port}"
         try:
-            await asyncio.gather(server.serve(registration_timeout_s=30), flaky(address), FlClient(address, 0).run())
+            await asyncio.gather(server.serve(registration_timeout_s=30), flaky(address, server),
+                                 FlClient(address, 0, own(config, 0)).run())
         finally:
             await server.stop()
         store.close()
@@ -264,7 +290,8 @@ def test_a_reconnect_mid_round_drops_the_old_stream_at_once(tmp_path):
 
     server = asyncio.run(asyncio.wait_for(main(), 50))
     (outcome,) = server.outcomes
-    assert outcome.reports[1].status == "failed" and "reconnected mid-round" in outcome.reports[1].reason
+    assert refused == [StatusCode.ALREADY_EXISTS]
+    assert outcome.reports[1].status == "failed" and "connection lost" in outcome.reports[1].reason
     assert outcome.reports[0].status == "valid"
     assert outcome.duration_s < 30  # did not wait for the 60 s deadline
 
@@ -282,8 +309,8 @@ def test_a_server_that_breaks_every_session_does_not_keep_a_client_retrying_fore
         server = RpcServer()
 
         async def job(payload, call):
-            return {"data": config.to_dict()["data"], "train": config.to_dict()["train"], "strategy": "fedavg",
-                    "rounds": 1}
+            return {"task": {"num_features": 64, "num_classes": 10}, "train": config.to_dict()["train"],
+                    "strategy": "fedavg", "rounds": 1, "seed": 0}
 
         async def session(requests, call):
             await anext(requests)
@@ -295,7 +322,8 @@ def test_a_server_that_breaks_every_session_does_not_keep_a_client_retrying_fore
         server.bidi("session", session)
         port = await server.start()
         try:
-            client = FlClient(f"127.0.0.1:{port}", 0, backoff_initial_s=0.01, backoff_max_s=0.02, reconnect_s=60)
+            client = FlClient(f"127.0.0.1:{port}", 0, own(config, 0), backoff_initial_s=0.01, backoff_max_s=0.02,
+                              reconnect_s=60)
             with pytest.raises(ClientStopped, match="each failed before any task.*a bug in the session handler"):
                 await client.run()
         finally:
@@ -324,7 +352,8 @@ def test_tiff_gated_scheduler_over_grpc_resumes_with_its_memory_and_refuses_anot
         server = FlServer(config, store, telemetry=telemetry, eval_timeout_s=10.0, heartbeat_s=0.5)
         port = await server.start()
         try:
-            await asyncio.gather(server.serve(60), *(FlClient(f"127.0.0.1:{port}", cid).run() for cid in range(3)))
+            await asyncio.gather(server.serve(60),
+                                 *(FlClient(f"127.0.0.1:{port}", cid, own(config, cid)).run() for cid in range(3)))
         finally:
             await server.stop()
             telemetry.close()

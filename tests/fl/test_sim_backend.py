@@ -8,7 +8,8 @@ import random
 import numpy as np
 
 from mlsyskit.core.storage import MetaStore
-from mlsyskit.tools.fl.backends import InProcessBackend, RoundJob, TrainTask, make_backend, run_train_task
+from mlsyskit.tools.fl.backend_choice import make_backend
+from mlsyskit.tools.fl.backends import InProcessBackend, RoundJob, TrainTask, run_train_task
 from mlsyskit.tools.fl.config import DataSpec, JobConfig, TrainSpec
 from mlsyskit.tools.fl.data import load_federated
 from mlsyskit.tools.fl.model import init_weights

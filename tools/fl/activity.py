@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+SUPERSEDE_AFTER_S = 20.0  # a live session is replaced only after this long without a word (a loaded host lags)
 HEARTBEAT_FIELDS = ("host_cpu_percent", "cpu_percent", "load1", "memory_available_bytes", "cpu_count")
 
 
@@ -50,6 +51,13 @@ class ClientActivity:
         """Any message (an update too) shows the client alive: a long training leaves no gap in its heartbeats."""
         if cid in self.heard:
             self.heard[cid] = now
+
+    def alive(self, cid: int, now: float) -> bool:
+        """Whether a connected client's session shows life: busy with a task, never asked for or not yet past
+        its first heartbeat, or heard from within SUPERSEDE_AFTER_S (at least its heartbeat window). Only a
+        session silent that long may be superseded by a new one for the same id (its host died unseen)."""
+        silent = max(self.every_s * self.misses, SUPERSEDE_AFTER_S)
+        return cid in self.sent or self.every_s <= 0 or cid not in self.heard or now - self.heard[cid] <= silent
 
     def available(self, connected: list[int], now: float) -> list[int]:
         stale = self.every_s * self.misses

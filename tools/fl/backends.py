@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from mlsyskit.tools.fl.config import TrainSpec
-from mlsyskit.tools.fl.data import ClientData
 from mlsyskit.tools.fl.model import Weights
+from mlsyskit.tools.fl.task import ClientData
 from mlsyskit.tools.fl.training import LocalResult, local_only_accuracy, train_local
 
 
@@ -93,17 +93,3 @@ class InProcessBackend:
 
     def close(self) -> None:
         pass
-
-
-BACKEND_NAMES = ("inprocess", "ray")
-
-
-def make_backend(name: str, address: str | None = None) -> TrainingBackend:
-    """A backend by its CLI name. `ray` lives in its own module (optional extra) and joins `address`."""
-    if name == "inprocess":
-        return InProcessBackend()
-    if name == "ray":
-        from mlsyskit.tools.fl.ray_backend import RayBackend  # optional: imports ray
-
-        return RayBackend(address)
-    raise ValueError(f"backend must be one of {', '.join(BACKEND_NAMES)}, got {name!r}")

@@ -1,15 +1,22 @@
-"""`fl-client run`: join a server, train when selected, report update, quality and measured resources.
+"""`fl-client run`: join a server, train on its own data when selected, report update, quality and resources.
 
-The client asks the server for the job (dataset, partition, seed), rebuilds its own partition,
-trains its local-only baseline once (the consumer's reference for the utility ratio) and then
-follows the server's task stream on one `session` call.
+The client holds its own data (`--data`, loaded in this process only: local_data.py) and never
+sends it anywhere. It asks the server for the job (the task's features and classes, the training
+recipe and the model it names; `--model` says where this client finds that model's factory),
+checks that its data fit the task, trains its local-only baseline once (the consumer's reference
+for the utility ratio) and then follows the server's task stream on one `session` call. It tells the
+server its number of training samples and the shapes of its model, nothing else about its data.
 
 Any transport failure (refused, reset, a stream torn down by a server killed mid-call: UNAVAILABLE,
 INTERNAL, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED) sends it back to reconnect, after a capped
 exponential backoff with full jitter, and it resumes with whatever server then listens (a server
 restarted from its run directory re-opens the uncommitted round). It gives up only after
 `reconnect_s` without any message from a server. An answer (bad token, wrong certificate, a
-refused request) ends it at once with the server's reason. A TLS mismatch is named as such.
+refused request) ends it at once with the server's reason. A TLS mismatch is named as such. A
+session refused because this client id already has a live one (ALREADY_EXISTS) is retried for
+`reconnect_s` (the old one may be a connection the server has not yet seen die), then given up.
+Its token summary is the ledger's: every round_end and the final done carry the balance and the
+pay earned over the whole job, so rounds missed while away (a server restart) are not lost.
 
 Each update reports what the client measured (measure.py): `train_time_s` and `cpu_time_s` of the
 local training, `cpu_percent` (this process, of one core), `host_cpu_percent` (all cores, psutil) and
@@ -31,15 +38,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlsyskit.core.clock import Clock, RealClock
+from mlsyskit.core.retry import Backoff
 from mlsyskit.core.rpc import TRANSPORT_FAILURES, ClientTls, RpcClient, RpcError, StatusCode
 from mlsyskit.core.rpc_tls import probe_tls
 from mlsyskit.core.sim import Seeds
-from mlsyskit.tools.fl.backoff import Backoff
-from mlsyskit.tools.fl.config import DataSpec, TrainSpec
-from mlsyskit.tools.fl.data import load_client
+from mlsyskit.tools.fl.config import TrainSpec
+from mlsyskit.tools.fl.local_data import check_fits
 from mlsyskit.tools.fl.measure import Snapshot, Span, heartbeat_sample
 from mlsyskit.tools.fl.model import evaluate, init_weights, shapes
+from mlsyskit.tools.fl.plugins import call_user
+from mlsyskit.tools.fl.task import ClientData
 from mlsyskit.tools.fl.threads import freeze_startup_heap, single_threaded
+from mlsyskit.tools.fl.tls_probe import refuses_certificate
 from mlsyskit.tools.fl.training import local_only_accuracy, train_local
 
 log = logging.getLogger("mlsyskit.fl.client")
@@ -66,14 +76,17 @@ class ClientSummary:
 
 
 class FlClient:
-    def __init__(self, address: str, client_id: int, *, dataset: str | None = None, attack: str = "none",
+    def __init__(self, address: str, client_id: int, data: ClientData, *, model: str | None = None,
+                 data_name: str = "--data", attack: str = "none",
                  token: str | None = None, tls: ClientTls | None = None, reconnect_s: float = 60.0,
                  backoff_initial_s: float = 0.1, backoff_max_s: float = 5.0, jitter_seed: int | None = None,
                  clock: Clock | None = None, freeze_heap: bool = False,
                  slowdown: tuple[int, float] | None = None) -> None:
         self.address = address
         self.client_id = client_id
-        self.dataset = dataset
+        self._data = data  # this client's own samples: loaded here, never sent
+        self.model = model  # where this client finds the job's model (package.module:factory); None: the job's name
+        self.data_name = data_name  # the --data SPEC, for messages
         self.attack = attack
         self.reconnect_s = reconnect_s
         self.tls = tls
@@ -84,33 +97,37 @@ class FlClient:
         self.slowdown = slowdown
         self.rpc = RpcClient(address, token=token, tls=tls, timeout=60.0)
         self.summary = ClientSummary()
-        self._spec: DataSpec | None = None
-        self._data = None
+        self._job: dict | None = None
         self._local_only: float | None = None
+        self._refused_since: float | None = None  # first ALREADY_EXISTS of a row of them
         self._last_contact = self.clock.now()
         self._ever_connected = False  # before the first answer, a refused connection is a server not up yet
         self._tasks_seen = 0  # messages other than the welcome, over all sessions
         self._barren = 0
         self._trained: tuple[tuple, dict] | None = None  # (task key, update): a re-sent task is not retrained
 
+    def _spec(self, train: dict) -> TrainSpec:
+        """The job's training recipe, with the model found where this client says (--model)."""
+        spec = TrainSpec(**train)
+        return spec if self.model is None else TrainSpec(**{**train, "model": self.model})
+
     async def _prepare(self) -> None:
         job = await self.rpc.call("job", {})
         self._touch()
-        spec = DataSpec(**job["data"])
-        if self.dataset is not None and self.dataset != spec.dataset:
-            raise ClientStopped(f"the server runs dataset {spec.dataset!r}, not {self.dataset!r}")
-        if self._spec is not None and spec != self._spec:
-            raise ClientStopped("the server now runs a different job (its data spec changed); start afresh")
-        self.train_spec = TrainSpec(**job["train"])
-        if self._data is None:
-            try:
-                self._data, self.num_features, self.num_classes = load_client(spec, self.client_id)
-            except ValueError as e:
-                raise ClientStopped(str(e)) from None
-            self._spec = spec
+        if not isinstance(job, dict) or not isinstance(job.get("task"), dict):
+            raise ClientStopped(f"the server at {self.address} sent no task (an fl-server from before clients held "
+                                "their own data?)")
+        mine = {"task": job["task"], "train": job["train"], "seed": job.get("seed")}
+        if self._job is not None and mine != self._job:
+            raise ClientStopped("the server now runs a different job (its task or training changed); start afresh")
+        self.num_features, self.num_classes = int(job["task"]["num_features"]), int(job["task"]["num_classes"])
+        if self._job is None:
+            check_fits(self._data, self.num_features, self.num_classes, self.data_name)
+        self._job = mine
+        self.train_spec = self._spec(job["train"])
         if self._local_only is None:
-            seed = Seeds(spec.seed).seed(f"local-only:{self.client_id}") % (2**31)
-            self._local_only = await asyncio.to_thread(local_only_accuracy, self._data, self.train_spec,
+            seed = Seeds(int(job.get("seed") or 0)).seed(f"local-only:{self.client_id}") % (2**31)
+            self._local_only = await asyncio.to_thread(self._user, local_only_accuracy, self._data, self.train_spec,
                                                        self.num_features, self.num_classes, seed)
             if self.freeze_heap:
                 freeze_startup_heap()
@@ -134,9 +151,12 @@ class FlClient:
                         break
                     failure = RpcError(StatusCode.UNAVAILABLE, f"{self.address} ended the session")
                 except RpcError as e:
-                    if e.code not in TRANSPORT_FAILURES:
+                    if e.code == StatusCode.ALREADY_EXISTS:
+                        failure, answered = self._refused(e), False  # not a barren session: a refused one
+                    elif e.code not in TRANSPORT_FAILURES:
                         raise ClientStopped(e.message) from None
-                    failure = e
+                    else:
+                        failure = e
                 self._barren = 0 if self._tasks_seen > seen else self._barren + answered
                 if self._barren >= MAX_BARREN_SESSIONS:
                     raise ClientStopped(f"the server at {self.address} accepted {self._barren} sessions in a row and "
@@ -145,6 +165,21 @@ class FlClient:
         finally:
             await self.rpc.close()
         return self.summary
+
+    def _refused(self, error: RpcError) -> RpcError:
+        """Another session holds this client id: retry (it may be our own dead one) for reconnect_s, then stop."""
+        now = self.clock.now()
+        self._refused_since = self._refused_since if self._refused_since is not None else now
+        if now - self._refused_since > self.reconnect_s:
+            raise ClientStopped(f"{error.message} (still after {now - self._refused_since:.0f}s: another process "
+                                f"is using client {self.client_id}'s certificate)")
+        log.warning("client %d: %s; retrying", self.client_id, error.message)
+        return error
+
+    def _user(self, fn, *args):
+        """Run training code; with a custom --model, whatever it raises is one line naming the target."""
+        model = self.train_spec.model
+        return call_user(fn, f"--model {model!r}", *args) if model else fn(*args)
 
     async def _before_retry(self, failure: RpcError) -> None:
         """Close the channel, name a TLS mismatch, give up after reconnect_s of silence, else back off."""
@@ -173,6 +208,11 @@ class FlClient:
         if speaks == "tls-client-cert" and self.tls is not None and self.tls.cert_chain is None:
             raise ClientStopped(f"the server at {self.address} asks for a client certificate: give --certs DIR "
                                 "(from fl-server certs) or --tls-cert/--tls-key")
+        if speaks == "tls-client-cert" and self.tls is not None and await asyncio.to_thread(
+                refuses_certificate, host.strip("[]"), int(port), self.tls):
+            raise ClientStopped(f"the server at {self.address} refused the client certificate (signed by another "
+                                "CA than the server trusts, or expired): use this client's pair from the server's "
+                                "`fl-server certs` folder")
         if speaks == "plaintext" and self.tls is not None:
             raise ClientStopped(f"the server at {self.address} does not speak TLS: drop the --tls-*/--certs options "
                                 "(or start the server with a certificate)")
@@ -195,6 +235,7 @@ class FlClient:
             await send(hello)
             async for task in session:
                 self._touch()
+                self._refused_since = None
                 kind = task.get("type")
                 self._tasks_seen += kind != "welcome"
                 if kind == "welcome" and float(task.get("heartbeat_s") or 0) > 0 and heartbeat is None:
@@ -209,6 +250,7 @@ class FlClient:
                 elif kind == "evaluate":
                     await self._evaluate(task)
                 elif kind == "done":
+                    self._books(task)
                     self.summary.done = True
                     return
         finally:
@@ -233,12 +275,12 @@ class FlClient:
         if self._trained is not None and self._trained[0] == key:
             log.info("round %s: the same task again (server restarted); re-sending the update", task["round"])
             return self._trained[1]
-        spec = TrainSpec(**task["train"])
+        spec = self._spec(task["train"])
         start = Snapshot.take()
         # inline, not in a worker thread: the client has nothing else to do meanwhile, and the hop to a
         # thread and back cost ~0.15 ms of CPU per round (gRPC keepalive pings are answered by its core)
-        result = train_local(task["weights"], self._data, spec, self.num_features, self.num_classes,
-                             int(task["seed"]), self.attack)
+        result = self._user(train_local, task["weights"], self._data, spec, self.num_features, self.num_classes,
+                            int(task["seed"]), self.attack)
         extra = 0.0
         if self.slowdown is not None and int(task["round"]) >= self.slowdown[0]:
             extra = self.slowdown[1]
@@ -262,12 +304,20 @@ class FlClient:
         else:
             log.warning("round %s: update rejected: %s", receipt.get("round"), receipt.get("reason"))
 
+    def _books(self, message: dict) -> None:
+        """Balance and pay earned over the job, as the ledger has them (a server from before sends only pay)."""
+        if message.get("balance") is not None:
+            self.summary.balance = message["balance"]
+        if message.get("earned") is not None:
+            self.summary.tokens_earned = float(message["earned"])
+
     def _round_end(self, message: dict) -> None:
         """The round's verdict for this client (after every check) and its balance."""
-        self.summary.balance = message.get("balance")
         status = message.get("status")
         paid = float(message.get("paid", 0.0))
-        self.summary.tokens_earned += paid
+        if message.get("earned") is None:
+            self.summary.tokens_earned += paid
+        self._books(message)
         if status == "valid":
             self.summary.accepted += 1
             log.info("round %s: update accepted%s; paid %.4g tokens; balance %.6g", message["round"],
@@ -280,8 +330,8 @@ class FlClient:
             log.info("round %s: not selected; balance %.6g", message["round"], self.summary.balance)
 
     async def _evaluate(self, task: dict) -> None:
-        acc = evaluate({k: np.asarray(v) for k, v in task["weights"].items()}, self._data.x_test,
-                       self._data.y_test, self.train_spec.model, self.num_classes)["accuracy"]
+        acc = self._user(evaluate, {k: np.asarray(v) for k, v in task["weights"].items()}, self._data.x_test,
+                         self._data.y_test, self.train_spec.model, self.num_classes)["accuracy"]
         await self.rpc.call("evaluate", {"client_id": self.client_id, "accuracy": acc})
         self.summary.evaluated = True
         log.info("final model: accuracy %.4f on this client's test split (reported)", acc)

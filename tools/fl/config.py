@@ -1,8 +1,9 @@
 """FL job configuration: frozen dataclasses, loadable from TOML, validated on construction.
 
 One `JobConfig` describes a whole federated job, the same for `fl-server run` and
-`fl-server simulate`; the data part (`DataSpec`) is sent to clients at registration so both
-sides derive identical partitions from the same seed.
+`fl-server simulate`. In `simulate` (and `partition`) the data part (`DataSpec`) says how one
+dataset is split among the clients; in `run` every client holds its own data (dataset `own`) and
+the server tells clients only the task (input features, classes) and the training recipe.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from mlsyskit.core.config import require
 
 DATASETS = ("digits", "mnist1d", "synthetic", "breast-cancer")
+OWN_DATA = "own"  # `fl-server run`: every client holds its own data (fl-client run --data); nothing is partitioned
 PARTITIONS = ("iid", "dirichlet", "shards")
 ATTACKS = ("none", "label-flip", "noisy-labels", "random-update", "free-rider", "quality-liar", "sign-flip", "scaled")
 
@@ -28,7 +30,7 @@ class DataSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        require(self.dataset in DATASETS or ":" in self.dataset,
+        require(self.dataset in DATASETS or self.dataset == OWN_DATA or ":" in self.dataset,
                 f"dataset must be one of {', '.join(DATASETS)} or package.module:loader, got {self.dataset!r}")
         require(self.partition in PARTITIONS, f"partition must be one of {', '.join(PARTITIONS)}")
         require(self.num_clients >= 1, "num_clients must be at least 1")
@@ -147,7 +149,8 @@ class ClientConfig:
 
     server: str = "127.0.0.1:7070"
     client_id: int | None = None
-    dataset: str | None = None  # expected dataset, checked against the server's
+    data: str | None = None  # this client's own data: a folder, an .npz/.csv file or package.module:loader
+    model: str | None = None  # package.module:factory for the job's model (default: the target the job names)
     attack: str = "none"
     certs: str | None = None  # folder from `fl-server certs`: ca.pem, client-<ID>.pem/.key
     tls_ca: str | None = None
@@ -160,6 +163,7 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         require(self.client_id is not None, "--client-id is required (or client_id in --config)")
+        require(self.data is not None, "--data is required (this client's own data; or data in --config)")
         require(self.client_id is None or self.client_id >= 0, f"--client-id must be >= 0, got {self.client_id}")
         require(self.attack in ATTACKS, f"--attack must be one of {', '.join(ATTACKS)}, got {self.attack!r}")
         require(self.reconnect_s > 0, "--reconnect must be positive")

@@ -19,15 +19,15 @@ from mlsyskit.core.sim import Seeds, sub_seed
 from mlsyskit.core.storage import MetaStore
 from mlsyskit.tools.fl.aggregation import validate_update
 from mlsyskit.tools.fl.config import JobConfig
-from mlsyskit.tools.fl.data import ClientData, load_federated
+from mlsyskit.tools.fl.data import load_federated
 from mlsyskit.tools.fl.incentive.ledger import MINT, POOL, Ledger, Transfer, client_account
 from mlsyskit.tools.fl.model import Weights, evaluate, init_weights, shape_mismatch
 from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
-from mlsyskit.tools.fl.scheduling.gated import GatedScheduler
 from mlsyskit.tools.fl.selection.base import Selector
-from mlsyskit.tools.fl.selection.random_pick import RandomSelector
+from mlsyskit.tools.fl.selectors import scheduled_selector
 from mlsyskit.tools.fl.strategy import STRATEGIES
 from mlsyskit.tools.fl.strategy.base import Validation
+from mlsyskit.tools.fl.task import ClientData, ServerData
 
 NS = "fl"
 
@@ -50,31 +50,36 @@ class RoundPlan:
 class Coordinator:
     def __init__(self, config: JobConfig, store: MetaStore, clock: Clock | None = None,
                  scheduler: Selector | None = None,
-                 local_only: Callable[[list[int]], dict[int, float]] | None = None) -> None:
+                 local_only: Callable[[list[int]], dict[int, float]] | None = None,
+                 server: ServerData | None = None) -> None:
         """`scheduler`: a configured instance of `config.scheduler` (free weights), else one is made by name.
         `local_only` computes consumers' local-only baselines that registered without one (None), when first
-        needed (a simulation's lazy clients)."""
+        needed (a simulation's lazy clients). `server`: what the server holds (task, validation and test sets);
+        None is an experiment (simulation, tests): the server side of config.data partitioned in this process."""
         self.config = config
         self.clock = clock  # only times the phases of finish_round (None: not timed)
         self.store = store
         self.ledger = Ledger(store)
-        data = load_federated(config.data)
-        self.num_features, self.num_classes = data.num_features, data.num_classes
-        # the server derives every partition from the seed too, so a claimed sample count can be checked:
-        # FedAvg and TIFF's pay both weigh by it, and an inflated count would buy weight and tokens
-        self.partition_sizes = data.partition_sizes()
-
-        model, classes = config.train.model, data.num_classes
+        # an experiment knows every partition, so a claimed sample count is checked (FedAvg and TIFF's pay weigh
+        # by it); in a real federation (`server` given) a client's count is its word and nothing else is checked
+        self.partition_sizes: tuple[int, ...] | None = None
+        if server is None:
+            data = load_federated(config.data)
+            server, self.partition_sizes = data.server_side(), data.partition_sizes()
+        self.server = server
+        self.num_features, self.num_classes = server.num_features, server.num_classes
+        model, classes = config.train.model, server.num_classes
 
         def val_accuracy(weights: Weights) -> float:
-            return evaluate(weights, data.x_val, data.y_val, model, classes)["accuracy"]
+            return evaluate(weights, server.x_val, server.y_val, model, classes)["accuracy"]
 
         def evaluator(weights: Weights) -> dict[str, float]:  # test metrics, and the server's validation accuracy
-            return evaluate(weights, data.x_test, data.y_test, model, classes) | {"val_accuracy": val_accuracy(weights)}
+            return evaluate(weights, server.x_test, server.y_test, model, classes) | \
+                {"val_accuracy": val_accuracy(weights)}
 
-        validation = Validation(ClientData(-1, data.x_val, data.y_val, data.x_val[:0], data.y_val[:0]),
-                                data.num_features, data.num_classes, val_accuracy)
-        self.strategy = STRATEGIES.get(config.strategy)(config, evaluator, validation)
+        validation = Validation(ClientData(-1, server.x_val, server.y_val, server.x_val[:0], server.y_val[:0]),
+                                server.num_features, server.num_classes, val_accuracy)
+        self.strategy = STRATEGIES.get(config.strategy)(config, server.evaluator or evaluator, validation)
         self._local_only = local_only
         if scheduler is not None and scheduler.name != config.scheduler:
             raise ValueError(f"the scheduler given ({scheduler.name}) is not the job's ({config.scheduler or 'none'})")
@@ -211,7 +216,8 @@ class Coordinator:
         if client_id in self._reports:
             return False, f"client {client_id} already reported in round {round_num}"
         reason = validate_update(weights, metrics, self.weights, self.config.max_update_bytes)
-        if reason is None and int(metrics["num_samples"]) != self.partition_sizes[client_id]:
+        if reason is None and self.partition_sizes is not None \
+                and int(metrics["num_samples"]) != self.partition_sizes[client_id]:
             reason = (f"num_samples {metrics['num_samples']} differs from client {client_id}'s partition size "
                       f"{self.partition_sizes[client_id]}")
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)} \
@@ -318,15 +324,6 @@ class Coordinator:
                 self._reimburse(self.consumer_accuracy)
             self.finished = True
             self._checkpoint()
-
-
-def scheduled_selector(name: str, own: Selector, scheduler: Selector | None = None) -> Selector:
-    """`--scheduler NAME`: the scheduler replaces plain random selection; any other selector (TIFF's trust)
-    stays as the gate that narrows the pool the scheduler picks from."""
-    from mlsyskit.tools.fl.scheduling import make_scheduler
-
-    scheduler = scheduler or make_scheduler(name)
-    return scheduler if isinstance(own, RandomSelector) else GatedScheduler(own, scheduler)
 
 
 def client_id_of(account: str) -> int:

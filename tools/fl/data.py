@@ -16,25 +16,14 @@ from pathlib import Path
 import numpy as np
 
 from mlsyskit.core.sim import Seeds
-from mlsyskit.tools.fl.config import DataSpec
+from mlsyskit.tools.fl.config import OWN_DATA, DataSpec
+from mlsyskit.tools.fl.leaf_synthetic import CLASSES, DIM, SyntheticUsers, held_out
 from mlsyskit.tools.fl.plugins import is_target, load_dataset
+from mlsyskit.tools.fl.task import ClientData, ServerData
 
 MIN_CLIENT_SAMPLES = 4
 DIRICHLET_TRIES = 200
 MNIST1D_PER_CLIENT = 20
-
-
-@dataclass(frozen=True)
-class ClientData:
-    client_id: int
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.y_train)
 
 
 @dataclass(frozen=True)
@@ -48,6 +37,10 @@ class FederatedData:
     # accepted or paid, and picks the model the job keeps; tuning on it never touches the reported accuracy
     x_val: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
     y_val: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def server_side(self) -> ServerData:
+        """What this experiment's server holds: the task, its validation split and the test set."""
+        return ServerData(self.num_features, self.num_classes, self.x_val, self.y_val, self.x_test, self.y_test)
 
     def partition_sizes(self) -> tuple[int, ...]:
         """Every client's training-sample count, without making a lazy client's data."""
@@ -166,8 +159,6 @@ def _dirichlet_per_client(labels: np.ndarray, classes: np.ndarray, spec: DataSpe
 
 def _synthetic(spec: DataSpec, seeds: Seeds) -> FederatedData:
     """LEAF-style synthetic(alpha, beta) with a shared model part, users made lazily (leaf_synthetic.py)."""
-    from mlsyskit.tools.fl.leaf_synthetic import CLASSES, DIM, SyntheticUsers, held_out
-
     users = SyntheticUsers(spec)
     x_held, y_held = held_out(users)
     return with_validation(users, x_held, y_held, DIM, CLASSES, seeds)
@@ -175,6 +166,9 @@ def _synthetic(spec: DataSpec, seeds: Seeds) -> FederatedData:
 
 @lru_cache(maxsize=4)
 def load_federated(spec: DataSpec) -> FederatedData:
+    if spec.dataset == OWN_DATA:
+        raise ValueError("this job's clients hold their own data (dataset 'own'): there is nothing to partition; "
+                         "name a dataset (--dataset) to simulate or partition one")
     seeds = Seeds(spec.seed)
     if spec.dataset == "synthetic":
         return _synthetic(spec, seeds)

@@ -26,6 +26,7 @@ import numpy as np
 
 from mlsyskit.core.sim import Seeds, sub_seed
 from mlsyskit.tools.fl.config import DataSpec
+from mlsyskit.tools.fl.task import ClientData
 
 DIM, CLASSES = 60, 10
 EVAL_USERS = 200
@@ -67,9 +68,7 @@ class SyntheticUsers(Sequence):
         f = self.spec.test_fraction
         return tuple(int(n) - count_test_split(int(n), f) for n in self.total_sizes)
 
-    def _make(self, user: int):
-        from mlsyskit.tools.fl.data import ClientData
-
+    def _make(self, user: int) -> ClientData:
         spec, n = self.spec, int(self.total_sizes[user])
         rng = np.random.default_rng(sub_seed(spec.seed, f"synthetic/user/{user}"))
         feature_mean = rng.normal(rng.normal(0, spec.synthetic_beta), 1, DIM)

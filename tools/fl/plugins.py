@@ -3,22 +3,43 @@
 `--model pkg.mod:factory`: factory(num_features, num_classes) returns a torch nn.Module; its
 state_dict travels as raw numpy buffers (core.rpc_codec, never pickle), and a client whose model
 has other names or shapes is refused at registration.
-`--dataset pkg.mod:loader`: loader(num_clients, seed) returns (x, y) or (x, y, client_of): x a 2-D
-float array (one row per sample; a model may reshape it), y integer labels 0..C-1, and optionally
-client_of, the client id of every sample (your partition; without it the job's partition option
-applies). Both sides call the loader with the same arguments, so it must be deterministic.
+`--dataset pkg.mod:loader` (experiments: `simulate` and `partition`): loader(num_clients, seed) returns
+(x, y) or (x, y, client_of): x a 2-D float array (one row per sample; a model may reshape it), y integer
+labels 0..C-1, and optionally client_of, the client id of every sample (your partition; without it the
+job's partition option applies). It must be deterministic for its arguments.
+A real client's own data (`fl-client run --data`) is local_data.py's. Whatever user code raises becomes
+one UserCodeError line naming the flag and target (call_user); -v shows its traceback.
 """
 from __future__ import annotations
 
 import importlib
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from mlsyskit.core.errors import RuntimeFailure
+
 
 class PluginError(ValueError):
     """A --model or --dataset target that cannot be used (a usage error: fix the flag or the code it names)."""
+
+
+class UserCodeError(RuntimeFailure):
+    """The code a --model/--data/--dataset target names raised (exit 1); `details` is its traceback (-v)."""
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def call_user(fn: Callable[..., Any], label: str, *args: Any, **kwargs: Any) -> Any:
+    """Call user code; anything it raises becomes one UserCodeError line naming `label` (the flag and target)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 (user code may raise anything; the traceback stays in `details`)
+        raise UserCodeError(f"{label} raised {type(e).__name__}: {e}", traceback.format_exc()) from None
 
 
 def is_target(name: str) -> bool:
@@ -32,7 +53,10 @@ def load_object(target: str, what: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise PluginError(f"{what} {target!r}: cannot import {module_name} ({exc})") from exc
+        raise PluginError(f"{what} {target!r}: cannot import {module_name} ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 (importing runs the module's own code)
+        raise UserCodeError(f"{what} {target!r}: importing {module_name} raised {type(exc).__name__}: {exc}",
+                            traceback.format_exc()) from None
     obj = module
     for part in attribute.split("."):
         if not hasattr(obj, part):
@@ -45,7 +69,7 @@ def load_object(target: str, what: str) -> Callable[..., Any]:
 
 def load_dataset(target: str, num_clients: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Call a dataset loader and check what it returned: (x float32 2-D, y int64, client_of int64 or None)."""
-    out = load_object(target, "--dataset")(num_clients=num_clients, seed=seed)
+    out = call_user(load_object(target, "--dataset"), f"--dataset {target!r}", num_clients=num_clients, seed=seed)
     if not isinstance(out, tuple) or len(out) not in (2, 3):
         raise PluginError(f"--dataset {target!r} must return (x, y) or (x, y, client_of), got {type(out).__name__}")
     x, y = np.asarray(out[0]), np.asarray(out[1])

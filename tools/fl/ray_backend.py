@@ -1,4 +1,4 @@
-"""`fl-server simulate --backend ray`: simulated clients train as Ray tasks on an existing Ray cluster.
+"""`fl-server simulate --backend ray`: simulated clients train as Ray tasks (a cluster, or a local Ray it starts).
 
 The simulator still decides everything (who trains, with which model, seed and attack, and when
 each update arrives on the virtual clock); Ray only runs `backends.run_train_task`, the function
@@ -12,9 +12,11 @@ sent in chunks (a few per worker CPU) because one client's training (tens of mil
 comparable to a Ray task's own overhead. Ray retries a task whose worker died (the work is pure,
 so a retry is safe); a task that raises stops the job with the remote error.
 
-Start a cluster first (`ray start --head` on one machine, `ray start --address HEAD:PORT` on the
-others, each with this project installed), then pass its address (or "auto"). Needs the optional
-extra: pip install 'mlsyskit[fl-ray]'.
+Without `--ray-address` it joins a Ray already running on this machine (RAY_ADDRESS, or one started
+by `ray start`), else starts a local Ray for the run (all CPUs, no dashboard) and stops it at the
+end, as Flower's simulation does. For several machines start a cluster first (`ray start --head` on
+one, `ray start --address HEAD:PORT` on the others, each with this project installed) and pass its
+address. Needs the optional extra: pip install 'mlsyskit[fl-ray]'.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from mlsyskit.tools.fl.backends import BaselineTask, RoundJob, TrainTask, run_ba
 from mlsyskit.tools.fl.config import TrainSpec
 from mlsyskit.tools.fl.training import LocalResult
 
+LOCAL_OBJECT_STORE = 256 * 1024 * 1024  # bytes, for a Ray this backend starts (round models are small)
 CHUNKS_PER_CPU = 2  # enough chunks to balance uneven clients, few enough to amortise each task's overhead
 
 
@@ -65,16 +68,33 @@ class RayBackend:
             raise RuntimeFailure("--backend ray needs Ray: pip install 'mlsyskit[fl-ray]'") from None
         self._ray = ray
         self._owns_connection = not ray.is_initialized()
+        self.started_local = False  # True: this backend started a local Ray and stops it at close()
         if self._owns_connection:
-            try:  # an existing cluster only: "auto" finds a local one started by `ray start`, never starts one
-                ray.init(address=address or "auto", namespace="mlsyskit-fl", log_to_driver=False,
-                         configure_logging=False)
-            except (ConnectionError, RuntimeError, ValueError) as e:
-                raise RuntimeFailure(f"cannot join the Ray cluster at {address or 'auto'} ({e}); start one with "
-                                     "`ray start --head` and pass its address") from None
+            self._connect(address)
         self.chunks_sent = 0  # remote tasks submitted (what a test checks to know Ray did the work)
         self._train = ray.remote(_train_chunk).options(num_cpus=1, max_retries=3)
         self._baseline = ray.remote(_baseline_chunk).options(num_cpus=1, max_retries=3)
+
+    def _connect(self, address: str | None) -> None:
+        """Join `address`; without one, a Ray already running on this machine (RAY_ADDRESS or `ray start`),
+        else start a local one for this run, as Flower's simulation does."""
+        common = {"namespace": "mlsyskit-fl", "log_to_driver": False, "configure_logging": False}
+        try:
+            self._ray.init(address=address or "auto", **common)
+            return
+        except ConnectionError as e:  # "auto" found no running Ray
+            if address is not None:
+                raise RuntimeFailure(f"cannot join the Ray cluster at {address} ({e}); start one with "
+                                     "`ray start --head` and pass its address, or leave out --ray-address to "
+                                     "start a local Ray") from None
+        except (RuntimeError, ValueError) as e:
+            raise RuntimeFailure(f"cannot join the Ray cluster at {address or 'auto'} ({e})") from None
+        try:
+            self._ray.init(address="local", include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE,
+                           **common)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise RuntimeFailure(f"cannot start a local Ray ({e})") from None
+        self.started_local = True
 
     def _chunk_count(self, tasks: int) -> int:
         cpus = int(self._ray.cluster_resources().get("CPU", 1))

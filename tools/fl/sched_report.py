@@ -108,3 +108,22 @@ def plot_schedules(runs: Mapping[str, tuple[Sequence[Mapping[str, Any]], int, Ma
     fig.savefig(fairness_png, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return [time_png, fairness_png]
+
+
+def observe_late(selector: Any, cid: int, received_s: float) -> None:
+    """A late answer's round trip, measured on the server's clock, teaches the scheduler's latency tiers what
+    the deadline hid (its report said only "at least the deadline"); re-tiering follows at the next round."""
+    tiers = getattr(getattr(selector, "scheduler", selector), "tiers", None)
+    if tiers is not None:
+        tiers.observe(cid, received_s)
+
+
+def scheduling_record(selector: Any) -> dict[str, Any]:
+    """The scheduler's view after a round: tier and latency EMA per profiled client, re-tierings so far.
+    Empty for selectors without tiers; a TIFF-gated scheduler is looked into."""
+    tracked = getattr(selector, "scheduler", selector)  # GatedScheduler(gate, scheduler)
+    tiers = getattr(tracked, "tiers", None)
+    if tiers is None:
+        return {}
+    return {"tier": {str(c): t for c, t in sorted(tiers.tier.items())},
+            "latency_ema_s": {str(c): v for c, v in sorted(tiers.ema.items())}, "retiers": tiers.retiers}

@@ -1,7 +1,8 @@
 """`fl-server run`: the Coordinator behind core.rpc.
 
 RPC methods (msgpack payloads, weights as raw arrays):
-  job      unary   -> the DataSpec and TrainSpec, so a client can load its partition
+  job      unary   -> the task (num_features, num_classes), the TrainSpec (its model target), strategy, rounds
+                   and seed: never any data; each client loads its own
   session  bidi    what fl-client uses: its first message registers (as `join`), later ones are its
                    updates (as `submit`); the server sends the `join` tasks, a
                    {"type": "receipt", round, accepted, reason} per update (received or refused at once) and,
@@ -17,7 +18,10 @@ RPC methods (msgpack payloads, weights as raw arrays):
   status   unary   round, registered and connected clients
 
 Identity: with mutual TLS (a client CA) every call that names a client id must come from the
-certificate with that id as its common name; the token alone does not make anyone a client.
+certificate with that id as its common name; the token alone does not make anyone a client. One
+client id has one session: a second while the first is alive (busy with a task, or heard from within
+its heartbeat window) is refused with ALREADY_EXISTS and the first keeps its session; only a session
+gone silent is superseded (its host died without closing the connection).
 A round begins once `min_clients` are connected (waiting up to `fill_timeout_s` more for
 `per_round` of them) and selects only among the connected; it ends when every selected client has
 reported or dropped, or at its deadline. A client that reconnects mid-round is dropped from that
@@ -44,7 +48,6 @@ from typing import Any
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.core.errors import RuntimeFailure
 from mlsyskit.core.rpc import (
-    DEFAULT_MAX_MESSAGE_BYTES,
     CallContext,
     RpcError,
     RpcServer,
@@ -58,47 +61,16 @@ from mlsyskit.tools.fl.config import JobConfig
 from mlsyskit.tools.fl.coordinator import Coordinator
 from mlsyskit.tools.fl.incentive.ledger import client_account
 from mlsyskit.tools.fl.outcome import RoundOutcome
+from mlsyskit.tools.fl.sched_report import observe_late, scheduling_record
+from mlsyskit.tools.fl.server_wire import Books, field, round_end_message, transport_limit
+from mlsyskit.tools.fl.task import ServerData
 from mlsyskit.tools.fl.tls_door import TlsDoor
 
 log = logging.getLogger("mlsyskit.fl.server")
 
-ENVELOPE_BYTES = 1 << 20  # room for the msgpack envelope and metrics around an update's arrays
-
-
-def observe_late(selector: Any, cid: int, received_s: float) -> None:
-    """A late answer's round trip, measured on the server's clock, teaches the scheduler's latency tiers what
-    the deadline hid (its report said only "at least the deadline"); re-tiering follows at the next round."""
-    tiers = getattr(getattr(selector, "scheduler", selector), "tiers", None)
-    if tiers is not None:
-        tiers.observe(cid, received_s)
-
-
-def scheduling_record(selector: Any) -> dict[str, Any]:
-    """The scheduler's view after a round: tier and latency EMA per profiled client, re-tierings so far.
-    Empty for selectors without tiers; a TIFF-gated scheduler is looked into."""
-    tracked = getattr(selector, "scheduler", selector)  # GatedScheduler(gate, scheduler)
-    tiers = getattr(tracked, "tiers", None)
-    if tiers is None:
-        return {}
-    return {"tier": {str(c): t for c, t in sorted(tiers.tier.items())},
-            "latency_ema_s": {str(c): v for c, v in sorted(tiers.ema.items())}, "retiers": tiers.retiers}
-
-
-def transport_limit(config: JobConfig) -> int:
-    """gRPC's per-message cap for this job: twice the job's update limit plus an envelope (never below
-    core.rpc's default). An update over the job's limit must reach validate_update, to be rejected
-    with a logged reason and unpaid; if gRPC refused it first, the client would just see a lost connection."""
-    return max(DEFAULT_MAX_MESSAGE_BYTES, 2 * config.max_update_bytes + ENVELOPE_BYTES)
-
-
-def _field(payload: Any, name: str, kind: type | tuple[type, ...]) -> Any:
-    if not isinstance(payload, dict) or not isinstance(payload.get(name), kind) or isinstance(payload.get(name), bool):
-        raise RpcError(StatusCode.INVALID_ARGUMENT, f"field {name!r} is missing or not a {kind}")
-    return payload[name]
-
-
 class FlServer:
-    def __init__(self, config: JobConfig, store: MetaStore, *, address: str = "127.0.0.1:0",
+    def __init__(self, config: JobConfig, store: MetaStore, *, server: ServerData | None = None,
+                 address: str = "127.0.0.1:0",
                  token: str | None = None, tls: ServerTls | None = None, clock: Clock | None = None,
                  telemetry: Telemetry | None = None, on_round=None, eval_timeout_s: float = 10.0,
                  max_message_bytes: int | None = None, crash_after_round: int | None = None,
@@ -106,7 +78,7 @@ class FlServer:
                  heartbeat_misses: int = 3, tls_door: bool = True) -> None:
         self.config = config
         self.clock = clock or RealClock()
-        self.coordinator = Coordinator(config, store, self.clock)
+        self.coordinator = Coordinator(config, store, self.clock, server=server)  # None: an experiment's (tests)
         self.telemetry = telemetry or Telemetry(self.clock)
         self.on_round = on_round
         self.eval_timeout_s = eval_timeout_s
@@ -136,8 +108,8 @@ class FlServer:
 
     # -- handlers ----------------------------------------------------------------------------------
     async def _job(self, payload: Any, call: CallContext) -> dict:
-        return {"data": self.config.to_dict()["data"], "train": self.config.to_dict()["train"],
-                "strategy": self.config.strategy, "rounds": self.config.rounds}
+        return {"task": self.coordinator.server.task(), "train": self.config.to_dict()["train"],
+                "strategy": self.config.strategy, "rounds": self.config.rounds, "seed": self.config.seed}
 
     async def _status(self, payload: Any, call: CallContext) -> dict:
         plan = self.coordinator.open_round
@@ -161,7 +133,7 @@ class FlServer:
             hello = await anext(requests)
         except StopAsyncIteration:
             return
-        cid = _field(hello, "client_id", int)
+        cid = field(hello, "client_id", int)
         self._check_identity(call, cid)
         reader = asyncio.create_task(self._receive_updates(cid, requests))
         try:
@@ -174,7 +146,7 @@ class FlServer:
         """A session's later messages are its updates; each gets a receipt on the task stream."""
         try:
             async for update in requests:
-                if _field(update, "client_id", int) != cid:
+                if field(update, "client_id", int) != cid:
                     raise RpcError(StatusCode.INVALID_ARGUMENT, f"this session belongs to client {cid}")
                 self.activity.message(cid, self.clock.now())
                 if update.get("type") == "heartbeat":
@@ -191,20 +163,25 @@ class FlServer:
                 queue.put_nowait(e)
 
     async def _join(self, payload: Any, call: CallContext):
-        cid = _field(payload, "client_id", int)
+        cid = field(payload, "client_id", int)
         self._check_identity(call, cid)
-        info = {"num_samples": _field(payload, "num_samples", int),
-                "local_only_accuracy": float(_field(payload, "local_only_accuracy", (int, float))),
+        info = {"num_samples": field(payload, "num_samples", int),
+                "local_only_accuracy": float(field(payload, "local_only_accuracy", (int, float))),
                 "declared_attack": str(payload.get("declared_attack", "none"))}
         if "shapes" in payload:  # the client's model; the coordinator refuses one that differs from the job's
             info["shapes"] = payload["shapes"]
+        old = self._queues.get(cid)
+        if old is not None and self.activity.alive(cid, self.clock.now()):
+            log.warning("refused a second session for client %d from %s: its live session keeps it", cid,
+                        self._peer(call))
+            raise RpcError(StatusCode.ALREADY_EXISTS, f"client {cid} already has a live session (its certificate is "
+                                                      "in use); this one is refused")
         try:
             self.coordinator.register(cid, info)
         except ValueError as e:
             raise RpcError(StatusCode.INVALID_ARGUMENT, str(e)) from None
         generation = self._generation.get(cid, 0) + 1
         self._generation[cid] = generation
-        old = self._queues.get(cid)
         if old is not None:
             old.put_nowait(None)  # a rejoin supersedes the old stream
             # ... and whatever that stream was doing this round is lost: do not wait for it until the deadline
@@ -241,12 +218,12 @@ class FlServer:
                 self._poke()
 
     async def _submit(self, payload: Any, call: CallContext) -> dict:
-        self._check_identity(call, _field(payload, "client_id", int))
+        self._check_identity(call, field(payload, "client_id", int))
         return self._take_update(payload)
 
     def _take_update(self, payload: Any) -> dict:
-        cid = _field(payload, "client_id", int)
-        round_num = _field(payload, "round", int)
+        cid = field(payload, "client_id", int)
+        round_num = field(payload, "round", int)
         late = self.activity.late(cid, round_num, payload.get("metrics"), self.clock.now())
         if late is not None:
             observe_late(self.coordinator.strategy.selector, cid, late)
@@ -266,9 +243,9 @@ class FlServer:
         return {"accepted": accepted, "reason": reason}
 
     async def _evaluate(self, payload: Any, call: CallContext) -> dict:
-        cid = _field(payload, "client_id", int)
+        cid = field(payload, "client_id", int)
         self._check_identity(call, cid)
-        acc = float(_field(payload, "accuracy", (int, float)))
+        acc = float(field(payload, "accuracy", (int, float)))
         # these numbers set the consumers' refunds: only in range, only when asked, once per client
         if not 0 <= acc <= 1:  # also refuses NaN
             raise RpcError(StatusCode.INVALID_ARGUMENT, f"accuracy {acc} is outside [0, 1]")
@@ -353,8 +330,9 @@ class FlServer:
                 os._exit(3)  # like a kill: the round is committed, nothing else is
         if not c.finished:
             await self._final_evaluation()
+        books = Books.read(c.ledger)
         for cid, queue in list(self._queues.items()):
-            queue.put_nowait({"type": "done"})
+            queue.put_nowait({"type": "done", **books.of(cid)})  # the final balance and earnings, from the ledger
             self._told_done.add(cid)
         # stay a little for clients that are away (reconnecting after a lost connection), so they hear the job is
         # done instead of retrying against a closed port until they give up
@@ -375,14 +353,11 @@ class FlServer:
         await self._wait(lambda: len(self.available()) >= full, self.clock.now() + self.config.fill_timeout_s)
 
     def _tell_round_end(self, outcome: RoundOutcome) -> None:
-        """Every connected client hears its balance; the selected also hear their verdict and pay. A
-        rejection made after the receipt (round checks) is logged here, with its reason."""
+        """Every connected client hears its balance and what it has earned in the whole job (the ledger's
+        numbers, so a client that missed rounds while away is not behind); the selected also hear their verdict
+        and pay. A rejection made after the receipt (round checks) is logged here, with its reason."""
         ledger = self.coordinator.ledger
-        paid: dict[str, float] = {}
-        for payee, amount in self.coordinator.store.query(
-                "SELECT payee, amount FROM fl_ledger WHERE round=? AND kind='pay'", (outcome.round,)):
-            paid[payee] = paid.get(payee, 0.0) + amount
-        balances = ledger.balances()
+        paid = ledger.totals_by("pay", "payee", since_round=outcome.round - 1)  # the round just committed
         for cid, report in outcome.reports.items():
             if report.status == "rejected" and cid in self._received:
                 log.warning("rejected update from client %d in round %d after the round checks: %s",
@@ -390,15 +365,9 @@ class FlServer:
                 self.telemetry.event("rejected", client=cid, round=outcome.round, reason=report.reason)
         pay_line = ", ".join(f"{cid}: {paid.get(client_account(cid), 0.0):.4g}" for cid in outcome.selected)
         log.info("round %d: paid %s", outcome.round, pay_line or "nobody")
+        books = Books.read(ledger)
         for cid, queue in list(self._queues.items()):
-            account = client_account(cid)
-            message = {"type": "round_end", "round": outcome.round, "balance": balances.get(account, 0.0),
-                       "accuracy": outcome.global_metrics.get("accuracy")}
-            report = outcome.reports.get(cid)
-            if report is not None:
-                message.update(status=report.status, reason=report.reason, aggregated=report.aggregated,
-                               paid=paid.get(account, 0.0))
-            queue.put_nowait(message)
+            queue.put_nowait(round_end_message(outcome, cid, books, paid))
 
     async def _final_evaluation(self) -> None:
         c = self.coordinator

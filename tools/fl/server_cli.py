@@ -1,117 +1,63 @@
-"""fl-server command line: run (gRPC), simulate (virtual clock), report (a finished run), certs (TLS files)."""
+"""fl-server command line: run (gRPC), partition (per-client folders), simulate (virtual clock), report, certs."""
 from __future__ import annotations
 
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
 
 import typer
 
 from mlsyskit.core.cli import (
     ensure_out_dir,
     json_option,
-    load_command_config,
     make_app,
     out_option,
     quiet_option,
     run_app,
     verbose_option,
 )
-from mlsyskit.core.console import debug, emit_json, emit_table, log, make_table, reporter, set_verbosity, warn
+from mlsyskit.core.console import emit_json, emit_table, log, make_table, reporter, set_verbosity, warn
 from mlsyskit.core.errors import RuntimeFailure, UsageError
 from mlsyskit.core.rpc import RpcError
-from mlsyskit.core.sim import Seeds
-from mlsyskit.core.storage import MetaStore, StorageError
-from mlsyskit.tools.fl.config import DATASETS, PARTITIONS, JobConfig, check_address
-from mlsyskit.tools.fl.outcome import RoundOutcome
-from mlsyskit.tools.fl.report import DB_NAME, BaselineMismatch, load_run, plot, summarize
-from mlsyskit.tools.fl.strategy import STRATEGIES
+from mlsyskit.core.rpc_tls import issue_certs
+from mlsyskit.core.storage import StorageError
+from mlsyskit.core.telemetry import Telemetry
+from mlsyskit.tools.fl import server_options as opt
+from mlsyskit.tools.fl.cli_common import read_token, route_logging, server_tls
+from mlsyskit.tools.fl.config import OWN_DATA, check_address
+from mlsyskit.tools.fl.coordinator import JobMismatch
+from mlsyskit.tools.fl.local_data import load_server_data
+from mlsyskit.tools.fl.partition import write_partition
+from mlsyskit.tools.fl.plugins import UserCodeError
+from mlsyskit.tools.fl.report import BaselineMismatch, load_run, plot, summarize
+from mlsyskit.tools.fl.server import FlServer
+from mlsyskit.tools.fl.simulate_cli import simulate
+from mlsyskit.tools.fl.threads import freeze_startup_heap, pause_gc_for_startup, single_threaded
 
 log_ = logging.getLogger("mlsyskit.fl.server")
 
 app = make_app(
     "fl-server",
     "Federated learning server (after TIFF, CLOUD'22): selects clients each round, aggregates their "
-    "updates and runs a token economy that pays providers of good data and starves bad data.",
+    "updates and runs a token economy that pays providers of good data and starves bad data. Clients hold "
+    "their own data (fl-client run --data); the server holds only a validation (root) set and a test set.",
 )
 
-STRATEGY = typer.Option(None, "--strategy", help=f"{' | '.join(STRATEGIES.names())} (default tiff).")
-DATASET = typer.Option(None, "--dataset", help=f"{' | '.join(DATASETS)} or package.module:loader, a function "
-                       "(num_clients, seed) -> (x, y, partition or None) (default digits).")
-SCHEDULER = typer.Option(None, "--scheduler", help="Who trains each round and its deadline: random | tifl | oort | "
-                         "fast | rfair | afair | perf | adaptive (docs/fl-scheduling.md); with --strategy tiff it picks "
-                         "among the providers TIFF trusts. Default: the strategy's own selection.")
-MODEL = typer.Option(None, "--model", help="package.module:factory, a function (num_features, num_classes) -> "
-                     "torch nn.Module, trained by every client (default: the built-in MLP). Weights travel as raw "
-                     "buffers; a client whose model shapes differ is refused at registration.")
-CLIENTS = typer.Option(None, "--clients", help="Number of clients (data partitions).")
-PER_ROUND = typer.Option(None, "--per-round", help="Clients selected per round.")
-ROUNDS = typer.Option(None, "--rounds", help="Rounds to run.")
-PARTITION = typer.Option(None, "--partition", help=f"{' | '.join(PARTITIONS)} (digits, mnist1d; synthetic "
-                         "clients each draw their own LEAF distribution, so it ignores this).")
-ALPHA = typer.Option(None, "--alpha", help="Dirichlet concentration (smaller = more label skew); LEAF's "
-                     "synthetic(alpha, beta) are data.synthetic_alpha/_beta in --config.")
-SEED = typer.Option(None, "--seed", help="Master seed (data, model, selection; default 0).")
-FRESH = typer.Option(False, "--fresh", help="Discard an existing run in --run-dir instead of resuming it.")
-JOB_CONFIG = typer.Option(None, "--config", dir_okay=False,
-                          help="TOML job file: any JobConfig field, e.g. rounds = 20 and [economy] "
-                               "quality_exponent = 1.5; flags given here override it.")
-
-
-def _job(config: Path | None, strategy, dataset, clients, per_round, rounds, partition, alpha, seed, model=None,
-         **extra) -> JobConfig:
-    overrides = {"strategy": strategy, "rounds": rounds, "per_round": per_round, "seed": seed, "train.model": model,
-                 "data.dataset": dataset, "data.num_clients": clients, "data.partition": partition,
-                 "data.alpha": alpha, "data.seed": seed, **extra}
-    job = load_command_config(JobConfig, config, overrides)
-    if job.strategy not in STRATEGIES.names():
-        raise UsageError(f"--strategy must be one of {', '.join(STRATEGIES.names())}, got {job.strategy!r}")
-    if job.scheduler:
-        from mlsyskit.tools.fl.scheduling import SCHEDULERS
-
-        if job.scheduler not in SCHEDULERS.names():
-            raise UsageError(f"--scheduler must be one of {', '.join(SCHEDULERS.names())}, got {job.scheduler!r}")
-    return job
-
-
-def _open_store(run_dir: Path, fresh: bool = False) -> MetaStore:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if fresh:
-            for path in run_dir.glob(f"{DB_NAME}*"):
-                path.unlink()
-            (run_dir / "events.jsonl").unlink(missing_ok=True)
-        return MetaStore(run_dir / DB_NAME)
-    except (OSError, StorageError) as e:
-        raise UsageError(f"cannot use run directory {run_dir}: {e}") from None
-
-
-def _round_progress(rep, total: int):
-    rep.start("round", total=total)
-
-    def on_round(outcome: RoundOutcome) -> None:
-        counts = {s: len(outcome.with_status(s)) for s in ("valid", "rejected", "failed")}
-        note = (f"acc {outcome.global_metrics['accuracy']:.3f}  ok {counts['valid']} rej {counts['rejected']} "
-                f"fail {counts['failed']}")
-        rep.update(completed=outcome.round, note=note)
-        debug(f"round {outcome.round}/{total}: {note}, selected {outcome.selected}, {outcome.duration_s:.2f}s")
-
-    return on_round
-
-
-def _run_dir_option(default: str) -> Any:
-    return typer.Option(Path(default), "--run-dir", file_okay=False,
-                        help="Checkpoints, ledger and events.jsonl; an existing run resumes.")
-
-
 @app.command()
-def run(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, dataset: str | None = DATASET,
-        model: str | None = MODEL, scheduler: str | None = SCHEDULER,
-        clients: int | None = CLIENTS, per_round: int | None = PER_ROUND, rounds: int | None = ROUNDS,
-        partition: str | None = PARTITION, alpha: float | None = ALPHA, seed: int | None = SEED,
+def run(config: Path | None = opt.JOB_CONFIG, strategy: str | None = opt.STRATEGY, model: str | None = opt.MODEL,
+        scheduler: str | None = opt.SCHEDULER, clients: int | None = opt.CLIENTS,
+        per_round: int | None = opt.PER_ROUND, rounds: int | None = opt.ROUNDS, seed: int | None = opt.SEED,
+        validation: str = typer.Option(..., "--validation", help="The server's own labelled root/validation set "
+                                       "(FLTrust's root dataset: TIFF verifies every update against it and the job "
+                                       "keeps the model that scores best on it): a folder, an .npz (x, y) or .csv "
+                                       "file, or package.module:loader (see fl-client run --data). It also sets the "
+                                       "task: its number of features."),
+        test: str | None = typer.Option(None, "--test", help="Test set for the reported accuracy (same formats; "
+                                        "default: the --validation folder's test split, else the validation set)."),
+        classes: int | None = typer.Option(None, "--classes", help="Number of classes (default: the largest label "
+                                           "in --validation/--test + 1)."),
         address: str = typer.Option("127.0.0.1:7070", "--address", help="HOST:PORT to listen on."),
-        run_dir: Path = _run_dir_option("runs/fl-server"),
+        run_dir: Path = opt.run_dir_option("runs/fl-server"),
         round_timeout: float | None = typer.Option(None, "--round-timeout", help="Per-round deadline, seconds."),
         registration_timeout: float = typer.Option(300.0, "--registration-timeout",
                                                    help="Give up when fewer than --min-clients are connected "
@@ -138,37 +84,56 @@ def run(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, datas
                                         "until heard again. 0: none."),
         crash_after_round: int | None = typer.Option(None, "--crash-after-round", hidden=True,
                                                      help="Fault injection: die after committing round N."),
-        fresh: bool = FRESH, json_out: bool = json_option(),
+        fresh: bool = opt.FRESH, json_out: bool = json_option(),
         verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
-    """Serve a federated job over gRPC until all rounds are done (resumes from --run-dir)."""
-    from mlsyskit.tools.fl.threads import freeze_startup_heap, pause_gc_for_startup, single_threaded
+    """Serve a federated job over gRPC until all rounds are done (resumes from --run-dir).
 
+    Clients hold their own data: the job names the model and the task (features, classes), never a client's
+    data; each client says how many training samples it has. Try it on one machine: `fl-server partition`.
+    """
     set_verbosity(verbose, quiet)
-    pause_gc_for_startup()
-    from mlsyskit.core.telemetry import Telemetry
-    from mlsyskit.tools.fl.cli_common import read_token, route_logging, server_tls
-    from mlsyskit.tools.fl.coordinator import JobMismatch
-    from mlsyskit.tools.fl.server import FlServer
-
-    job = _job(config, strategy, dataset, clients, per_round, rounds, partition, alpha, seed, model,
-               round_timeout_s=round_timeout, min_clients=min_clients, fill_timeout_s=fill_timeout,
-               scheduler=scheduler)
+    pause_gc_for_startup()  # until the server is ready (freeze_startup_heap)
+    job = opt.make_job(config, strategy, OWN_DATA, clients, per_round, rounds, None, None, seed, model,
+                       round_timeout_s=round_timeout, min_clients=min_clients, fill_timeout_s=fill_timeout,
+                       scheduler=scheduler)
     if heartbeat < 0:
         raise UsageError(f"--heartbeat must be >= 0, got {heartbeat:g}")
     if (problem := check_address(address, "--address")) is not None:
         raise UsageError(problem)
+    if classes is not None and classes < 2:
+        raise UsageError(f"--classes must be at least 2, got {classes}")
+    try:
+        server_data = load_server_data(validation, test, classes)
+    except UserCodeError as e:
+        raise opt.user_code_failed(e) from None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     tls = server_tls(certs, tls_cert, tls_key, tls_client_ca)
     token = read_token(token_file)
     route_logging(info_by_default=True)
     single_threaded()
-    store = _open_store(run_dir, fresh)
+    store = opt.open_store(run_dir, fresh)
+    try:
+        asyncio.run(_serve(job, store, server_data, run_dir, address, token, tls, registration_timeout,
+                           dict(crash_after_round=crash_after_round, linger_s=linger, heartbeat_s=heartbeat)))
+    except UserCodeError as e:
+        raise opt.user_code_failed(e) from None
+    except (JobMismatch, ValueError) as e:
+        raise UsageError(str(e)) from None
+    except RpcError as e:  # cannot listen (address in use, ...)
+        raise RuntimeFailure(e.message) from None
+    finally:
+        store.close()
+    opt.print_summary(summarize(load_run(run_dir)), json_out)
 
-    async def main() -> None:
-        telemetry = Telemetry(log_path=run_dir / "events.jsonl")
-        with reporter() as rep:
-            server = FlServer(job, store, address=address, token=token, tls=tls, telemetry=telemetry,
-                              on_round=_round_progress(rep, job.rounds), crash_after_round=crash_after_round,
-                              linger_s=linger, heartbeat_s=heartbeat)
+
+async def _serve(job, store, server_data, run_dir: Path, address: str, token, tls, registration_timeout: float,
+                 options: dict) -> None:
+    telemetry = Telemetry(log_path=run_dir / "events.jsonl")
+    with reporter() as rep:
+        server = FlServer(job, store, server=server_data, address=address, token=token, tls=tls,
+                          telemetry=telemetry, on_round=opt.round_progress(rep, job.rounds), **options)
+        try:
             port = await server.start()
             freeze_startup_heap()
             if server.coordinator.round:
@@ -176,32 +141,48 @@ def run(config: Path | None = JOB_CONFIG, strategy: str | None = STRATEGY, datas
             security = ("mutual TLS (clients known by certificate)" if server.require_identity
                         else "TLS" if tls else "plaintext")
             log(f"fl-server listening on {address.rsplit(':', 1)[0]}:{port} ({security}"
-                f"{', token' if token else ''}); a round needs {job.wait_for} connected clients")
+                f"{', token' if token else ''}); task: {server_data.num_features} features, "
+                f"{server_data.num_classes} classes; a round needs {job.wait_for} connected clients")
             if tls is not None and not server.require_identity:
                 log_.warning("clients are not authenticated one by one: anyone with the token can act as any "
                              "client id (use --certs DIR from `fl-server certs` for per-client identity)")
-            try:
-                await server.serve(registration_timeout)
-            finally:
-                await server.stop()
-                telemetry.close()
+            await server.serve(registration_timeout)
+        finally:
+            await server.stop()
+            telemetry.close()
 
+
+@app.command()
+def partition(dataset: str | None = opt.DATASET, clients: int | None = opt.CLIENTS,
+              partition: str | None = opt.PARTITION, alpha: float | None = opt.ALPHA, seed: int | None = opt.SEED,
+              out: Path = typer.Option(..., "--out", file_okay=False, help="Folder to write: client-K/ per client "
+                                       "(train.npz, test.npz), server/ (validation.npz, test.npz), task.json."),
+              config: Path | None = opt.JOB_CONFIG, json_out: bool = json_option(),
+              verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
+    """Split a dataset into per-client folders, to try a real federation on one machine (N clients, N processes).
+
+    Then: fl-server run --validation OUT/server ...; fl-client run --data OUT/client-K ... (README: "Run a real
+    federation"). Each client's folder is its own: give every client process only its folder.
+    """
+    set_verbosity(verbose, quiet)
+    job = opt.make_job(config, None, dataset, clients, 1, None, partition, alpha, seed)  # per_round: unused here
     try:
-        asyncio.run(main())
-    except (JobMismatch, ValueError) as e:
+        written = write_partition(job.data, out)
+    except UserCodeError as e:
+        raise opt.user_code_failed(e) from None
+    except ValueError as e:
         raise UsageError(str(e)) from None
-    except RpcError as e:  # cannot listen (address in use, ...)
-        raise RuntimeFailure(e.message) from None
-    finally:
-        store.close()
-    _print_summary(summarize(load_run(run_dir)), json_out)
-
-
-def malicious_clients(num_clients: int, fraction: float, attack: str, seed: int) -> dict[int, str]:
-    """A seeded choice of round(fraction * N) attackers."""
-    count = int(round(fraction * num_clients))
-    chosen = Seeds(seed).random("malicious").sample(range(num_clients), count)
-    return {cid: attack for cid in sorted(chosen)}
+    except OSError as e:
+        raise RuntimeFailure(f"cannot write {out}: {e.strerror or e}") from None
+    if json_out:
+        emit_json(written)
+        return
+    emit_table(make_table(f"{job.data.num_clients} clients in {out}", ["folder", "holds"],
+                          [("server/", f"validation {written['validation']} + test {written['test']} samples"),
+                           *((f"client-{cid}/", f"train {n} samples") for cid, n in
+                             list(written["clients"].items())[:10])]))
+    if job.data.num_clients > 10:
+        log(f"... and {job.data.num_clients - 10} more client folders")
 
 
 @app.command()
@@ -232,7 +213,7 @@ def report(run_dir: Path = typer.Option(..., "--run-dir", file_okay=False,
         warn(warning)
     if out is not None:
         summary["plots"] = [str(p) for p in plot(run_data, ensure_out_dir(out), base)]
-    _print_summary(summary, json_out, consumers=True)
+    opt.print_summary(summary, json_out, consumers=True)
 
 
 @app.command()
@@ -250,10 +231,8 @@ def certs(directory: Path = typer.Argument(..., file_okay=False, help="Folder to
 
     Files: ca.pem, ca.key (kept: a later call adds clients signed by the same CA), server.pem, server.key,
     client-ID.pem, client-ID.key (keys 0600). Then: fl-server run --certs DIR; fl-client run --certs DIR
-    --client-id ID. Give each client only its own pair and ca.pem; keep ca.key away from clients.
+    --client-id ID --data DIR. Give each client only its own pair and ca.pem; keep ca.key away from clients.
     """
-    from mlsyskit.core.rpc_tls import issue_certs
-
     set_verbosity(verbose, quiet)
     if clients is not None and client:
         raise UsageError("give --clients N or --client ID, not both")
@@ -273,27 +252,7 @@ def certs(directory: Path = typer.Argument(..., file_okay=False, help="Folder to
                           [(f"client-{cid}.pem + .key", f"fl-client --client-id {cid}") for cid in files.clients]))
 
 
-def _print_summary(summary: dict, json_out: bool, consumers: bool = False) -> None:
-    if json_out:
-        emit_json(summary)
-        return
-    keys = ["strategy", "rounds", "final_accuracy", "best_accuracy", "best_round", "attackers", "honest_providers",
-            "malicious_providers",
-            "tokens_per_honest_provider", "tokens_per_malicious_provider", "honest_tokens_vs_baseline",
-            "malicious_tokens_vs_baseline", "accuracy_gain_points", "mean_trr", "pool", "infra", "ledger_total"]
-    emit_table(make_table("FL run", ["metric", "value"], [(k, summary[k]) for k in keys if k in summary]))
-    if consumers and "consumers" in summary:
-        rows = [(cid, c["paid"], c["refund"], c["trr"], c["uir"] if c["uir"] is not None else "-")
-                for cid, c in sorted(summary["consumers"].items(), key=lambda kv: int(kv[0]))]
-        emit_table(make_table("consumers", ["client", "paid", "refund", "TRR", "UIR"], rows))
-    if "plots" in summary:
-        log(f"plots: {', '.join(summary['plots'])}")
-
-
-# `simulate` lives in simulate_cli.py (the simulator's owner); registered here so `fl-server --help` lists it
-from mlsyskit.tools.fl import simulate_cli  # noqa: E402
-
-simulate_cli.register(app)
+app.command()(simulate)  # simulate_cli.py: the simulator's flags live next to the simulator
 
 
 def main() -> None:

@@ -71,14 +71,18 @@ class Fate:
 
 
 class World:
-    def __init__(self, config: WorldConfig, seed: int) -> None:
+    def __init__(self, config: WorldConfig, seed: int, resources: ResourceModel | None = None,
+                 availability: Availability | None = None) -> None:
+        """`resources` and `availability`, when given, replace what `config` would build (tests, the harness)."""
         self.config = config
-        self.resources = ResourceModel(seed, median_rate=config.median_rate, slowdowns=list(config.slowdowns),
-                                       random_slowdown_fraction=config.slowdown_fraction,
-                                       random_slowdown_range=config.slowdown_range,
-                                       horizon_s=config.slowdown_horizon_s)
+        self.resources = resources or ResourceModel(
+            seed, median_rate=config.median_rate, slowdowns=list(config.slowdowns),
+            random_slowdown_fraction=config.slowdown_fraction, random_slowdown_range=config.slowdown_range,
+            horizon_s=config.slowdown_horizon_s)
         self.availability: Availability
-        if config.availability == "always":
+        if availability is not None:
+            self.availability = availability
+        elif config.availability == "always":
             self.availability = AlwaysAvailable()
         elif config.availability == "synthetic":
             self.availability = SyntheticAvailability(seed, mean_on_s=config.mean_on_s, mean_off_s=config.mean_off_s,

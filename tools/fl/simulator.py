@@ -23,21 +23,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from mlsyskit.core.sim import EventHandle, EventLoop, Seeds, sub_seed
 from mlsyskit.core.storage import MetaStore
 from mlsyskit.tools.fl.backends import BaselineTask, InProcessBackend, RoundJob, TrainingBackend, TrainTask
 from mlsyskit.tools.fl.config import JobConfig
 from mlsyskit.tools.fl.coordinator import Coordinator
-from mlsyskit.tools.fl.data import load_federated
-from mlsyskit.tools.fl.model import evaluate
+from mlsyskit.tools.fl.data import FederatedData, load_federated
+from mlsyskit.tools.fl.model import Weights, evaluate, logits
 from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.report import CLIENT_ACCURACY_KEY, SIMULATION_KEY
-from mlsyskit.tools.fl.scheduling import make_scheduler
 from mlsyskit.tools.fl.scheduling.hetero import PRESETS, HeteroConfig
 from mlsyskit.tools.fl.selection.base import Selector
+from mlsyskit.tools.fl.selectors import make_selector
 from mlsyskit.tools.fl.sim_world import Fate, World, WorldConfig
 from mlsyskit.tools.fl.threads import single_threaded
 
+EVAL_CLIENTS = 200  # default sample of clients scored at the end (each also needs a local-only baseline)
+EVAL_CHUNK = 256  # clients scored per pass at the end (and per progress report)
+BASELINE_CHUNK = 16  # local-only baselines trained per progress report
+EVALUATING, BASELINES = "evaluating clients", "local-only baselines for the refunds"
+Progress = Callable[[str, int, int], None]
 LATE = "no update before the deadline"  # the coordinator's words for a late update (signals.py reads "deadline")
 
 
@@ -55,7 +62,7 @@ class SimulationOptions:
     scheduler_config: Any = None  # the scheduler's own config dataclass (overrides `weights`)
     deadline_s: float | None = None  # None: the scheduler's round_deadline (capped by round_timeout_s)
     world: WorldConfig = field(default_factory=WorldConfig)
-    eval_clients: int = 1000  # per-client accuracy at the end: all clients up to this many, else a sample
+    eval_clients: int = EVAL_CLIENTS  # per-client accuracy at the end: all clients up to this many, else a sample
     time_budget_s: float | None = None  # stop after the first round that ends at or past this simulated time
 
     def make_scheduler(self) -> Selector | None:
@@ -68,7 +75,7 @@ class SimulationOptions:
             if self.scheduler not in PRESETS:
                 raise ValueError(f"free weights apply to {', '.join(PRESETS)}, not {self.scheduler!r}")
             config = HeteroConfig(preset=self.scheduler, weights=dict(self.weights))
-        return make_scheduler(self.scheduler, config)
+        return make_selector(self.scheduler, config)
 
 
 _BASELINES: OrderedDict[tuple, float] = OrderedDict()  # local-only accuracy per (data, train, client, seed)
@@ -85,21 +92,26 @@ class SimulationResult:
 class Simulation:
     def __init__(self, config: JobConfig, store: MetaStore, attacks: dict[int, str] | None = None,
                  dropout: float = 0.0, backend: TrainingBackend | None = None,
-                 options: SimulationOptions | None = None) -> None:
+                 options: SimulationOptions | None = None, *, data: FederatedData | None = None,
+                 world: World | None = None, scheduler: Selector | None = None) -> None:
+        """`data` (default: config.data partitioned here), `world` (default: options.world) and `scheduler` (an
+        instance, default: options') let the scheduling harness run this same round model on its own population."""
         single_threaded()  # many tiny models: threads cost more than they give
         options = options or SimulationOptions()
-        if options.scheduler is not None:  # the job's scheduler: stored with the run, checked on resume
-            config = replace(config, scheduler=options.scheduler)
+        scheduler = scheduler or options.make_scheduler()
+        if scheduler is not None:  # the job's scheduler: stored with the run, checked on resume
+            config = replace(config, scheduler=scheduler.name)
         self.config = config
         self.attacks = attacks or {}
         self.dropout = dropout
         self.backend = backend or InProcessBackend()
         self.options = options
         self.loop = EventLoop()
-        self.data = load_federated(config.data)
-        self.world = World(self.options.world, config.seed)
-        self.coordinator = Coordinator(config, store, scheduler=self.options.make_scheduler(),
-                                       local_only=self._local_only)
+        self.data = data if data is not None else load_federated(config.data)
+        self.sizes = self.data.partition_sizes()  # the simulator knows every client's data: it made them
+        self.world = world or World(self.options.world, config.seed)
+        self.coordinator = Coordinator(config, store, scheduler=scheduler, local_only=self._local_only,
+                                       server=self.data.server_side())
         self.model_bytes = sum(a.nbytes for a in self.coordinator.weights.values())
         self._rng = Seeds(config.seed).numpy("simulation")
         self._deadline: EventHandle | None = None
@@ -109,8 +121,7 @@ class Simulation:
 
     # -- start-up ------------------------------------------------------------------------------------
     def _register_all(self) -> None:
-        c = self.coordinator
-        sizes = c.partition_sizes
+        c, sizes = self.coordinator, self.sizes
         c.register_many({cid: {"num_samples": sizes[cid], "local_only_accuracy": None,
                                "declared_attack": self.attacks.get(cid, "none")}
                          for cid in range(self.config.data.num_clients) if cid not in c.clients})
@@ -118,9 +129,9 @@ class Simulation:
     def _local_only(self, clients: list[int]) -> dict[int, float]:
         """Consumers' local-only baselines, trained when a reimbursement first needs them."""
         spec, train = self.config.data, self.config.train
-        keys = {cid: (spec, train, cid, sub_seed(self.config.seed, f"local-only:{cid}") % (2**31)) for cid in clients}
+        keys = {cid: (self.backend.name, spec, train, cid, sub_seed(self.config.seed, f"local-only:{cid}") % (2**31)) for cid in clients}
         missing = [cid for cid in clients if keys[cid] not in _BASELINES]
-        tasks = [BaselineTask(cid, self.data.clients[cid], keys[cid][3]) for cid in missing]
+        tasks = [BaselineTask(cid, self.data.clients[cid], keys[cid][-1]) for cid in missing]
         for task, value in zip(tasks, self.backend.local_only(train, self.data.num_features, self.data.num_classes,
                                                               tasks), strict=True):
             _BASELINES[keys[task.client_id]] = value
@@ -130,7 +141,10 @@ class Simulation:
         return out
 
     def run(self, on_round: Callable[[RoundOutcome], None] | None = None,
-            on_phase: Callable[[str], None] | None = None) -> SimulationResult:
+            on_phase: Callable[[str], None] | None = None,
+            on_progress: Progress | None = None) -> SimulationResult:
+        """`on_progress(step, done, total)` reports the end of the job as it goes: the consumers' local-only
+        baselines, then the per-client evaluation (without it, each step is a phase line)."""
         phase = on_phase or (lambda _: None)
         # the attackers are known here, and only here: the report marks them as ground truth
         self.coordinator.store.put("fl", SIMULATION_KEY, {"attacks": {str(c): a for c, a in self.attacks.items()},
@@ -143,8 +157,7 @@ class Simulation:
             phase("rounds")
             self.loop.schedule(0.0, self._begin_round)
         self.loop.run()
-        phase("evaluating clients")
-        self._finish_job()
+        self._finish_job(on_progress or (lambda step, done, total: phase(step) if done == 0 else None))
         self.result.virtual_time_s = self.loop.now()
         return self.result
 
@@ -160,7 +173,7 @@ class Simulation:
         for cid in plan.selected:
             if self._rng.random() < self.dropout:
                 continue  # the client vanishes without a word; the deadline counts it as failed
-            samples = c.partition_sizes[cid]
+            samples = self.sizes[cid]
             fate = self.world.fate(cid, now, samples, self.config.train.epochs, self.model_bytes, cost_rng)
             measured = fate.measured() | {"num_samples": samples}
             if fate.drops and now + fate.offline_after_s <= plan.deadline:
@@ -218,13 +231,37 @@ class Simulation:
             return list(range(n))
         return sorted(Seeds(self.config.seed).random("sim/eval-clients").sample(range(n), limit))
 
-    def _finish_job(self) -> None:
+    def client_accuracies(self, clients: list[int], weights: Weights) -> dict[int, float]:
+        """A model's accuracy on each client's own test split (what those consumers would measure); the built-in
+        MLP scores a chunk of clients in one pass over their concatenated test splits."""
+        if self.config.train.model:
+            return {cid: evaluate(weights, self.data.clients[cid].x_test, self.data.clients[cid].y_test,
+                                  self.config.train.model, self.coordinator.num_classes)["accuracy"] for cid in clients}
+        parts = [self.data.clients[cid] for cid in clients]
+        x = np.concatenate([p.x_test for p in parts])
+        y = np.concatenate([p.y_test for p in parts])
+        correct = (logits(weights, x).argmax(axis=1) == y).astype(np.float64)
+        counts = np.array([len(p.y_test) for p in parts])
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        hits = np.add.reduceat(correct, starts) if len(correct) else np.zeros(len(parts))
+        return {cid: float(h / n) if n else 0.0 for cid, h, n in zip(clients, hits, counts, strict=True)}
+
+    def _finish_job(self, progress: Progress) -> None:
+        """Score the kept model on the evaluated clients, train the local-only baselines the final refunds need
+        (each once; the coordinator then finds them made), and close the job: all in chunks, with progress."""
         c = self.coordinator
-        model = self.config.train.model
-        accuracies = {}
-        for cid in self.evaluated_clients():
-            client = self.data.clients[cid]
-            accuracies[cid] = evaluate(c.kept_weights, client.x_test, client.y_test, model, c.num_classes)["accuracy"]
+        clients, accuracies = self.evaluated_clients(), {}
+        progress(EVALUATING, 0, len(clients))
+        for start in range(0, len(clients), EVAL_CHUNK):
+            accuracies |= self.client_accuracies(clients[start:start + EVAL_CHUNK], c.kept_weights)
+            progress(EVALUATING, len(accuracies), len(clients))
+        if not c.finished:
+            needed = sorted(cid for cid in set(c.consumer_accuracy) | set(accuracies)
+                            if cid in c.clients and c.clients[cid]["local_only_accuracy"] is None)
+            progress(BASELINES, 0, len(needed))
+            for start in range(0, len(needed), BASELINE_CHUNK):
+                self._local_only(needed[start:start + BASELINE_CHUNK])
+                progress(BASELINES, min(start + BASELINE_CHUNK, len(needed)), len(needed))
         c.finish_job(accuracies)
         c.store.put("fl", CLIENT_ACCURACY_KEY, {str(k): v for k, v in accuracies.items()})
         self.result.client_accuracy = accuracies

@@ -65,6 +65,10 @@ class TlsDoor:
             await self._relay(reader, writer, peer)
         except (ConnectionError, OSError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # stop() cancels open relays. The task must not end cancelled: asyncio's stream callback calls
+            # task.exception() on it, which raises for a cancelled task and was logged as a traceback at exit
+            pass
         finally:
             self._connections.discard(task)
             writer.close()

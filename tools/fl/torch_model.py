@@ -5,15 +5,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from mlsyskit.tools.fl.model import Weights
-from mlsyskit.tools.fl.plugins import PluginError, load_object
+from mlsyskit.tools.fl.plugins import PluginError, call_user, load_object
+
+Weights = dict[str, np.ndarray]  # as model.Weights (model.py imports this module for custom models)
 
 
 def build_model(num_features: int, num_classes: int, hidden: int, model: str = "") -> nn.Module:
     """The built-in MLP, or what the `package.module:factory` named by `model` builds."""
     if not model:
         return nn.Sequential(nn.Linear(num_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
-    built = load_object(model, "--model")(num_features, num_classes)
+    built = call_user(load_object(model, "--model"), f"--model {model!r}", num_features, num_classes)
     if not isinstance(built, nn.Module):
         raise PluginError(f"--model {model!r} returned a {type(built).__name__}, not a torch nn.Module")
     return built

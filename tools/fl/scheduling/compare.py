@@ -11,9 +11,9 @@ import statistics
 import sys
 from typing import Any
 
-from mlsyskit.tools.fl.scheduling import SCHEDULERS, make_scheduler
 from mlsyskit.tools.fl.scheduling.availability import SyntheticAvailability
 from mlsyskit.tools.fl.scheduling.harness import HarnessConfig, run
+from mlsyskit.tools.fl.selectors import SELECTORS, make_selector
 
 ORDER = ["random", "tifl", "oort", "fast", "rfair", "afair", "perf", "adaptive"]
 COLUMNS = [("mean_round_s", "mean round s", 2), ("time_to_target_s", "time to 0.8 s", 1),
@@ -24,8 +24,8 @@ COLUMNS = [("mean_round_s", "mean round s", 2), ("time_to_target_s", "time to 0.
 
 def compare(config: HarnessConfig, seeds: range, target: float = 0.8) -> dict[str, dict[str, Any]]:
     out = {}
-    for name in [n for n in ORDER if n in SCHEDULERS.names()]:
-        rows = [run(make_scheduler(name), config, seed,
+    for name in [n for n in ORDER if n in SELECTORS.names()]:
+        rows = [run(make_selector(name), config, seed,
                     availability=SyntheticAvailability(seed, mean_on_s=1800, mean_off_s=600)).summary(target)
                 for seed in seeds]
         means: dict[str, Any] = {}

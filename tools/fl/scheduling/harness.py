@@ -1,29 +1,29 @@
 """A virtual-clock harness: schedulers over simulated heterogeneous clients and a model curve.
 
-Each round: the clients online at the round's start (availability) are offered to the scheduler;
-each selected client's compute and communication time come from its resource profile at that
-moment (slowdowns included); a client that goes offline before it finishes is `failed/offline`
-(the server sees the drop at once, as the real server marks a dropped stream), one that finishes
-after the round's deadline is `failed/deadline`, and both have their compute counted as wasted
-work. The round lasts until the last on-time update or drop, or the deadline when someone missed
-it. On-time updates advance the synthetic learning curve (learning_model.py: a
-model for checking the direction of knobs, not real training). Everything is seeded: the same
-seed gives the same selection trace and results.
+It runs the one round model of `fl-server simulate` (simulator.Simulation driving the Coordinator:
+begin_round's selection and deadline rule, sim_world's fates: who drops when it goes offline, whose
+update comes after the deadline, what compute was wasted) with two things swapped for speed: the
+population is a synthetic learning curve (learning_model.py: a model for checking the direction of
+knobs, not real training) and "training" an on-time update advances that curve (CurveBackend).
+The global accuracy each round and every client's accuracy at the end are the curve's.
+Everything is seeded: the same seed gives the same selection trace and results.
 """
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlsyskit.core.config import require
-from mlsyskit.core.sim import sub_seed
-from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
+from mlsyskit.core.storage import MetaStore
+from mlsyskit.tools.fl.config import DataSpec, JobConfig, TrainSpec
 from mlsyskit.tools.fl.scheduling import metrics
 from mlsyskit.tools.fl.scheduling.availability import AlwaysAvailable, Availability
+from mlsyskit.tools.fl.scheduling.curve_sim import CurvePopulation, CurveSimulation
 from mlsyskit.tools.fl.scheduling.learning_model import CurveConfig, LearningCurve
 from mlsyskit.tools.fl.scheduling.resources import ResourceModel
 from mlsyskit.tools.fl.selection.base import Selector
+from mlsyskit.tools.fl.sim_world import World, WorldConfig
+from mlsyskit.tools.fl.simulator import SimulationOptions
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,8 @@ class HarnessConfig:
     rounds: int = 50
     epochs: int = 1
     model_bytes: int = 400_000
-    deadline_s: float | None = None  # None: the scheduler's own round_deadline, else wait for all
-    max_round_s: float = 3600.0  # a round never waits longer (the hard timeout)
+    deadline_s: float | None = None  # None: the scheduler's own round_deadline capped by max_round_s
+    max_round_s: float = 3600.0  # the hard timeout (the job's round_timeout_s)
 
     def __post_init__(self) -> None:
         require(self.clients >= 1 and 1 <= self.per_round and self.rounds >= 1, "clients, per_round, rounds >= 1")
@@ -70,53 +70,32 @@ class HarnessResult:
 
 def run(scheduler: Selector, config: HarnessConfig, seed: int, resources: ResourceModel | None = None,
         availability: Availability | None = None, curve_config: CurveConfig | None = None) -> HarnessResult:
-    resources = resources or ResourceModel(seed)
-    availability = availability or AlwaysAvailable()
-    curve = LearningCurve(curve_config or CurveConfig(), resources, seed)
-    shares = [0.0] * curve.config.groups
-    for cid in range(config.clients):
-        shares[curve.group(cid)] += 1 / config.clients
+    world = World(WorldConfig(), seed, resources or ResourceModel(seed), availability or AlwaysAvailable())
+    curve = LearningCurve(curve_config or CurveConfig(), world.resources, seed)
+    population = CurvePopulation(curve, config.clients, config.per_round)
+    job = JobConfig(strategy="fedavg", rounds=config.rounds, per_round=config.per_round, seed=seed,
+                    round_timeout_s=config.max_round_s, data=DataSpec(num_clients=config.clients, seed=seed),
+                    train=TrainSpec(epochs=config.epochs, hidden=1))
+    options = SimulationOptions(deadline_s=config.deadline_s, eval_clients=config.clients)
+    store = MetaStore(":memory:")
+    try:
+        simulation = CurveSimulation(job, store, population, world, scheduler, options, config.model_bytes)
+        outcome = simulation.run()
+    finally:
+        store.close()
     result = HarnessResult(population=config.clients)
     now = 0.0
-    for round_num in range(1, config.rounds + 1):
-        available = [c for c in range(config.clients) if availability.is_active(c, now)]
-        rng = random.Random(sub_seed(seed, f"fl-sched/select/{round_num}"))
-        selected = scheduler.select(round_num, available, config.per_round, rng) if available else []
-        proposed = getattr(scheduler, "round_deadline", None)
-        deadline = config.deadline_s or (proposed(selected) if proposed and selected else None) or config.max_round_s
-        deadline = min(deadline, config.max_round_s)
-        cost_rng = random.Random(sub_seed(seed, f"fl-sched/cost/{round_num}"))
-        reports, updates, last_event, missed = {}, [], 0.0, False
-        for cid in selected:
-            samples = curve.samples(cid)
-            measured = resources.measured(cid, now, samples, config.epochs, config.model_bytes, cost_rng)
-            compute, comm = measured["train_time_s"], measured["comm_time_s"]
-            loss, loss_sq = curve.loss(cid)
-            m = {"num_samples": samples, "loss": loss, "loss_sq_mean": loss_sq, "quality": curve.client_accuracy(cid),
-                 "accuracy": curve.client_accuracy(cid), **measured}
-            offline_at = availability.online_until(cid, now) - now
-            result.cpu_s[cid] = result.cpu_s.get(cid, 0.0) + min(compute, offline_at)
-            if compute + comm > offline_at:
-                reports[cid] = ClientReport(cid, m, status="failed", reason="offline before it finished")
-                result.wasted_cpu_s[cid] = result.wasted_cpu_s.get(cid, 0.0) + min(compute, offline_at)
-                last_event = max(last_event, min(offline_at, deadline))  # the server sees the drop at once
-            elif compute + comm > deadline:
-                reports[cid] = ClientReport(cid, m, status="failed", reason=f"deadline {deadline:.1f}s missed")
-                result.wasted_cpu_s[cid] = result.wasted_cpu_s.get(cid, 0.0) + compute
-                missed = True
-            else:
-                reports[cid] = ClientReport(cid, m, aggregated=True)
-                updates.append((cid, samples))
-                last_event = max(last_event, compute + comm)
-            result.participation[cid] = result.participation.get(cid, 0) + 1
-        curve.apply(updates, config.per_round)
-        duration = deadline if missed or not selected else last_event
-        now += duration
-        accuracy = curve.global_accuracy(shares)
-        scheduler.observe(RoundOutcome(round_num, selected, reports, {"accuracy": accuracy, "deadline_s": deadline},
-                                       duration_s=duration))
+    for o in outcome.outcomes:
+        now += o.duration_s
         result.round_end_s.append(now)
-        result.accuracy.append(accuracy)
-        result.selections.append(list(selected))
-    result.client_accuracy = [curve.client_accuracy(c) for c in range(config.clients)]
+        result.accuracy.append(float(o.global_metrics["accuracy"]))
+        result.selections.append(list(o.selected))
+        for cid in o.selected:
+            result.participation[cid] = result.participation.get(cid, 0) + 1
+        for cid, report in o.reports.items():
+            cpu = float(report.metrics.get("cpu_time_s", 0.0))
+            result.cpu_s[cid] = result.cpu_s.get(cid, 0.0) + cpu
+            if report.status == "failed" and cpu > 0:
+                result.wasted_cpu_s[cid] = result.wasted_cpu_s.get(cid, 0.0) + cpu
+    result.client_accuracy = [outcome.client_accuracy[c] for c in range(config.clients)]
     return result

@@ -1,5 +1,5 @@
 """Client selectors behind one interface (base.Selector: select, observe, state_dict).
 
-Strategies compose the selector they need; the heterogeneity-aware schedulers that plug in here
-by name are in mlsyskit.tools.fl.scheduling (SCHEDULERS).
+Strategies compose the selector they need; every selector, these and the heterogeneity-aware
+schedulers (scheduling/), is found by name in one registry: mlsyskit.tools.fl.selectors.SELECTORS.
 """

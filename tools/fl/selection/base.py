@@ -3,8 +3,8 @@
 A selector sees who is available and what earlier rounds reported (quality, measured train time
 and CPU use, failures) and picks k clients. It is pure: randomness comes from the rng argument
 (derived per round from the job seed) and its memory is a plain dict that is checkpointed.
-Roadmap selectors (a heterogeneity-aware adaptive scheduler, TiFL tiers, Oort utility) implement
-the same three methods.
+TIFF's selectors (selection/) and the heterogeneity-aware schedulers (scheduling/: TiFL tiers, Oort
+utility, ours) all implement it and are found by name in one registry, selectors.SELECTORS.
 """
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from mlsyskit.tools.fl.config import SelectionConfig
 from mlsyskit.tools.fl.outcome import RoundOutcome
 
 
 class Selector(ABC):
     name = "selector"
 
-    def __init__(self, config: SelectionConfig) -> None:
+    def __init__(self, config: Any = None, tracking: Any = None) -> None:
+        """Every selector is built the same way (selectors.make_selector): its own config dataclass (None: its
+        defaults) and, for the schedulers that track clients, a TrackingConfig (others ignore it)."""
         self.config = config
 
     @abstractmethod

@@ -13,6 +13,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from mlsyskit.tools.fl.config import SelectionConfig
 from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.selection.base import Selector
 
@@ -20,8 +21,8 @@ from mlsyskit.tools.fl.selection.base import Selector
 class QualityGreedySelector(Selector):
     name = "quality-greedy"
 
-    def __init__(self, config) -> None:
-        super().__init__(config)
+    def __init__(self, config: SelectionConfig | None = None, tracking: Any = None) -> None:
+        super().__init__(config or SelectionConfig())
         self.ema: dict[int, float] = {}
         self.window: dict[int, list[float]] = {}
 

@@ -1,0 +1,69 @@
+"""Identity and errors of real sessions (issue 21 item 7), an in-process server with mutual TLS:
+a second process with a certificate already in use is refused while the first keeps its session (and
+its pay); a client certificate signed by another CA is told "the server refused the client certificate";
+every client's token summary equals the ledger."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from mlsyskit.core.rpc import ClientTls, ServerTls
+from mlsyskit.core.rpc_tls import issue_certs
+from mlsyskit.core.storage import MetaStore
+from mlsyskit.tools.fl.client import ClientStopped, FlClient
+from mlsyskit.tools.fl.config import DataSpec, JobConfig, TrainSpec
+from mlsyskit.tools.fl.data import load_client
+from mlsyskit.tools.fl.incentive.ledger import client_account
+
+pytestmark = pytest.mark.slow  # a server listening on loopback
+
+
+def test_a_second_session_with_a_certificate_in_use_is_refused_and_the_first_keeps_its_session(tmp_path):
+    files = issue_certs(tmp_path / "certs", client_ids=["0", "1"])
+    stranger = issue_certs(tmp_path / "other-ca", client_ids=["0"])  # same id, another CA
+    config = JobConfig(strategy="fedavg", rounds=6, per_round=2, min_clients=2, round_timeout_s=60.0,
+                       train=TrainSpec(epochs=2), data=DataSpec(num_clients=2, seed=3))
+    tls = ServerTls.from_files(files.server_cert, files.server_key, client_ca=files.ca)
+    data = {cid: load_client(config.data, cid)[0] for cid in (0, 1)}
+
+    def client(cid, address, certs=files, **kw):
+        return FlClient(address, cid, data[cid], tls=ClientTls.from_files(files.ca, *certs.client(str(cid))), **kw)
+
+    async def main():
+        from mlsyskit.tools.fl.server import FlServer
+
+        store = MetaStore(tmp_path / "fl.db")
+        server = FlServer(config, store, tls=tls, eval_timeout_s=20.0, heartbeat_s=0.5)  # silent > 20 s: replaced
+        port = await server.start()
+        address = f"localhost:{port}"
+        try:
+            with pytest.raises(ClientStopped, match="refused the client certificate"):
+                await client(0, address, certs=stranger, reconnect_s=5).run()
+            serving = asyncio.create_task(server.serve(registration_timeout_s=60))
+            first = [asyncio.create_task(client(cid, address).run()) for cid in (0, 1)]
+            while not server.outcomes:  # the job is under way: client 0's session is live
+                await asyncio.sleep(0.01)  # polling the server's state for a condition
+            with pytest.raises(ClientStopped, match="already has a live session") as refused:
+                await client(0, address, reconnect_s=1.0, backoff_initial_s=0.05, backoff_max_s=0.2).run()
+            summaries = await asyncio.gather(*first)
+            await serving
+        finally:
+            await server.stop()
+        return server, store, summaries, str(refused.value)
+
+    server, store, summaries, refused = asyncio.run(asyncio.wait_for(main(), 240))
+    assert "another process is using client 0's certificate" in refused
+    assert all(s.done for s in summaries)
+    assert len(server.outcomes) == 6
+    for outcome in server.outcomes:  # the first client 0 was never evicted: no round lost it
+        assert all("reconnected" not in r.reason and r.status == "valid" for r in outcome.reports.values())
+    from mlsyskit.tools.fl.incentive.ledger import Ledger
+
+    ledger = Ledger(store)
+    pay, balances = ledger.totals_by("pay", "payee"), ledger.balances()
+    for cid, summary in enumerate(summaries):
+        assert summary.reconnects == 0
+        assert abs(summary.tokens_earned - pay.get(client_account(cid), 0.0)) < 1e-9
+        assert abs(summary.balance - balances[client_account(cid)]) < 1e-9
+    store.close()
