@@ -19,7 +19,7 @@ from mlsyskit.tools.sched.daemon.specs import (
     parse_time,
 )
 from mlsyskit.tools.sched.executors.base import EXITED, Status
-from mlsyskit.tools.sched.policies import create_policy
+from mlsyskit.tools.sched.policies import POLICIES, create_policy
 from mlsyskit.tools.sched.throughput import ThroughputModel
 
 MODEL = ThroughputModel()
@@ -204,3 +204,20 @@ def test_job_fields_are_checked_and_named():
     for text, message in [("0-9:0", "empty range"), ("x", "not a task range"), ("0-5000", "more than 1000 tasks")]:
         with pytest.raises(ValueError, match=message):
             parse_array(text)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_an_exact_job_ahead_in_the_queue_is_not_starved_by_an_elastic_one_behind_it(tmp_path, policy):
+    sched, ex, _ = make(tmp_path, policy=policy)                    # 4 + 2 + 2
+    first = sched.submit(job(8))
+    sched.step()
+    six = sched.submit(job(6))
+    elastic = sched.submit(job(4, min_gpus=1))
+    sched.step()
+    end(sched, ex, first.id)
+    for _ in range(3):
+        sched.step()
+    assert state(sched, six.id) == "running", "the policy's elastic start behind it took the GPUs it needs"
+    assert len(sched.launch_of(sched.store.get(six.id)).visible) == 6
+    got = sched.store.get(elastic.id)
+    assert got.state == "queued" or 1 <= len(sched.launch_of(got).visible) <= 2

@@ -146,7 +146,11 @@ def plan(policy: Policy, cluster: ClusterConfig, jobs: list[Job], model: Through
     starts: list[PlannedStart] = []
     ignored: list[str] = []
     preempts: list[int] = []
-    for action in decision.actions:
+    # starts are carried out in queue order: a job raised to its exact count takes its GPUs before a
+    # later job the policy planned into them (the policy sizes elastically and knows no min_gpus)
+    rank = {job_id: i for i, job_id in enumerate(state.queue)}
+    ordered = sorted(decision.actions, key=lambda a: (isinstance(a, Start), rank.get(a.job_id, -1)))
+    for action in ordered:
         if isinstance(action, Preempt | Resize):
             job = by_id.get(action.job_id)
             if isinstance(action, Resize) and job is not None and job.request.lower_gpus == job.request.upper_gpus:
@@ -188,7 +192,8 @@ def _layout(action: Start, free: FreeMap, min_gpus: int, max_gpus: int, gpus_per
         return placement, tuple(g for _, g in placement)
     if len(shape) > len(placement) or any(s > g for s, (_, g) in zip(shape, placement, strict=False)):
         return None, ()
-    for node, gpus in placement:
-        if gpus > free.free[node]:
-            return None, ()
+    if any(gpus > free.free[node] for node, gpus in placement):   # planned GPUs taken by an earlier start
+        placement = fit_gpus(free, sum(shape), gpus_per_node, max_nodes) or fit_gpus(free, min_gpus, gpus_per_node,
+                                                                                  max_nodes)
+        return (None, ()) if placement is None else (placement, tuple(g for _, g in placement))
     return placement, shape + (0,) * (len(placement) - len(shape))
