@@ -221,3 +221,14 @@ def test_an_exact_job_ahead_in_the_queue_is_not_starved_by_an_elastic_one_behind
     assert len(sched.launch_of(sched.store.get(six.id)).visible) == 6
     got = sched.store.get(elastic.id)
     assert got.state == "queued" or 1 <= len(sched.launch_of(got).visible) <= 2
+
+
+def test_a_queued_job_that_no_longer_fits_waits_as_bad_constraints_and_blocks_nobody(tmp_path):
+    sched, _, _ = make(tmp_path, sizes=(4, 4), policy="fifo")
+    gone = sched.submit(job(8))                                    # fits 4 + 4 ...
+    shrunk = Scheduler(ClusterConfig((NodeConfig("n0", 4, logical=True),)), sched.store, FakeExecutor(),
+                       create_policy("fifo", MODEL), MODEL, VirtualClock(2000.0), tmp_path)
+    small = shrunk.submit(job(2))                                  # ... not the restarted daemon's one node
+    shrunk.step()
+    assert pending(shrunk, gone.id) == "BadConstraints"
+    assert state(shrunk, small.id) == "running", "fifo is strict, but a job that can never fit is not its head"

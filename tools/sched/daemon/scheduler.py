@@ -53,6 +53,8 @@ from mlsyskit.tools.sched.policies.base import Policy
 from mlsyskit.tools.sched.state import JobView, WorkHistory
 from mlsyskit.tools.sched.throughput import ThroughputModel
 
+FAIR_PERIOD_S = 30.0
+
 
 class Scheduler:
     def __init__(self, cluster: ClusterConfig, store: JobStore, executor: Executor, policy: Policy,
@@ -70,6 +72,8 @@ class Scheduler:
         self._said: set[str] = set()
         self.history = WorkHistory()   # finished jobs' sizes, read once here and kept up to date
         self.fair = admission.FairShare()
+        self._ended_count = 0                      # jobs accounted: a fair order computed before is stale
+        self._fair_cache: tuple | None = None      # (eligible ids and _ended_count, when, order)
         for job in store.jobs(FINAL):
             adapter.learn(self.history, job, model)
             self._account(job)
@@ -220,6 +224,7 @@ class Scheduler:
 
     def _account(self, job: Job) -> None:
         """Count an ended job's GPU-seconds to its user's fair share."""
+        self._ended_count += 1
         ran = job.held * (job.ended - job.started) if job.started is not None and job.ended is not None else 0.0
         if job.attained + ran > 0 and job.ended is not None:
             self.fair.add(job.user, job.attained + max(0.0, ran), job.ended)
@@ -258,7 +263,7 @@ class Scheduler:
         jobs = self.store.jobs(ACTIVE)
         now = self.clock.now()
         eligible, reasons = self._eligible(now)
-        ordered = admission.fair_queue(eligible, jobs, now, self.fair)
+        ordered = self._fair_order(eligible, jobs, now)
         result = adapter.plan(self.policy, self.cluster, jobs, self.model, now, self._reports(jobs), self.history,
                               ordered, preemptible=self.executor.restartable)
         for why in result.ignored:
@@ -275,11 +280,22 @@ class Scheduler:
         self._pending = {**reasons, **admission.waiting_reasons(
             ((i, job.request) for i, (job, _) in ordered.items() if i in self._queued), self.cluster, held)}
 
+    def _fair_order(self, eligible: dict[int, tuple[Job, JobView]], jobs: list[Job], now: float):
+        """admission.fair_queue, recomputed when the eligible jobs change, a job ends, or every
+        FAIR_PERIOD_S (Slurm's PriorityCalcPeriod): sorting thousands of jobs every step is waste."""
+        key = (frozenset(eligible), self._ended_count)
+        cached = self._fair_cache
+        if cached is None or cached[0] != key or now - cached[1] >= FAIR_PERIOD_S:
+            ordered = admission.fair_queue(eligible, jobs, now, self.fair)
+            self._fair_cache = (key, now, list(ordered))
+            return ordered
+        return {i: eligible[i] for i in cached[2]}
+
     def _eligible(self, now: float) -> tuple[dict[int, tuple[Job, JobView]], dict[int, str]]:
         """Queued jobs the policy may start, and the hold reason of each other one. A job whose
         afterok dependency ended other than done is cancelled (Slurm: DependencyNeverSatisfied)."""
-        deps = {d for job, _ in self._queued.values() for d in job.request.after_ok} - self._deps_done
-        states = self.store.states_of(sorted(deps))
+        deps = {d for job, _ in self._queued.values() if job.request.dependency for d in job.request.after_ok}
+        states = self.store.states_of(sorted(deps - self._deps_done))
         self._deps_done.update(d for d, s in states.items() if s and all(x == DONE for x in s))
         states.update((d, [DONE]) for d in self._deps_done)
         eligible: dict[int, tuple[Job, JobView]] = {}
@@ -293,9 +309,11 @@ class Scheduler:
                     self._queued.pop(job_id)
                     self.log(f"job {job_id} cancelled: {why}")
                 continue
-            if job_id not in self._never:
-                self._never[job_id] = admission.unavailable(self.cluster, request) is not None
-            hold = admission.hold_reason(request, self.max_time_s, states, self._never[job_id])
+            never = self._never.get(job_id)
+            if never is None:
+                never = self._never[job_id] = admission.unavailable(self.cluster, request) is not None
+            hold = admission.hold_reason(request, self.max_time_s, states, never) \
+                if never or request.dependency or self.max_time_s else None
             if hold is None:
                 eligible[job_id] = (job, view)
             else:

@@ -18,6 +18,7 @@ Field errors name the field (`gpus: expected an integer`); unknown fields name t
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 import tomllib
@@ -130,13 +131,13 @@ class JobRequest:
     def lower_gpus(self) -> int:
         return self.min_gpus or self.gpus
 
-    @property
+    @functools.cached_property
     def time_limit_s(self) -> float:
         return parse_time(self.time)
 
-    @property
+    @functools.cached_property
     def after_ok(self) -> tuple[int, ...]:
-        return parse_dependency(self.dependency)
+        return parse_dependency(self.dependency) if self.dependency else ()
 
     @property
     def display_name(self) -> str:
