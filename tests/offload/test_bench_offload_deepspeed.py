@@ -30,19 +30,37 @@ def test_dry_run_plans_both_systems_with_the_same_model_seed_batches_and_steps(t
     for line in lines:
         for flag in ("--model gpt-10m", "--batch 2", "--seq 32", "--steps 3", "--seed 7"):
             assert flag in line, (flag, line)
-    assert "--offload nvme" in lines[1] and "--offload cpu" in lines[3] and "worker.py" in lines[1]
-    assert lines[0].split()[1] == "train"
+    assert "--offload nvme" in lines[0] and "--offload cpu" in lines[2] and "worker.py" in lines[0]
+    assert lines[1].split()[1] == "train" and lines[3].split()[1] == "train"
     from mlsyskit.core.config import parse_size
     from mlsyskit.tools.offload.model import preset
 
     n = preset("gpt-10m").n_params
     size = lambda words, flag: parse_size(words[words.index(flag) + 1])  # noqa: E731
-    # the NVMe placement leaves most parameters and optimizer states to NVMe ...
-    nvme = lines[0].split()
-    assert size(nvme, "--device-mem") + size(nvme, "--cpu-mem") < 2 * n and size(nvme, "--opt-mem") < 16 * n / 4
-    # ... the CPU placement's budgets hold every bf16 parameter and its 16 bytes of fp32 optimizer state
-    cpu = lines[2].split()
+    # before DeepSpeed is measured the budgets add up to 18 bytes per parameter (+64 MiB); the device budget is
+    # a quarter of the bf16 parameters in both placements, so parameters really move
+    for line, placement in ((lines[1], "nvme"), (lines[3], "cpu")):
+        words = line.split()
+        assert size(words, "--device-mem") < 2 * n / 3
+        total = sum(size(words, f) for f in ("--device-mem", "--cpu-mem", "--opt-mem"))
+        assert 18 * n <= total <= 18 * n + (64 << 20)
+        assert ("--nvme-dir" in words) == (placement == "nvme")
+    cpu = lines[3].split()
     assert size(cpu, "--cpu-mem") >= 2 * n and size(cpu, "--opt-mem") >= 16 * n
+
+
+def test_equal_budgets_add_up_to_deepspeeds_memory():
+    bench = load_script()
+    n = 50_000_000
+    for placement in ("nvme", "cpu"):
+        for total in (18 * n, 30 * n):
+            device, cpu, opt = bench.equal_budgets(n, total, placement)
+            assert device + cpu + opt == total and device == 2 * n // 4
+            assert opt <= 16 * n * 11 // 10  # no more than every optimizer state needs; the spare caches parameters
+    device, cpu, opt = bench.equal_budgets(n, 6 * n, "nvme")  # less memory than the states: most go to NVMe
+    assert cpu < 2 * n - device and opt < 16 * n
+    with pytest.raises(ValueError, match="cannot hold"):
+        bench.equal_budgets(n, 2 * n, "cpu")
 
 
 @pytest.mark.slow
@@ -73,6 +91,18 @@ def test_summary_drops_each_runs_warm_up_step_and_targets_compare_medians():
     cpu = t["median step: ZeRO-3 cpu offload / tencache"]
     assert cpu["value"] == pytest.approx(1.05 / 1.75) and not cpu["met"]
     assert t["peak RSS: ZeRO-3 nvme offload / tencache"]["met"] and not t["peak RSS: ZeRO-3 cpu offload / tencache"]["met"]
+    assert cpu["goal"] == ">= 1.2" and nvme["goal"] == ">= 1.5"
+
+
+def test_round_ratios_pair_the_runs_of_each_round():
+    bench = load_script()
+    tc = [run([9.0, 1.0, 1.0], 1), run([9.0, 2.0, 2.0], 1)]
+    ds = [run([9.0, 2.0, 2.0], 1), run([9.0, 3.0, 3.0], 1)]
+    assert bench.round_ratios(tc, ds) == [2.0, 1.5]
+    peers = {"tencache-nvme": {"summary": bench.summarize(tc), "runs": tc},
+             "deepspeed-nvme": {"summary": bench.summarize(ds), "runs": ds}}
+    worst = next(t for t in bench.targets(peers) if t["target"].startswith("every round"))
+    assert worst["value"] == 1.5 and worst["met"]
 
 
 def test_a_missing_peer_yields_no_target():

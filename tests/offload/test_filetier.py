@@ -235,3 +235,31 @@ def test_disk_full_enospc_from_the_kernel_call(tmp_path, monkeypatch):
     with pytest.raises(DiskFullError, match="writing block 'x'"):
         t.write("x", b"abc")
     t.close()
+
+
+def test_blocks_carry_an_xxh3_checksum_and_version_1_crc32_blocks_still_read(tmp_path):
+    """Format 2 checksums the payload with XXH3-64 (cheaper than crc32 on the hot path); a block written in
+    format 1 (zlib.crc32) is still read and verified."""
+    import struct
+    import zlib
+
+    import xxhash
+
+    from mlsyskit.tools.offload import filetier
+
+    payload = np.arange(3000, dtype=np.float32).tobytes()
+    with FileTier(tmp_path, direct=False) as t:
+        t.write("new", payload)
+        header = t.path("new").read_bytes()[:ALIGN]
+        fields = filetier._FIXED.unpack_from(header, 0)
+        assert fields[1] == 2 and fields[4] == xxhash.xxh3_64_intdigest(payload)
+        old = bytearray(ALIGN)
+        filetier._FIXED_V1.pack_into(old, 0, filetier.BLOCK_MAGIC, 1, 0, len(payload), zlib.crc32(payload), 3)
+        old[filetier._FIXED_V1.size:filetier._FIXED_V1.size + 3] = b"old"
+        struct.pack_into("<I", old, ALIGN - 4, zlib.crc32(bytes(old[:ALIGN - 4])))
+        t.path("old").write_bytes(bytes(old) + payload)
+        out = np.zeros(3000, dtype=np.float32)
+        assert t.read_into("old", out) == len(payload) and out.tobytes() == payload
+        t.path("old").write_bytes(bytes(old) + payload[:-1] + b"\x01")
+        with pytest.raises(CorruptBlockError, match="payload checksum mismatch"):
+            t.read_into("old", out)

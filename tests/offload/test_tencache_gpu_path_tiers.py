@@ -62,7 +62,7 @@ def test_async_eviction_returns_at_once_and_a_later_read_waits_for_the_write(tmp
     assert e.where == NVME and not e.pending.done()
     assert st.dev_pool.free_count(e.nbytes) == 0  # the slot is the write's source until it completes
     buf = aligned_empty(e.nbytes)
-    read = st._read_block(e.key, buf)  # a read issued while the write is in flight
+    read = st.blocks.read(e, buf, sync=False)  # a read issued while the write is in flight
     assert not read.done()
     tier.gate.set()
     read.result(timeout=30)
@@ -90,7 +90,7 @@ def test_an_unordered_read_would_see_the_old_block(tmp_path):
     st.device_to_nvme(e, sync=False)  # version 2, queued behind the gate
     stale_buf, ordered_buf = aligned_empty(e.nbytes), aligned_empty(e.nbytes)
     tier.submit_read(e.key, stale_buf).result(timeout=30)
-    ordered = st._read_block(e.key, ordered_buf)
+    ordered = st.blocks.read(e, ordered_buf, sync=False)
     tier.gate.set()
     ordered.result(timeout=30)
     assert torch.equal(stale_buf.view(torch.bfloat16), torch.ones(5000, dtype=torch.bfloat16))

@@ -40,7 +40,7 @@ from mlsyskit.tools.offload.profiler import Profile, model_signature, named_tens
 from mlsyskit.tools.offload.progress import ProgressNote
 from mlsyskit.tools.offload.sizing import check_swap_room, concurrent_by_class
 from mlsyskit.tools.offload.streams import StreamOps
-from mlsyskit.tools.offload.tiers import CPU, DEVICE, Entry, TierStore
+from mlsyskit.tools.offload.tiers import Entry, TierStore
 from mlsyskit.tools.offload.tracking import BACKWARD, UseTracker
 from mlsyskit.tools.offload.updates import MISUSED_BACKWARD, GradientUpdates
 
@@ -190,16 +190,7 @@ class OffloadEngine(GradientUpdates):
             value = master.reshape(e.shape).to(e.dtype) if lazy else e.param.data
             data = value.reshape(-1).view(torch.uint8)
             tier = plan.placement.tier_of(e.idx)
-            if tier == DEVICE and st.dev_pool is not None:
-                e.dev = st.dev_pool.acquire(e.nbytes, e.idx, exact=True)
-                e.dev.data[:e.nbytes].copy_(data)
-            elif tier in (CPU, DEVICE):
-                e.cpu = st.cpu_pool.acquire(e.nbytes, e.idx, exact=True)
-                e.cpu.data[:e.nbytes].copy_(data)
-                tier = CPU
-            else:
-                self.nvme.write(e.key, data.contiguous().numpy(), e.nbytes)
-            e.where = tier
+            st.place(e, tier, data)  # a slot in its tier, or its NVMe blocks (one per chunk)
             del master, value, data
             if lazy:
                 set_data(e.param, st.placeholders[e.dtype])  # off the meta device, the same Parameter object

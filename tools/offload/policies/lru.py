@@ -19,7 +19,7 @@ class LRUPolicy(SyncFetch):
 
     def plan(self, ctx: PlanContext) -> Plan:
         dev = class_slots(ctx.distribution, ctx.device_budget, tier="device", min_slots=ctx.concurrent)
-        cpu = class_slots(ctx.distribution, ctx.cpu_budget, tier="CPU", small_first=True)
+        cpu = class_slots(ctx.distribution, ctx.cpu_budget, tier="CPU", small_first=True, min_one=not ctx.has_nvme)
         return Plan(dev, cpu, place(ctx.model_order, ctx.sizes, dev, cpu))
 
     def acquire(self, pos: int | None, entries: list[Entry]) -> None:

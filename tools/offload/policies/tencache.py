@@ -5,8 +5,8 @@ then the CPU slots, the rest start on NVMe. After each use (`release`) a tensor 
 window: it becomes evictable but keeps its device slot until a slot of its class is needed, so a
 tensor used again soon (the forward->backward turn) is not moved at all. After each `acquire`,
 `maintain` looks ahead in the profiled (cyclic) order:
-  * device prefetch: the next uses' tensors are copied CPU->device on the copy stream/thread into free
-    slots; when a class has none, the evictable resident whose next use is farthest is moved out, but
+  * device prefetch: the next uses' tensors are copied CPU->device on the copy stream/thread, or read
+    NVMe->device (tiers.nvme_to_device), into free slots; when a class has none, the evictable resident whose next use is farthest is moved out, but
     only if that use is later than the incoming tensor's (Belady's rule);
   * NVMe read-ahead: tensors further ahead that live on NVMe are read asynchronously into CPU slots,
     spilling the CPU resident with the farthest next use when it is later than the incoming one's.
@@ -48,7 +48,7 @@ class TenCachePolicy(SyncFetch):
             for t in tensors:
                 self.positions.setdefault(t, []).append(pos)
         dev = class_slots(ctx.distribution, ctx.device_budget, tier="device", min_slots=ctx.concurrent)
-        cpu = class_slots(ctx.distribution, ctx.cpu_budget, tier="CPU", small_first=True)
+        cpu = class_slots(ctx.distribution, ctx.cpu_budget, tier="CPU", small_first=True, min_one=not ctx.has_nvme)
         order = first_use_order(self.uses, len(ctx.sizes))
         return Plan(dev, cpu, place(order, ctx.sizes, dev, cpu))
 
@@ -102,8 +102,10 @@ class TenCachePolicy(SyncFetch):
                         stuck.add(e.nbytes)  # the freed slot, if any, is claimed on a later call
                     continue
                 free[e.nbytes] -= 1  # nearer tensors still on their way from NVMe keep their claim
-                if e.where == CPU and e.pending is None:
+                if e.pending is None and e.where == CPU:
                     st.cpu_to_device(e, st.dev_pool.acquire(e.nbytes, e.idx, exact=True))
+                elif e.pending is None and e.where == NVME:
+                    st.nvme_to_device(e, st.dev_pool.acquire(e.nbytes, e.idx, exact=True))
         # small tensors' copies wait in the store's queue and go in one batched launch once the batch is big
         # or one of them is needed within `flush_ahead` uses (a consumer launches it anyway if it comes first)
         if len(st.queued_idx) >= self.batch_copies or any(
