@@ -63,12 +63,14 @@ def profile(model: nn.Module, step: Callable[[nn.Module], torch.Tensor], *, name
             dtype: torch.dtype = torch.bfloat16, batch: int = 0, seq: int = 0) -> Profile:
     """Record the tensor execution order of one forward+backward of `step(m)` (which returns the loss).
     The model runs in `dtype` for it and gets its own tensors back afterwards (buffers included, so
-    BatchNorm statistics are untouched); no full-precision copy of the model is made."""
+    BatchNorm statistics are untouched); no full-precision copy of the model is made. A model on the meta
+    device (built lazily) is profiled there: `step` must then give it meta inputs."""
     originals = [(p, p.data) for _, p in named_tensors(model)]
     buffers = [(m, n, b) for m in model.modules() for n, b in m._buffers.items() if b is not None]
     try:
+        lazy = any(p.is_meta for p, _ in originals)  # a lazily built model profiles on the meta device
         for m, n, b in buffers:  # updated in place by the forward (BatchNorm): profile on copies (small)
-            m._buffers[n] = b.clone()
+            m._buffers[n] = b.to("meta") if lazy else b.clone()
         to_compute_dtype(model, dtype, keep_masters=False)
         return profile_model(model, lambda: step(model), model_name=name, batch=batch, seq=seq)
     finally:

@@ -27,6 +27,12 @@ from mlsyskit.core.sim import sub_seed
 from mlsyskit.tools.offload.profiler import named_tensors
 
 
+def _gen_dtype(p: torch.Tensor) -> torch.dtype:
+    """Initial values are generated in fp32 whatever the parameter's dtype is now (offload() turns a lazy
+    model's parameters into bf16 compute copies; the values must not change with that)."""
+    return torch.float32 if p.is_floating_point() else p.dtype
+
+
 def set_data(p: nn.Parameter, data: torch.Tensor) -> None:
     """`p.data = data`, also across device types (a meta parameter getting real storage, or going back to
     meta), where torch refuses set_data: the parameter's contents are swapped, its identity kept (the
@@ -35,6 +41,10 @@ def set_data(p: nn.Parameter, data: torch.Tensor) -> None:
         p.data = data
     else:
         torch.utils.swap_tensors(p, nn.Parameter(data, requires_grad=p.requires_grad))
+        if p._post_accumulate_grad_hooks is not None and not p._post_accumulate_grad_hooks:
+            # the hook table registered earlier (profiling) stays with the Python object while its C++ hook
+            # stayed with the old tensor: without a reset, a new hook would be stored but never called
+            p._post_accumulate_grad_hooks = None
 
 
 class LazyInit:
@@ -52,13 +62,13 @@ class LazyInit:
         self._device.__exit__(*exc)
 
     def module_values(self, mname: str, module: nn.Module) -> dict[str, torch.Tensor]:
-        """The fp32/own-dtype values of `module`'s direct parameters and buffers, by local name."""
+        """The values of `module`'s direct parameters (fp32 when floating) and buffers, by local name."""
         twin = nn.Module.__new__(type(module))
         twin.__dict__ = dict(module.__dict__)
-        twin.__dict__["_parameters"] = {k: None if p is None else nn.Parameter(torch.empty(p.shape, dtype=p.dtype),
+        twin.__dict__["_parameters"] = {k: None if p is None else nn.Parameter(torch.empty(p.shape, dtype=_gen_dtype(p), device="cpu"),
                                                                    requires_grad=p.requires_grad)
                             for k, p in module._parameters.items()}
-        twin.__dict__["_buffers"] = {k: None if b is None else torch.empty(b.shape, dtype=b.dtype)
+        twin.__dict__["_buffers"] = {k: None if b is None else torch.empty(b.shape, dtype=b.dtype, device="cpu")
                          for k, b in module._buffers.items()}
         reset = getattr(twin, "reset_parameters", None) or getattr(twin, "_reset_parameters", None)
         if reset is None:
@@ -66,10 +76,9 @@ class LazyInit:
                 raise UsageError(f"module {mname or '<root>'} ({type(module).__name__}) owns parameters but has no "
                                  f"reset_parameters(): it cannot be initialised lazily; give it one")
         else:
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=[]), torch.device("cpu"), torch.no_grad():
                 torch.manual_seed(sub_seed(self.seed, f"init:{mname}"))
-                with torch.no_grad():
-                    reset()
+                reset()
         out = {k: p.detach() for k, p in twin._parameters.items() if p is not None}
         out.update({k: b for k, b in twin._buffers.items() if b is not None})
         return out
@@ -92,7 +101,7 @@ class LazyInit:
             values = self.module_values(mname, module)
             for k, p in module._parameters.items():
                 if p is not None and p.is_meta:
-                    p.data = values[k].to(p.dtype)
+                    set_data(p, values[k].to(p.dtype))
             for k, b in module._buffers.items():
                 if b is not None and b.is_meta:
                     module._buffers[k] = values[k]
@@ -106,7 +115,7 @@ class LazyWeights(Mapping[str, torch.Tensor]):
     def __init__(self, lazy: LazyInit, model: nn.Module) -> None:
         self.lazy = lazy
         self.modules = dict(model.named_modules())
-        self.names = [n for n, _ in named_tensors(model)]
+        self.names = {n: None for n, _ in named_tensors(model)}  # ordered, O(1) membership
         self._cached: tuple[str, dict[str, torch.Tensor]] = ("", {})
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -116,6 +125,9 @@ class LazyWeights(Mapping[str, torch.Tensor]):
         if self._cached[0] != mname or local not in self._cached[1]:
             self._cached = (mname, self.lazy.module_values(mname, self.modules[mname]))
         return self._cached[1].pop(local).to(torch.float32)
+
+    def __contains__(self, name: object) -> bool:  # without generating the value (Mapping's would)
+        return name in self.names
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names)

@@ -164,6 +164,9 @@ class InitialWeights(Mapping[str, torch.Tensor]):
         gen = torch.Generator().manual_seed(sub_seed(self.seed, f"init:{name}"))
         return fp32.normal_(0.0, std, generator=gen)
 
+    def __contains__(self, name: object) -> bool:  # without generating the value (Mapping's would)
+        return name in self.shapes
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.shapes)
 
