@@ -43,7 +43,8 @@ def test_up_put_get_down_and_lmdb_survives_a_restart(cluster_dir) -> None:
     d = str(cluster_dir)
     base = free_range(1 + 2 * 2 * 2)
     up = ["up", "--shards", "2", "--replicas", "2", "--topology", "ms", "--consistency", "strong",
-          "--datalet", "lmdb", "--base-port", str(base), "--data-dir", d]
+          "--datalet", "lmdb", "--base-port", str(base), "--data-dir", d,
+          "--no-supervise"]  # the nodes stopped below must stay stopped (a supervisor would replace them)
     out = cli(*up)
     assert "s1r1" in out.stdout and f"127.0.0.1:{base}" in out.stderr
     assert cli("put", "city", "Lyon", "--data-dir", d).stdout.strip() == "OK"
@@ -67,7 +68,7 @@ def test_up_put_get_down_and_lmdb_survives_a_restart(cluster_dir) -> None:
     for n in nodes:
         n.terminate()
     psutil.wait_procs(nodes, timeout=10)
-    orphaned = cli("get", "city", "--data-dir", d, "--retry-for", "0", check=False)  # before the supervisor acts
+    orphaned = cli("get", "city", "--data-dir", d, "--retry-for", "0", check=False)  # no supervisor: still down
     assert orphaned.returncode == 1 and "unreachable" in orphaned.stderr and "Traceback" not in orphaned.stderr
 
     cli("down", "--data-dir", d)

@@ -176,6 +176,23 @@ def test_dbsize_keys_and_scan_span_every_shard(tmp_path) -> None:
         r.close()
 
 
+def test_internal_commands_are_refused_to_clients_even_with_the_password() -> None:
+    """BKV.FLUSHSHARD from a plain client wiped its shard (issue 22); BKV.KEYS and BKV.REAP are
+    internal too. A client that knows the requirepass is still no node."""
+    smap = make_map("ms-sc", shards=1, replicas=3)
+    with ThreadedCluster(LocalCluster(smap, lambda n: node_datalet("memory", n), requirepass=b"pw")) as tc:
+        r = redis.Redis(*addr(tc, "s0r2"), password="pw")  # the tail: its writes go to the head
+        r.set("k", "v")
+        for internal in (("BKV.FLUSHSHARD", "k"), ("BKV.KEYS", "*"), ("BKV.REAP", "k")):
+            with pytest.raises(redis.exceptions.NoPermissionError, match="authenticated replica connections"):
+                r.execute_command(*internal)
+        assert r.get("k") == b"v" and r.dbsize() == 1
+        assert all(n.datalet.size() == 1 for n in tc.cluster.nodes.values())  # nothing flushed anywhere
+        r.flushall()  # a client's FLUSHALL still works: the tail forwards it to the head as BKV.FLUSHSHARD
+        assert r.dbsize() == 0
+        r.close()
+
+
 @pytest.mark.parametrize("controlet", ["ms-sc", "ms-ec", "aa-sc"])
 def test_flushall_empties_every_replica_of_every_shard_in_order(controlet: str) -> None:
     smap = make_map(controlet, shards=2, replicas=3)

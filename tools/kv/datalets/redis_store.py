@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from mlsyskit.core.retry import Backoff, retry_async
 from mlsyskit.tools.kv.client.pipeline import RespConnection
 from mlsyskit.tools.kv.datalets.base import Datalet
 
@@ -33,22 +34,17 @@ class RedisDatalet(Datalet):
         self._watchdog: asyncio.Task | None = None
 
     async def open(self) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.connect_s
-        while True:
-            try:
-                self.conn = await RespConnection.connect(self.host, self.port)
-                break
-            except ConnectionRefusedError:
-                if loop.time() >= deadline:
-                    raise ConnectionRefusedError(
-                        f"redis-server at {self.host}:{self.port} refused connections for {self.connect_s:g} s"
-                    ) from None
-                await asyncio.sleep(0.05)
+        try:  # a redis-server starting with the node refuses connections for a while
+            self.conn = await retry_async(lambda: RespConnection.connect(self.host, self.port),
+                                          retriable=lambda e: isinstance(e, ConnectionRefusedError),
+                                          deadline_s=self.connect_s, backoff=Backoff(0.05, 0.2))
+        except ConnectionRefusedError:
+            raise ConnectionRefusedError(
+                f"redis-server at {self.host}:{self.port} refused connections for {self.connect_s:g} s") from None
         if self.db:
             await self.conn.call(b"SELECT", self.db)
         self.conn.on_lost = lambda: self._lose(f"redis-server at {self.host}:{self.port} closed the connection")
-        self._watchdog = loop.create_task(self._watch())
+        self._watchdog = asyncio.get_running_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
         """Lose the server when requests wait a whole stall_s without any reply."""

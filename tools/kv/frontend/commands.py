@@ -15,7 +15,7 @@ from mlsyskit.tools.kv import peerauth
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT, RMW
 from mlsyskit.tools.kv.frontend import admin, keyspace
 from mlsyskit.tools.kv.frontend.session import Session
-from mlsyskit.tools.kv.node.requests import PEER_AUTH, PEER_MESSAGE, PEER_NONCE, Ready
+from mlsyskit.tools.kv.node.requests import FLUSH_SHARD, PEER_AUTH, PEER_MESSAGE, PEER_NONCE, Ready
 from mlsyskit.tools.kv.redis import queries, resp, resp3, rmw, values
 from mlsyskit.tools.kv.shardmap import hash64
 
@@ -89,12 +89,16 @@ def cmd_query(conn: Session, cmd: list) -> None:
         conn.single(GET, key, None, command)
 
 
-def cmd_reap(conn: Session, cmd: list) -> None:
-    """BKV.REAP key: the expiry sweep's delete-if-expired, forwarded by a node that is no
-    longer its shard's write point (peers only: a client has DEL)."""
-    if conn.peer is None:
-        return conn.reply(b"-NOPERM BKV.REAP is for authenticated replica connections\r\n")
-    cmd_rmw(conn, cmd)
+def peers_only(name: bytes, handler: Any) -> Any:
+    """An internal command: served on a connection that proved the cluster secret (BKV.AUTH: a node
+    or the proxy), refused to every client whatever it sends or whichever password it knows."""
+    refusal = b"-NOPERM %b is for authenticated replica connections\r\n" % name
+
+    def guarded(conn: Session, cmd: list) -> None:
+        if conn.peer is None:
+            return conn.reply(refusal)
+        handler(conn, cmd)
+    return guarded
 
 
 def _keys_command(op: str, name: str, kind: bytes):
@@ -253,8 +257,12 @@ HANDLERS: dict[bytes, Any] = {
     b"BKV.SHARDMAP": cmd_shardmap, b"BKV.DIGEST": cmd_digest,
     PEER_MESSAGE: cmd_peer, PEER_NONCE: cmd_nonce, PEER_AUTH: cmd_peer_auth,
     **dict.fromkeys(rmw.COMMANDS, cmd_rmw), **keyspace.HANDLERS,
-    **dict.fromkeys(queries.READS, cmd_query), rmw.REAP: cmd_reap,
+    **dict.fromkeys(queries.READS, cmd_query), rmw.REAP: cmd_rmw,
 }
+# Between nodes only: another shard's key listing, FLUSHALL's part for one shard, and the expiry
+# sweep's delete-if-expired forwarded to the write point (a client has KEYS, FLUSHALL and DEL).
+INTERNAL = (b"BKV.KEYS", FLUSH_SHARD, rmw.REAP)
+HANDLERS.update({name: peers_only(name, HANDLERS[name]) for name in INTERNAL})
 # COMMAND/COMMAND COUNT list what is in admin.ARITY: add the typed commands' Redis arities.
 admin.ARITY.update({name: (arity, (b"write",), 1, 1, 1) for name, (arity, _) in rmw.WRITES.items()
                     if name not in admin.ARITY and name != rmw.REAP})

@@ -104,9 +104,8 @@ def cmd_scan(conn: Session, cmd: list) -> None:
 
 
 def cmd_peer_keys(conn: Session, cmd: list) -> None:
-    """BKV.KEYS pattern: this node's own keys, for another node's DBSIZE/KEYS/SCAN (peers only)."""
-    if conn.peer is None:
-        return conn.reply(b"-NOPERM BKV.KEYS is for authenticated replica connections\r\n")
+    """BKV.KEYS pattern: this node's own keys, for another node's DBSIZE/KEYS/SCAN (peers only:
+    commands.INTERNAL)."""
     if len(cmd) != 2:
         return conn.reply(resp.error("wrong number of arguments for 'bkv.keys' command"))
     _later(conn, local_keys(conn.node, cmd[1], conn.unix_ms()), resp.array)
@@ -120,7 +119,8 @@ def cmd_flush(conn: Session, cmd: list) -> None:
 
 
 def cmd_flush_shard(conn: Session, cmd: list) -> None:
-    """BKV.FLUSHSHARD key: FLUSHALL's part for the shard that owns `key` (sent by other nodes)."""
+    """BKV.FLUSHSHARD key: FLUSHALL's part for the shard that owns `key` (other nodes only:
+    commands.INTERNAL)."""
     if len(cmd) != 2:
         return conn.reply(resp.error("wrong number of arguments for 'bkv.flushshard' command"))
     conn.single(FLUSH, cmd[1], None)

@@ -19,10 +19,13 @@ from typing import Any
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.core.config import ConfigError
 from mlsyskit.core.errors import RuntimeFailure
+from mlsyskit.core.retry import Backoff, retry_call
 from mlsyskit.tools.kv.client.call import call, parse_info
 from mlsyskit.tools.kv.coord.spec import CoordinatorSpec, parse_coordinator
 from mlsyskit.tools.kv.peerauth import SECRET_FILE, load_or_create_secret
 from mlsyskit.tools.kv.shardmap import ShardMap
+
+START_POLL_S, START_POLL_CAP_S = 0.05, 0.2  # waits between tries while a process starts (core.retry)
 
 
 def coordinator_argv(spec: CoordinatorSpec, state_dir: Path, index: int = 0) -> list[str]:
@@ -47,15 +50,15 @@ def initialize(spec: CoordinatorSpec, shard_map: ShardMap, clock: Clock | None =
                timeout_s: float = 30.0) -> ShardMap:
     """Store the first map (idempotent: an existing map wins), waiting for the coordinator to answer."""
     clock = clock or RealClock()
-    deadline = clock.now() + timeout_s
-    last: Exception | None = None
-    while clock.now() < deadline:
-        try:
-            return _initialize_once(spec, shard_map)
-        except RuntimeFailure as e:  # not serving yet (Python start-up, a standby taking over)
-            last = e
-            clock.sleep(0.05)
-    raise RuntimeFailure(f"the coordinator at {spec.url()} did not answer within {timeout_s:g} s: {last}")
+    try:  # not serving yet: Python start-up, a standby taking over
+        return retry_call(lambda: _initialize_once(spec, shard_map), retriable=_is_runtime_failure,
+                          deadline_s=timeout_s, backoff=Backoff(START_POLL_S, START_POLL_CAP_S), clock=clock)
+    except RuntimeFailure as e:
+        raise RuntimeFailure(f"the coordinator at {spec.url()} did not answer within {timeout_s:g} s: {e}") from None
+
+
+def _is_runtime_failure(error: BaseException) -> bool:
+    return isinstance(error, RuntimeFailure)
 
 
 def _initialize_once(spec: CoordinatorSpec, shard_map: ShardMap) -> ShardMap:

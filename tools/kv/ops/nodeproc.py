@@ -14,6 +14,7 @@ from pathlib import Path
 
 from mlsyskit.core.config import ConfigError
 from mlsyskit.core.errors import RuntimeFailure
+from mlsyskit.core.retry import Backoff, retry_async
 from mlsyskit.tools.kv.coord.aclient import CoordUnavailable
 from mlsyskit.tools.kv.coord.spec import CoordinatorSpec
 from mlsyskit.tools.kv.frontend.server import start_node
@@ -82,15 +83,11 @@ async def _serve_managed(make, initial: ShardMap, node_id: str | None, spec: Coo
 
 
 async def _coordinator_map(backend, spec: CoordinatorSpec, timeout_s: float = 30.0) -> ShardMap | None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        try:
-            return await backend.map()
-        except CoordUnavailable:
-            if loop.time() > deadline:
-                raise RuntimeFailure(f"no coordinator answered at {spec.url()} within {timeout_s:g} s") from None
-            await asyncio.sleep(0.1)
+    try:
+        return await retry_async(backend.map, retriable=lambda e: isinstance(e, CoordUnavailable),
+                                 deadline_s=timeout_s, backoff=Backoff(0.1, 0.5))
+    except CoordUnavailable:
+        raise RuntimeFailure(f"no coordinator answered at {spec.url()} within {timeout_s:g} s") from None
 
 
 async def _serve(node: Node, host: str | None, port: int | None, agent: ControlAgent | None = None) -> None:
