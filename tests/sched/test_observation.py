@@ -184,17 +184,20 @@ def test_the_learned_model_takes_in_measurements():
     model = LearnedModel(PriorModel.of(TRUTH, 0.2, seed=3))
     before = {s: model.rate("imagenet", s, 3200) for s in ((4,), (4, 4), (4, 4, 4, 4))}
     truth = {s: TRUTH.rate("imagenet", s, 3200) for s in before}
-    model.samples.extend([("imagenet", (4,), 3200, truth[(4,)] * 1.02), ("imagenet", (4,), 3200, truth[(4,)] * 0.98)])
-    assert model.rate("imagenet", (4,), 3200) == pytest.approx(truth[(4,)], rel=1e-3)   # the measured shape
-    # an unmeasured shape moves by the measured/prior ratio at (4,)
+    model.samples.append(("imagenet", (4,), 3200, truth[(4,)] * 1.02))
+    assert model.rate("imagenet", (4,), 3200) == pytest.approx(truth[(4,)] * 1.02)   # the measured count
+    # an unmeasured count moves by the measured/prior ratio at (4,)
     ratio = model.rate("imagenet", (4,), 3200) / before[(4,)]
     assert model.rate("imagenet", (4, 4), 3200) == pytest.approx(before[(4, 4)] * ratio)
-    assert model.version == 1
-    model.samples.append(("imagenet", (4,), 3200, truth[(4,)]))   # a third sample: no refresh until the 4th
-    model.rate("imagenet", (4,), 3200)
-    assert model.version == 1
+    assert model.version == 1 and model.versions == {"imagenet": 1}
+    # the 2nd and 3rd samples wait for the 4th, which refreshes the mean (of all four)
+    model.samples.extend([("imagenet", (4,), 3200, truth[(4,)] * 0.98)] * 2)
+    assert model.rate("imagenet", (4,), 3200) == pytest.approx(truth[(4,)] * 1.02) and model.version == 1
+    model.samples.append(("imagenet", (4,), 3200, truth[(4,)] * 1.02))
+    assert model.rate("imagenet", (4,), 3200) == pytest.approx(truth[(4,)], rel=2e-3) and model.version == 2
     # another batch of the same application learns from this one's history
-    other = model.rate("imagenet", (8,), 6400) / model.prior.rate("imagenet", (8,), 6400)
+    ratio = model.rate("imagenet", (4,), 3200) / before[(4,)]
+    other = model.rate("imagenet", (4,), 6400) / model.prior.rate("imagenet", (4,), 6400)
     assert other == pytest.approx(ratio, rel=1e-6)
 
 

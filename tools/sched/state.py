@@ -69,8 +69,8 @@ class JobView:
     the samples the job reported (exact when it stopped last; extrapolated with the measured rate
     while it runs), `measured_rate` the samples/s measured on its current shape (with noise)."""
 
-    __slots__ = ("job_id", "name", "app", "arrival", "gpus", "batch_size", "target_loss", "placement", "shape",
-                 "since", "busy_until", "first_start", "started_before", "restarts", "attained", "progress",
+    __slots__ = ("job_id", "name", "app", "arrival", "gpus", "batch_size", "target_loss", "_placement", "held_gpus",
+                 "shape", "since", "busy_until", "first_start", "started_before", "restarts", "attained", "progress",
                  "measured_rate", "est_end", "loss_reports")
 
     def __init__(self, job_id: int, name: str, app: str, arrival: float, gpus: int, batch_size: int,
@@ -95,8 +95,13 @@ class JobView:
         return cls(spec.job_id, spec.name, spec.app, spec.arrival, spec.gpus, spec.batch_size, target_loss)
 
     @property
-    def held_gpus(self) -> int:
-        return sum(g for _, g in self.placement)
+    def placement(self) -> Placement:
+        return self._placement
+
+    @placement.setter
+    def placement(self, placement: Placement) -> None:
+        self._placement = placement
+        self.held_gpus = sum(g for _, g in placement)   # read in every decision's walk: kept, not summed
 
     def progress_at(self, now: float) -> float:
         if not self.placement:

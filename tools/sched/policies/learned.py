@@ -10,12 +10,13 @@
   and the largest local batch per application, never the measurements nor the simulator's model.
 - `LearnedModel`: the prior, corrected by the throughput samples the cluster reports (`samples`:
   (application, shape, global batch, samples/s measured with noise), appended by the simulator or
-  daemon whenever a job starts or is resized on a shape). A shape that was measured gets the mean
-  of its samples; another shape gets the prior times the geometric mean of measured/prior over
-  the shapes measured for that (application, batch) (per job kind; nearer GPU counts weigh more),
-  else over every batch of the application (its history), else the prior alone. Estimates are
-  refreshed when a (application, shape, batch) gets its 1st, 2nd, 4th, 8th, ... sample, so they
-  converge while a policy's memo tables stay valid between refreshes (`version` counts them).
+  daemon whenever a job starts or is resized on a shape). A shape gets the prior times the
+  geometric mean of measured/prior over the samples with its GPU and node count; an unmeasured
+  count the same over the counts measured for that (application, batch) (per job kind; nearer
+  GPU counts and the same single/multi-node side weigh more), else over every batch of the
+  application (its history), else the prior alone. Estimates are refreshed when a (application,
+  batch, GPUs, nodes) gets its 1st, 4th, 16th, 64th, ... sample, so they converge while a
+  policy's memo tables stay valid between refreshes (`versions[app]` and `version` count them).
 """
 from __future__ import annotations
 
@@ -85,9 +86,11 @@ class LearnedModel:
         self.prior = prior
         self.samples: list[Sample] = samples if samples is not None else []
         self.version = 0
+        self.versions: dict[str, int] = {}
         self._seen = 0
-        self._sums: dict[tuple[str, int, Shape], list[float]] = {}        # log-rate sum, count
-        self._measured: dict[tuple[str, int], dict[Shape, float]] = {}    # snapshot of mean rates
+        # per (app, batch, GPUs, nodes): sum and count of log(measured / prior)
+        self._sums: dict[tuple[str, int, int, int], list[float]] = {}
+        self._measured: dict[tuple[str, int], dict[tuple[int, int], float]] = {}   # snapshot of mean log ratios
         self._cache: dict[str, dict[tuple[Shape, int], float]] = {}
 
     @property
@@ -100,17 +103,19 @@ class LearnedModel:
             return
         changed = set()
         for app, shape, batch, rate in self.samples[self._seen:]:
-            if rate <= 0 or not math.isfinite(rate):
+            if rate <= 0 or not math.isfinite(rate) or not shape:
                 continue
-            acc = self._sums.setdefault((app, batch, shape), [0.0, 0])
-            acc[0] += math.log(rate)
+            where = (sum(shape), len(shape))
+            acc = self._sums.setdefault((app, batch, *where), [0.0, 0])
+            acc[0] += math.log(rate / self.prior.rate(app, shape, batch))
             acc[1] += 1
-            if acc[1] & (acc[1] - 1) == 0:   # a power of two: refresh the estimate
-                self._measured.setdefault((app, batch), {})[shape] = math.exp(acc[0] / acc[1])
+            if acc[1] & (acc[1] - 1) == 0 and acc[1].bit_length() % 2 == 1:   # a power of 4: refresh
+                self._measured.setdefault((app, batch), {})[where] = acc[0] / acc[1]
                 changed.add(app)
         self._seen = len(self.samples)
         for app in changed:
             self._cache.pop(app, None)
+            self.versions[app] = self.versions.get(app, 0) + 1
         if changed:
             self.version += 1
 
@@ -125,21 +130,23 @@ class LearnedModel:
         return value
 
     def _estimate(self, app: str, shape: Shape, batch: int) -> float:
+        """The prior times exp(the mean log measured/prior ratio) at the same GPU and node count,
+        else weighted over the measured counts of this batch, else of the application."""
         if not shape:
             return 0.0
-        same = self._measured.get((app, batch), {})
-        if shape in same:
-            return same[shape]
         prior = self.prior.rate(app, shape, batch)
-        points = [(s, r, batch) for s, r in same.items()]
+        where = (sum(shape), len(shape))
+        same = self._measured.get((app, batch), {})
+        if where in same:
+            return prior * math.exp(same[where])
+        points = list(same.items())
         if not points:   # the application's other batch sizes
-            points = [(s, r, b) for (a, b), per in self._measured.items() if a == app for s, r in per.items()]
+            points = [p for (a, _), per in self._measured.items() if a == app for p in per.items()]
         if not points:
             return prior
-        gpus = sum(shape)
         num = den = 0.0
-        for s, r, b in points:
-            w = 1.0 / (1.0 + abs(math.log2(gpus / sum(s)))) ** 2
-            num += w * math.log(r / self.prior.rate(app, s, b))
+        for (gpus, nodes), log_ratio in points:
+            w = 1.0 / (1.0 + abs(math.log2(where[0] / gpus)) + (nodes != where[1])) ** 2
+            num += w * log_ratio
             den += w
         return prior * math.exp(num / den)

@@ -39,6 +39,7 @@ from mlsyskit.tools.sched.profiles import Shape
 from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Preempt, Resize, Start
 
 Curve = tuple[int, list[int], list[Shape], list[float]]   # (p*, sizes to grow to, shapes, rates)
+MAX_ELASTIC = 128   # the most GPUs a curve is laid out for (a job's own request may be more)
 __all__ = ["Marble", "sized_shapes"]   # sized_shapes: cli.py reads it from here
 
 
@@ -52,8 +53,10 @@ class Marble(Tiresias):
 
     def __init__(self, model, options=None) -> None:
         super().__init__(model, options)
-        self._curves: dict[tuple[str, int, int, int, int], Curve] = {}
-        self._version: int | None = None
+        self._curves: dict[tuple[str, int, int], tuple[int, tuple[int, int], Curve]] = {}
+        self._spec, self._spec_key = None, (0, 0)
+        self._base: dict[int, int] = {}        # running job -> its p* when it last started or changed
+        self._model_versions: dict[str, int] = getattr(model, "versions", {})
         self._resized: dict[int, float] = {}   # job -> when this policy last resized it
         self._grown: set[int] = set()          # running jobs holding more than their p*
         self._promoted: set[int] = set()       # waiting jobs the starvation guard moved ahead
@@ -61,27 +64,33 @@ class Marble(Tiresias):
 
     # ---- sizes -----------------------------------------------------------------------------------
     def curve(self, state: ClusterState, job: JobView) -> Curve:
-        version = getattr(self.model, "version", 0)   # a learned model's estimates changed
-        if version != self._version:
-            self._curves.clear()
-            self._version = version
-        gpn, total = state.spec.gpus_per_node, state.spec.total_gpus
-        key = (job.app, job.batch_size, job.gpus, gpn, total)
+        """(p*, ladder, shapes, rates) of the job's kind, recomputed when the model's estimates
+        for its application changed (a learned model's `versions`)."""
+        spec = state.spec
+        if spec is not self._spec:
+            self._spec, self._spec_key = spec, (spec.gpus_per_node, spec.total_gpus)
+        key = (job.app, job.batch_size, job.gpus)
+        version = self._model_versions.get(job.app, 0)
         found = self._curves.get(key)
-        if found is None:
+        if found is None or found[0] != version or found[1] != self._spec_key:
+            gpn, total = self._spec_key
             opts = self.options
-            cap = min(total, max(job.gpus, int(job.gpus * opts.elastic_max_scale)))
+            cap = max(job.gpus, min(total, int(job.gpus * opts.elastic_max_scale), MAX_ELASTIC))
             shapes, rates = layouts(self.model, job.app, job.batch_size, cap, gpn)
             base = efficient_size(rates, job.gpus, opts.efficiency_threshold)
-            found = self._curves[key] = (base, ladder(rates, base, opts.grow_threshold), shapes, rates)
-        return found
+            found = self._curves[key] = (version, self._spec_key,
+                                         (base, ladder(rates, base, opts.grow_threshold), shapes, rates))
+        return found[2]
 
     def grant(self, state: ClusterState, job: JobView, capacity: int) -> int:
         base = self.curve(state, job)[0]
         return base if base <= capacity else 0
 
     def holds(self, state: ClusterState, job: JobView) -> int:
-        return min(job.held_gpus, self.curve(state, job)[0])
+        base = self._base.get(job.job_id)
+        if base is None:
+            base = self._base[job.job_id] = self.curve(state, job)[0]
+        return min(job.held_gpus, base)
 
     # ---- index upkeep ----------------------------------------------------------------------------
     def rank(self, job: JobView) -> float:
@@ -97,6 +106,7 @@ class Marble(Tiresias):
     def _rebuild(self, state: ClusterState) -> None:
         super()._rebuild(state)
         self._promoted.clear()
+        self._base.clear()
         self._grown = {i for i, job in state.running.items() if job.held_gpus > self.curve(state, job)[0]}
 
     def _guard(self, state: ClusterState) -> float | None:
@@ -118,6 +128,7 @@ class Marble(Tiresias):
         return None
 
     def _to_running(self, job: JobView, now: float, gpus: int) -> None:
+        self._base.pop(job.job_id, None)   # read afresh: what was learned since may have moved p*
         key = self._key[job.job_id]
         self._waiting.discard(key)
         self._running.add(key)
@@ -131,10 +142,14 @@ class Marble(Tiresias):
         starve_wake = self._guard(state)
         self._grown.intersection_update(state.running)
         free = state.free.copy()
-        if self._waiting and (not self._running or self._waiting[0] < self._running[-1] or self._grown):
+        if self._waiting and (not self._running or self._waiting[0] < self._running[-1]):
             admitted, keep = self._walk(state, heapq.merge(self._waiting, self._running), state.spec.total_gpus)
-        elif self._waiting and free.total > 0:
-            admitted, keep = self._walk(state, iter(self._waiting), free.total)
+        elif self._waiting:
+            # no waiting job outranks a running one: they get the free GPUs and what grown jobs
+            # hold beyond their p* (nothing is preempted)
+            excess = sum(state.running[i].held_gpus - self.holds(state, state.running[i]) for i in self._grown)
+            admitted, keep = self._walk(state, iter(self._waiting), free.total + excess) \
+                if free.total + excess > 0 else ([], None)
             keep = None
         else:
             admitted, keep = [], None
