@@ -215,7 +215,7 @@ def heldout_part(args, model: ThroughputModel, folder: Path) -> dict:
             spec = ClusterSpec.parse(cluster)
             # one file per seed: the generator's seed and the replay's seed move together
             res = None
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 path = write_csv(folder / f"{name}-seed{seed}.csv", heldout_rows(name, seed))
                 one = run_set(WorkloadSource(str(path)), spec, 1, model, args.policies)
                 if res is None:
@@ -446,6 +446,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("runs/bench_marble.json"))
     ap.add_argument("--seeds", type=positive, default=3)
+    ap.add_argument("--first-seed", type=int, default=1,
+                    help="held-out seeds start here (seed 0 of the generator was looked at while marble was built)")
     ap.add_argument("--policies", type=lambda t: t.split(","), default=POLICIES)
     ap.add_argument("--heldout", type=lambda t: t.split(","), default=list(HELDOUT),
                     help=f"comma-separated subset of {','.join(HELDOUT)}")
@@ -473,7 +475,8 @@ def main() -> None:
         ap.error("--policies must include marble, tiresias and optimus (the targets compare them)")
     model = ThroughputModel()
     t0 = time.perf_counter()
-    doc: dict = {"restart_cost_s": RESTART_COST, "seeds": args.seeds, "policies": args.policies,
+    doc: dict = {"restart_cost_s": RESTART_COST, "seeds": args.seeds, "first_seed": args.first_seed,
+                 "policies": args.policies,
                  "default_policy": DEFAULT_POLICY, "tuning_workloads": TUNING,
                  "heldout_generator": {k: {"jobs": v[0], "arrivals": v[1], "app_weights": v[2], "request_sizes": v[3]}
                                        for k, v in HELDOUT.items()},
