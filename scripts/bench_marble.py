@@ -147,11 +147,11 @@ def floor_alone(jobs, model: ThroughputModel, spec: ClusterSpec) -> float:
     return total / len(jobs)
 
 
-def run_set(source: WorkloadSource, spec: ClusterSpec, seeds: int, model: ThroughputModel, policies: list[str],
+def run_set(source: WorkloadSource, spec: ClusterSpec, seeds: range, model: ThroughputModel, policies: list[str],
             options: PolicyOptions | None = None) -> dict:
     """Per policy: per-seed summaries and the means over seeds; plus the floor."""
     out: dict = {"policies": {p: {"seeds": {}} for p in policies}, "floor_alone_s": []}
-    for seed in range(seeds):
+    for seed in seeds:
         jobs = source.load(model, seed, spec)
         out["floor_alone_s"].append(floor_alone(jobs, model, spec))
         for p in policies:
@@ -217,11 +217,11 @@ def heldout_part(args, model: ThroughputModel, folder: Path) -> dict:
             res = None
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 path = write_csv(folder / f"{name}-seed{seed}.csv", heldout_rows(name, seed))
-                one = run_set(WorkloadSource(str(path)), spec, 1, model, args.policies)
+                one = run_set(WorkloadSource(str(path)), spec, range(seed, seed + 1), model, args.policies)
                 if res is None:
                     res = {"policies": {p: {"seeds": {}} for p in args.policies}, "floor_alone_s": []}
                 for p in args.policies:
-                    res["policies"][p]["seeds"][str(seed)] = one["policies"][p]["seeds"]["0"]
+                    res["policies"][p]["seeds"][str(seed)] = one["policies"][p]["seeds"][str(seed)]
                 res["floor_alone_s"].append(one["floor_alone_s"])
             for entry in res["policies"].values():
                 per = list(entry["seeds"].values())
@@ -240,7 +240,8 @@ def realistic_part(args, model: ThroughputModel, folder: Path) -> dict:
     out: dict = {}
     for path in philly_windows(folder, args.windows, args.window):
         for cluster in CLUSTERS:
-            res = run_set(WorkloadSource(f"{path}@0.8"), ClusterSpec.parse(cluster), 1, model, ["tiresias", "marble"])
+            res = run_set(WorkloadSource(f"{path}@0.8"), ClusterSpec.parse(cluster), range(1), model,
+                          ["tiresias", "marble"])
             res["checks"] = checks(res, 1.02, None)
             res["met"] = res["checks"]["vs_tiresias"]["met"]
             out.setdefault(path.stem, {})[cluster] = res
