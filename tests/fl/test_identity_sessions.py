@@ -23,12 +23,15 @@ def test_a_second_session_with_a_certificate_in_use_is_refused_and_the_first_kee
     files = issue_certs(tmp_path / "certs", client_ids=["0", "1"])
     stranger = issue_certs(tmp_path / "other-ca", client_ids=["0"])  # same id, another CA
     config = JobConfig(strategy="fedavg", rounds=6, per_round=2, min_clients=2, round_timeout_s=60.0,
-                       train=TrainSpec(epochs=2), data=DataSpec(num_clients=2, seed=3))
+                       train=TrainSpec(epochs=2, local_only_epochs=1), data=DataSpec(num_clients=2, seed=3))
     tls = ServerTls.from_files(files.server_cert, files.server_key, client_ca=files.ca)
     data = {cid: load_client(config.data, cid)[0] for cid in (0, 1)}
 
     def client(cid, address, certs=files, **kw):
         return FlClient(address, cid, data[cid], tls=ClientTls.from_files(files.ca, *certs.client(str(cid))), **kw)
+
+    def slow(cid, address):  # +0.5 s per local training: the job is still running when the duplicate comes
+        return client(cid, address, slowdown=(1, 0.5))
 
     async def main():
         from mlsyskit.tools.fl.server import FlServer
@@ -41,7 +44,7 @@ def test_a_second_session_with_a_certificate_in_use_is_refused_and_the_first_kee
             with pytest.raises(ClientStopped, match="refused the client certificate"):
                 await client(0, address, certs=stranger, reconnect_s=5).run()
             serving = asyncio.create_task(server.serve(registration_timeout_s=60))
-            first = [asyncio.create_task(client(cid, address).run()) for cid in (0, 1)]
+            first = [asyncio.create_task(slow(cid, address).run()) for cid in (0, 1)]
             while not server.outcomes:  # the job is under way: client 0's session is live
                 await asyncio.sleep(0.01)  # polling the server's state for a condition
             with pytest.raises(ClientStopped, match="already has a live session") as refused:

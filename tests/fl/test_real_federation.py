@@ -57,6 +57,7 @@ def test_the_readme_federation_runs_and_the_server_never_opens_a_clients_data(tm
     assert any(path.endswith("server/validation.npz") for _, path in server), "the audit hook saw the server"
     assert not [path for _, path in server if "/client-" in path], "the server opened a client's file"
     for k in range(3):
-        mine = {path for _, cmd, path in opened if "fl-client" in cmd and f"fed/client-{k}" in cmd}
+        mine = {path for _, cmd, path in opened if "fl-client" in cmd and f"fed/client-{k}" in cmd
+                and "/fed/client-" in path}  # data folders only (its certificate is in fed/certs)
         assert any(p.endswith(f"client-{k}/train.npz") for p in mine)
-        assert all(f"/client-{k}/" in p for p in mine), f"client {k} opened another client's file: {mine}"
+        assert all(f"/fed/client-{k}/" in p for p in mine), f"client {k} opened another client's file: {mine}"

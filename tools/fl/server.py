@@ -198,7 +198,7 @@ class FlServer:
             if self.coordinator.finished:
                 self._told_done.add(cid)
                 self._poke()
-                yield {"type": "done"}
+                yield {"type": "done", **Books.read(self.coordinator.ledger).of(cid)}
                 return
             while True:
                 message = await queue.get()
