@@ -43,6 +43,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--device", default="cpu", help="cpu (the emulated device) or cuda (the CLI run picks cuda "
+                   "whenever one is there)")
     p.add_argument("--device-mem", default="64MiB")
     p.add_argument("--cpu-mem", default="64MiB")
     p.add_argument("--opt-mem", default="448MiB")
@@ -99,12 +101,13 @@ def child_library(args: argparse.Namespace) -> dict:
                    seq=args.seq)
     budgets = Budgets(args.device_mem, args.cpu_mem, args.opt_mem, args.nvme_dir)
     losses, step_s = [], []
-    with offload(model, opt, budgets, prof, init=init, device=torch.device("cpu")) as engine:
+    device = torch.device(args.device)
+    with offload(model, opt, budgets, prof, init=init, device=device) as engine:
         for step in range(args.steps):
             t0 = time.perf_counter()
             x, y = batch(step, args.batch, args.seq, args.seed)
             engine.begin_step()
-            loss = model(x, y)
+            loss = model(x.to(device), y.to(device))
             engine.backward(loss)
             losses.append(loss.item())
             step_s.append(time.perf_counter() - t0)
@@ -122,7 +125,7 @@ def child_reference(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(2)
     cfg = TrainConfig(model=args.model, batch=args.batch, seq=args.seq, steps=args.steps, seed=args.seed, lr=args.lr,
-                      device="cpu")
+                      device=args.device)
     return {"losses": train_plain(cfg), "peak_rss": peak_rss()}
 
 

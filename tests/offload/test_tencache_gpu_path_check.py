@@ -29,12 +29,15 @@ def test_dry_run_prints_the_plan_within_eight_minutes_and_runs_nothing(tmp_path)
     plan = json.loads(r.stdout)
     assert plan["dry_run"] and plan["out"] == str(out) and plan["budget_s"] == 480
     names = [s["name"] for s in plan["steps"]]
-    assert names == ["gpu-tests", "copies", "offload-bench"]
-    tests, _, bench = (s["cmd"] for s in plan["steps"])
+    assert names == ["gpu-tests", "copies", "offload-bench", "bigmodel"]
+    tests, _, bench, big = (s["cmd"] for s in plan["steps"])
     assert tests[tests.index("-m", 2) + 1] == "gpu" and f"--junitxml={out / 'gpu-tests.xml'}" in tests
     # the offload benchmark's states exceed the device budget: gpt-350m (608 MB bf16) on 160 MiB
     assert bench[bench.index("--model") + 1] == "gpt-350m" and bench[bench.index("--device-mem") + 1] == "160MiB"
     assert bench[bench.index("--device") + 1] == "cuda" and str(out / "bench_offload_gpu.json") in bench
+    # the larger-than-memory run: fp32 parameters + states >= 3x the cap, on the GPU
+    assert big[big.index("--model") + 1] == "gpt-760m" and big[big.index("--device") + 1] == "cuda"
+    assert "--min-ratio" not in big  # the script's default, 3.0, applies
     assert not out.exists()  # nothing run, nothing written
 
 
@@ -43,7 +46,7 @@ def test_skip_and_out_flags_shape_the_plan(tmp_path):
     r = gpu_check("--dry-run", "--skip", "offload-bench", "--skip", "copies", "--out", str(tmp_path), "--budget-s", "300")
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
-    assert [s["name"] for s in plan["steps"]] == ["gpu-tests"] and plan["budget_s"] == 300
+    assert [s["name"] for s in plan["steps"]] == ["gpu-tests", "bigmodel"] and plan["budget_s"] == 300
     assert plan["out"] == str(tmp_path)
 
 
