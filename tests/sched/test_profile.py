@@ -20,6 +20,7 @@ def marble(*args, cwd=None):
     return subprocess.run([*MARBLE, *args], capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_profile_fits_the_model_and_writes_a_profile_the_daemon_can_load(tmp_path):
     res = marble("profile", "--cmd", EXACT, "--gpus", "1,2,3,4", "--seconds", "0.5", "--app", "exact",
                  "--out", str(tmp_path / "p"), "--json")
@@ -38,6 +39,7 @@ def test_profile_fits_the_model_and_writes_a_profile_the_daemon_can_load(tmp_pat
     assert tm.rate("exact", (2,), 512) == pytest.approx(512 / (0.01 + 0.0001 * 256 + 0.005))
 
 
+@pytest.mark.slow
 def test_profile_errors_are_usage_or_runtime(tmp_path):
     res = marble("profile", "--cmd", "true", "--gpus", "1,2", "--seconds", "0.5")
     assert res.returncode == 1 and "wrote no measurement" in res.stderr
@@ -66,7 +68,7 @@ def test_the_ddp_example_gives_a_real_curve(tmp_path):
 
 def test_serve_profiles_adds_measured_apps_and_refuses_shipped_names(tmp_path):
     from mlsyskit.core.errors import UsageError
-    from mlsyskit.tools.sched.daemon.serve_command import _model
+    from mlsyskit.tools.sched.daemon.runner import _model
 
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "placements.csv").write_text(
