@@ -1,12 +1,13 @@
 """tencache: profile-guided tensor caching and prefetch across device, CPU and NVMe (after 10Cache, SoCC'25).
 
-Library entry points (imported lazily so `tencache --version` stays fast): `offload`, `profile`, `Budgets`.
+Library entry points (imported lazily so `tencache --version` stays fast): `offload`, `profile`, `Budgets`,
+`LazyInit` (build a model on the meta device and initialise each tensor straight into its tier).
 """
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Budgets", "offload", "profile"]
+__all__ = ["Budgets", "LazyInit", "offload", "profile"]
 
 
 def __getattr__(name: str) -> Any:
@@ -18,4 +19,8 @@ def __getattr__(name: str) -> Any:
         from mlsyskit.tools.offload.engine import Budgets
 
         return Budgets
+    if name == "LazyInit":
+        from mlsyskit.tools.offload.lazy import LazyInit
+
+        return LazyInit
     raise AttributeError(name)

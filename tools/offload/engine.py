@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from mlsyskit.core.errors import UsageError
+from mlsyskit.tools.offload.export import export_engine
 from mlsyskit.tools.offload.filetier import FileTier
 from mlsyskit.tools.offload.gpu_stats import DeviceFigures
 from mlsyskit.tools.offload.grad_pipeline import GradStager, OptimizerWorker
@@ -324,6 +325,10 @@ class OffloadEngine(GradientUpdates):
         self.states.flush()
         self.adam_step = adam_step
         self.param_steps = dict.fromkeys(self.param_steps, adam_step)
+
+    def export(self, path: Path, dtypes: dict[str, torch.dtype] | None = None) -> Path:
+        """Write the weights to one safetensors file, one tensor at a time (export.export_engine)."""
+        return export_engine(self, path, dtypes)
 
     def materialize(self, dtypes: dict[str, torch.dtype] | None = None) -> None:
         """Give every parameter ordinary storage again (in `dtypes[name]`, default its compute dtype):
