@@ -33,7 +33,7 @@ def test_an_idle_cluster_gives_a_job_that_scales_more_than_it_asked():
 
 
 def test_a_flat_curve_gets_fewer_gpus_than_asked_and_no_more_when_idle():
-    # flat: 1 -> 2 GPUs adds 0.8 of a GPU, 2 -> 3 only 0.2 (< efficiency 0.5 and < grow 0.3): 2 of the 6
+    # flat: 1 -> 2 GPUs adds 0.8 of a GPU, 2 -> 3 only 0.2 (< admit 0.35 and < grow 0.3): 2 of the 6
     d = create_policy("marble", MODEL).decide(state_with(ONE_NODE, [job(1, "flat", 6, 1e6)]))
     assert starts(d)[1].shape == (2,)
 

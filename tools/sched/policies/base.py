@@ -35,7 +35,7 @@ from mlsyskit.tools.sched.throughput import ThroughputModel
 
 @dataclass(frozen=True)
 class PolicyOptions:
-    efficiency_threshold: float = 0.5     # marble: least marginal gain of one more GPU, in single-GPU units
+    efficiency_threshold: float = 0.5     # marble-fifo, marble-las: least marginal gain of one more GPU (single-GPU units)
     pressure_threshold: float = 0.8       # marble: the same while waiting jobs' sizes exceed the free GPUs
     backfill_depth: int = 500             # jobs examined per decision behind a blocked head (Slurm's bf_max_job_test)
     tiresias_thresholds: tuple[float, ...] = (3600.0, 36000.0)  # GPU-seconds between LAS queues
@@ -44,7 +44,8 @@ class PolicyOptions:
     # marble-las: its own pressure threshold, chosen by leave-one-family-out cross-validation in
     # scripts/bench_marble.py (0.5 = pressure sizing off won on every held-out family).
     las_pressure_threshold: float = 0.5
-    # marble (scripts/bench_marble.py chose these on the four shipped Pollux workloads only):
+    # marble (scripts/bench_marble.py --tune chose these on the four shipped Pollux workloads only):
+    admit_threshold: float = 0.35         # marble's p*: least marginal gain of a GPU within the request
     grow_threshold: float = 0.3           # least marginal gain of a GPU beyond a job's p*, in single-GPU units
     elastic_max_scale: float = 4.0        # a job gets at most this many times the GPUs it asked for
     resize_interval: float = 1800.0       # seconds between two growths of one running job (bounded restarts)
@@ -62,6 +63,7 @@ class PolicyOptions:
         require(self.grow_min_gain >= 0, "grow_min_gain must be >= 0")
         require(0.0 <= self.las_pressure_threshold <= 1.5, "las_pressure_threshold must be in [0, 1.5]")
         require(0.0 < self.grow_threshold <= 1.5, "grow_threshold must be in (0, 1.5]")
+        require(0.0 <= self.admit_threshold <= 1.5, "admit_threshold must be in [0, 1.5]")
         require(1.0 <= self.elastic_max_scale <= 64.0, "elastic_max_scale must be in [1, 64]")
         require(self.resize_interval >= 0 and self.grow_period > 0, "resize_interval must be >= 0, grow_period > 0")
         require(self.starvation_s > 0, "starvation_s must be > 0")

@@ -8,7 +8,7 @@ How many GPUs (MARBLE's insight, Pollux's use of it): training throughput grows 
 GPUs, and each job's curve T(k) is known from measurements (policies.learned: a fitted prior
 corrected by the throughput the cluster reports; never the simulator's truth).
 - A job is admitted on its efficient size p* <= its request (sizing.efficient_size at
-  `efficiency_threshold`): fewer GPUs than asked where the curve flattens. Running jobs count at
+  `admit_threshold`): fewer GPUs than asked where the curve flattens. Running jobs count at
   most their p* in the admission walk, so GPUs a job holds beyond p* never keep another job out.
 - GPUs left over go one at a time where they save the most estimated job time: to the job whose
   (estimated remaining work, from the history of finished jobs) x (1/T(k) - 1/T(k+1)) is
@@ -77,7 +77,7 @@ class Marble(Tiresias):
             opts = self.options
             cap = max(job.gpus, min(total, int(job.gpus * opts.elastic_max_scale), MAX_ELASTIC))
             shapes, rates = layouts(self.model, job.app, job.batch_size, cap, gpn)
-            base = efficient_size(rates, job.gpus, opts.efficiency_threshold)
+            base = efficient_size(rates, job.gpus, opts.admit_threshold)
             found = self._curves[key] = (version, self._spec_key,
                                          (base, ladder(rates, base, opts.grow_threshold), shapes, rates))
         return found[2]
