@@ -169,6 +169,7 @@ class FlClient:
     def _refused(self, error: RpcError) -> RpcError:
         """Another session holds this client id: retry (it may be our own dead one) for reconnect_s, then stop."""
         now = self.clock.now()
+        self._last_contact = now  # the server answered: not a silence (the backoff still grows)
         self._refused_since = self._refused_since if self._refused_since is not None else now
         if now - self._refused_since > self.reconnect_s:
             raise ClientStopped(f"{error.message} (still after {now - self._refused_since:.0f}s: another process "
