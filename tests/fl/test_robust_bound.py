@@ -3,6 +3,8 @@ bound and discounted in quality by the same factor; honest updates are never ref
 and at 10k clients (issue 21)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,8 @@ from mlsyskit.tools.fl.coordinator import Coordinator
 from mlsyskit.tools.fl.data import load_client
 from mlsyskit.tools.fl.incentive.verify import CLIP_RATIO, TYPICAL_CAP, size_factors
 from mlsyskit.tools.fl.model import flatten
+from mlsyskit.tools.fl.outcome import RoundOutcome
+from mlsyskit.tools.fl.strategy.base import WEIGHT_POWER
 from mlsyskit.tools.fl.threads import single_threaded
 from mlsyskit.tools.fl.training import SCALE_FACTOR, train_local
 
@@ -24,7 +28,11 @@ def test_size_factors_known_answers():
     honest, inflated = [0.8, 1.0, 1.2], [8.0, 10.0, 12.0]
     factors = size_factors(dict(enumerate(honest + inflated)))
     assert all(factors[i] == 1.0 for i in range(3)) and all(factors[i] < 0.3 for i in range(3, 6))
-    # a round of attackers only is still bounded by the server's own reference (the cap)
+    # a round that attackers happen to fill is bounded by the previous rounds' sizes (the window)
+    window = size_factors({0: 9.0, 1: 10.0, 2: 11.0, 3: 12.0}, earlier=[0.8, 1.0, 1.2, 1.0, 0.9, 1.1, 1.0, 0.9])
+    assert all(f < 0.3 for f in window.values())
+    assert size_factors({0: 9.0, 1: 10.0, 2: 11.0, 3: 12.0}) == {i: 1.0 for i in range(4)}  # this round alone: none
+    # a first round of attackers only is still bounded by the server's own reference (the cap)
     capped = size_factors({0: 1000.0, 1: 1000.0})
     assert capped == {0: pytest.approx(CLIP_RATIO * TYPICAL_CAP / 1000.0), 1: pytest.approx(CLIP_RATIO * TYPICAL_CAP / 1000.0)}
 
@@ -50,6 +58,11 @@ def test_a_scaled_update_is_accepted_bounded_and_discounted_and_never_outweighs_
             assert accepted, reason  # the scaled update too: size alone refuses nothing
             deltas[cid] = np.linalg.norm(flatten(result.weights) - flatten(plan.weights))
         claimed = {cid: r.verified_quality for cid, r in c._reports.items()}
+        # what the aggregation rule gets: every update bounded, weighing its samples x its factor
+        probe = RoundOutcome(plan.round, plan.selected, {cid: replace(r) for cid, r in c._reports.items()})
+        recent = list(c.strategy.verifier._recent)
+        bounded = c.strategy.bound(dict(c._updates), probe)
+        c.strategy.verifier._recent = recent  # the probe's round is not history: finish_round bounds it again
         outcome = c.finish_round(1.0)
     scaled = plan.selected[0]
     report = outcome.reports[scaled]
@@ -60,6 +73,12 @@ def test_a_scaled_update_is_accepted_bounded_and_discounted_and_never_outweighs_
                                                                    for c in plan.selected[1:])
     assert all(outcome.reports[c].verified_quality == claimed[c] for c in plan.selected[1:])  # honest: unchanged
     assert deltas[scaled] > 3 * max(deltas[c] for c in plan.selected[1:])  # the attack was real
+    factor = report.verified_quality / claimed[scaled]
+    weights, weight = bounded[scaled]
+    assert weight == pytest.approx(probe.reports[scaled].num_samples * factor ** WEIGHT_POWER)
+    assert np.linalg.norm(flatten(weights) - flatten(plan.weights)) == pytest.approx(factor * deltas[scaled], rel=1e-4)
+    for cid in plan.selected[1:]:  # honest updates pass unchanged, with their sample counts
+        assert bounded[cid][1] == probe.reports[cid].num_samples
 
 
 def test_honest_updates_are_never_refused_for_size_on_round_one_at_10k_clients():

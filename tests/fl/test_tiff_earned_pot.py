@@ -1,5 +1,5 @@
 """TIFF's pot goes to verified work: refused and under-floor slots are shared by the paid providers once quality
-decides pay, undelivered slots refund consumers, and before the model beats chance the paid providers share the
+decides pay, undelivered slots too, and before the model beats chance the paid providers share the
 delivered pot equally and the floor is the selector's trust bar. Selection walks FedAvg's random order, so the two pick the same
 clients while nobody is distrusted."""
 from __future__ import annotations
@@ -37,17 +37,18 @@ def forfeit(transfers) -> float:
     return math.fsum(t.amount for t in transfers if t.kind == "forfeit" and t.payee == POOL)
 
 
-def test_refused_and_under_floor_slots_go_to_the_verified_providers_and_failed_slots_to_the_pool():
+def test_refused_under_floor_and_undelivered_slots_go_to_the_verified_providers():
     # 0, 1 verified; 2 under the floor (0.25 x median 0.4 = 0.1); 3 refused (a sign-flip); 4 never delivered
     outcome = round_of([report(0, 0.6), report(1, 0.4, samples=20), report(2, 0.05), report(3, None, "rejected"),
                         report(4, None, "failed")])
     transfers = EarnedPot(ECONOMY).pay_providers(outcome, pot=10.0)
     pay = pays(transfers)
     assert set(pay) == {client_account(0), client_account(1)}
-    # four slots of 2 were delivered; all 8 are shared by n * q^2: 10 * 0.36 = 3.6 vs 20 * 0.16 = 3.2
-    assert pay[client_account(0)] == pytest.approx(8.0 * 3.6 / 6.8)
-    assert pay[client_account(1)] == pytest.approx(8.0 * 3.2 / 6.8)
-    assert forfeit(transfers) == pytest.approx(2.0)  # the failed provider's slot refunds consumers
+    # the whole pot (FedAvg's equal pay also gives the failed provider's slot to those who delivered) is shared
+    # by n * q^2: 10 * 0.36 = 3.6 vs 20 * 0.16 = 3.2
+    assert pay[client_account(0)] == pytest.approx(10.0 * 3.6 / 6.8)
+    assert pay[client_account(1)] == pytest.approx(10.0 * 3.2 / 6.8)
+    assert forfeit(transfers) == pytest.approx(0.0)
     assert math.fsum(t.amount for t in transfers if t.payer == ESCROW) == pytest.approx(10.0)  # escrow ends empty
     # the slot rule it replaces gave the two verified providers 4 and forfeited 6
     assert sum(pays(TiffTokens(ECONOMY).pay_providers(outcome, pot=10.0)).values()) == pytest.approx(4.0)
@@ -84,9 +85,9 @@ def test_before_chance_the_paid_providers_share_the_delivered_pot_equally_and_th
     assert pays(transfers) == {client_account(0): pytest.approx(4.0), client_account(1): pytest.approx(4.0)}
     assert forfeit(transfers) == pytest.approx(0.0)
     failed = round_of(reports[:3] + [report(3, None, "failed")], pay_by_quality=False)
-    transfers = EarnedPot(ECONOMY).pay_providers(failed, pot=8.0)  # an undelivered slot still refunds consumers
-    assert pays(transfers) == {client_account(0): pytest.approx(3.0), client_account(1): pytest.approx(3.0)}
-    assert forfeit(transfers) == pytest.approx(2.0)
+    transfers = EarnedPot(ECONOMY).pay_providers(failed, pot=8.0)  # an undelivered slot too
+    assert pays(transfers) == {client_account(0): pytest.approx(4.0), client_account(1): pytest.approx(4.0)}
+    assert forfeit(transfers) == pytest.approx(0.0)
 
 
 def test_trusted_selection_is_fedavgs_selection_while_nobody_is_distrusted():

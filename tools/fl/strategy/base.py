@@ -9,7 +9,8 @@ drive the same Coordinator, so they share this code.
 
 A round's updates go: verify (each, before its receipt) -> bound (all of the round's, when the
 round closes: the verifier scales every update down to the round's size bound and discounts its
-verified quality by the same factor) -> admitted -> rule.aggregate -> pay.
+verified quality, and its sample weight in the aggregate, by the same factor) -> admitted ->
+rule.aggregate -> pay.
 """
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ class Validation:
         """Accuracy of always answering the most frequent class."""
         y = self.data.y_train
         return float(max((y == c).mean() for c in set(y.tolist()))) if len(y) else 0.0
+
+
+WEIGHT_POWER = 1  # an update bounded by f weighs n * f ** WEIGHT_POWER in the aggregate
 
 
 class Strategy:
@@ -80,19 +84,20 @@ class Strategy:
             self.verifier.load_state_dict(state["verifier"])
         self.aggregator.load_state_dict(state.get("aggregator", {}))
 
-    def bound(self, updates: dict[int, Weights], outcome: RoundOutcome) -> dict[int, Weights]:
-        """The round's valid updates with their size bounded (verifier.bound); unchanged without a verifier.
-        A bounded update's verified quality is discounted by the factor its size was scaled by."""
-        if self.verifier is None or self._reference is None:
-            return updates
+    def bound(self, updates: dict[int, Weights], outcome: RoundOutcome) -> dict[int, tuple[Weights, float]]:
+        """The round's valid updates with their size bounded (verifier.bound) and their aggregation weight
+        (samples x the factor the size was scaled by); unchanged without a verifier. A bounded update's
+        verified quality is discounted by the same factor."""
         valid = {r.client_id: r for r in outcome.with_status("valid")}
+        if self.verifier is None or self._reference is None:
+            return {cid: (updates[cid], float(r.num_samples)) for cid, r in valid.items()}
         bounded, factors = self.verifier.bound(self._reference, {cid: (updates[cid], r.num_samples)
                                                                  for cid, r in valid.items()})
         for cid, factor in factors.items():
             report = valid[cid]
             if report.verified_quality is not None:
                 report.verified_quality *= factor
-        return bounded
+        return {cid: (bounded[cid], valid[cid].num_samples * factors[cid] ** WEIGHT_POWER) for cid in valid}
 
     def admitted(self, outcome: RoundOutcome) -> list[ClientReport]:
         """The valid updates that enter the aggregate (all of them, by default)."""
@@ -105,7 +110,7 @@ class Strategy:
             report.aggregated = True
         if not chosen:
             return global_weights
-        return self.aggregator.aggregate(global_weights, [(bounded[r.client_id], r.num_samples) for r in chosen])
+        return self.aggregator.aggregate(global_weights, [bounded[r.client_id] for r in chosen])
 
     def evaluate(self, weights: Weights) -> dict[str, float]:
         return self._evaluator(weights)
