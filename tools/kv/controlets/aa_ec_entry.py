@@ -34,8 +34,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlsyskit.tools.kv.controlets.base import NOT_SERVING, TRYAGAIN, Action, Reset, Send, Snapshot
+from mlsyskit.tools.kv.controlets.streamparts import ValueParts
 
-ENTRY_KINDS = (b"ALQ", b"ALOK", b"ALBUSY", b"ALPOLL", b"ALPOS", b"SNAPBEGIN", b"SNAPDATA", b"SNAPEND")
+ENTRY_KINDS = (b"ALQ", b"ALOK", b"ALBUSY", b"ALPOLL", b"ALPOS", b"SNAPBEGIN", b"SNAPDATA", b"SNAPEND",
+               b"SNAPPART")
 ALIGNED, ASKING, POLLING, RECEIVING = "aligned", "asking", "polling", "receiving"
 ALIGNING = f"{TRYAGAIN} replica is aligning with its shard after a switch to aa-ec; retry"  # outcome unknown
 REFUSED_ALIGNING = f"{NOT_SERVING} replica is aligning with its shard after a switch to aa-ec; retry"
@@ -57,6 +59,7 @@ class Entering:
         self.align_deadline = 0.0
         self.polled: dict[str, tuple[bool, int, int]] = {}
         self.alignments = 0  # snapshots received to align
+        self.parts = ValueParts()  # a large value of the snapshot being received, in parts
 
     @property
     def ready(self) -> bool:
@@ -133,13 +136,18 @@ class Entering:
         if kind == b"SNAPBEGIN" and self.align is ASKING:
             self.align, self.align_deadline = RECEIVING, self.now + 10 * self.options.sync_timeout
             self.reset_table()
+            self.parts.clear()
             self.loading, self.load_generation = False, self.load_generation + 1
             return [Reset()]
+        if kind == b"SNAPPART" and self.align is RECEIVING:
+            self.align_deadline = self.now + 10 * self.options.sync_timeout
+            self.parts.add(fields)
+            return []
         if kind == b"SNAPDATA" and self.align is RECEIVING:
             self.align_deadline = self.now + 10 * self.options.sync_timeout
             out: list[Action] = []
-            for i in range(1, len(fields) - 1, 2):
-                out.extend(self.merge_pair(fields[i], fields[i + 1]))
+            for key, value in self.parts.pairs(fields):
+                out.extend(self.merge_pair(key, value))
             return out
         if kind == b"SNAPEND" and self.align is RECEIVING:
             self.align, self.position, self.chain = ALIGNED, int(fields[1]), -1  # the source's checksum is not sent

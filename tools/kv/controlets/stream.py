@@ -56,6 +56,7 @@ from mlsyskit.tools.kv.controlets.base import (
     Send,
 )
 from mlsyskit.tools.kv.controlets.streamlog import StreamHistory
+from mlsyskit.tools.kv.controlets.streamparts import ValueParts
 from mlsyskit.tools.kv.controlets.streamtail import (
     CONFIRMING,
     POLLING,
@@ -69,6 +70,7 @@ from mlsyskit.tools.kv.controlets.streamtail import (
 SYNC_KINDS = (b"SYNCREQ", b"SYNCBUSY", b"SNAPBEGIN", b"SNAPDATA", b"SNAPEND", b"SEQAT", b"POSQ", b"POS",
               *GATHER_KINDS)
 SYNC_KINDS += (b"SNAPCHAIN", b"LOGBEGIN", b"LOGDATA", b"LOGEND")  # the log tail (streamlog.py)
+SYNC_KINDS += (b"SNAPPART",)  # a value larger than a snapshot chunk, in parts (streamparts.py)
 CATCHING_UP = f"{TRYAGAIN} replica is catching up; retry"  # waiting operations failed: outcome unknown
 REFUSED_CATCHING_UP = f"{NOT_SERVING} replica is catching up; retry"  # a new operation, not executed
 BEACON_S = 1.0  # an origin or relay idle this long tells its downstream replicas its position once
@@ -104,6 +106,7 @@ class OrderedStream(LogTail, LeavingVersions, Controlet):
         self.prefer: str | None = None  # the next catch-up asks this replica first
         self.sync_keys = 0  # pairs received in the current (or last) snapshot: catch-up progress
         self.sync_bytes = 0  # their key + value bytes
+        self.parts = ValueParts()  # a large value of the snapshot being received, in parts
         self.sync_began = 0.0
         self.last_sync_s = 0.0  # SNAPBEGIN to SNAPEND of the last completed snapshot (injected clock)
         self.history = StreamHistory(self.options.log_bytes)
@@ -295,13 +298,18 @@ class OrderedStream(LogTail, LeavingVersions, Controlet):
         if kind == b"SNAPBEGIN" and self.mode is WAITING:
             self.history.forget(self.applied)  # the datalet is emptied: no position holds until SNAPEND
             self.mode, self.base, self.sync_keys, self.sync_bytes = RECEIVING, int(fields[1]), 0, 0
+            self.parts.clear()
             self.sync_began = self.now
             self.lww = None  # a replica leaving aa-ec: its versioned records go now
             return [Reset()]
+        if kind == b"SNAPPART" and self.mode is RECEIVING:
+            self.parts.add(fields)
+            self.sync_bytes += len(fields[2])
+            return []
         if kind == b"SNAPDATA" and self.mode is RECEIVING:
             self.sync_keys += (len(fields) - 1) // 2
             self.sync_bytes += sum(len(f) for f in fields[1:])
-            return [Apply(fields[i], fields[i + 1]) for i in range(1, len(fields) - 1, 2)]
+            return [Apply(k, v) for k, v in self.parts.pairs(fields)]
         if kind == b"SNAPEND" and self.mode is RECEIVING:
             self.mode, self.applied = READY, self.base
             self.last_sync_s = self.now - self.sync_began

@@ -1,7 +1,8 @@
 """Streaming a replica's whole datalet to a catching-up replica (the Snapshot action).
 
-SNAPBEGIN token seq, then SNAPDATA token k v k v ... (SNAPSHOT_BATCH pairs each), then
-SNAPEND token seq, all on the same FIFO link as every later Send (controlets/stream.py
+SNAPBEGIN token seq, then SNAPDATA token k v k v ... (at most CHUNK_BYTES of keys and values
+each, controlets/streamparts.py; a larger value as SNAPPART token key piece messages of CHUNK_BYTES
+and a SNAPDATA with its last piece), then SNAPEND token seq, all on the same FIFO link as every later Send (controlets/stream.py
 explains why a non-atomic export is still exact: every stream message sent after SNAPBEGIN is
 replayed by the receiver after SNAPEND, and every write overwrites a whole key). So the export
 yields to the event loop after each batch, a local datalet's too: a large shard's copy no longer
@@ -16,9 +17,8 @@ from collections.abc import Coroutine
 from typing import Protocol
 
 from mlsyskit.tools.kv.controlets.base import Snapshot
+from mlsyskit.tools.kv.controlets.streamparts import CHUNK_BYTES
 from mlsyskit.tools.kv.datalets.base import Datalet
-
-SNAPSHOT_BATCH = 256  # pairs per SNAPDATA message
 
 
 class SnapshotSource(Protocol):
@@ -32,21 +32,31 @@ class SnapshotSource(Protocol):
     def spawn(self, work: Coroutine) -> None: ...
 
 
-def stream_snapshot(source: SnapshotSource, a: Snapshot) -> None:
+def stream_snapshot(source: SnapshotSource, a: Snapshot, chunk_bytes: int = CHUNK_BYTES) -> None:
     """SNAPBEGIN now (in order with the Sends around it), then the export as a task the host runs."""
     source.send_message(a.node, b"SNAPBEGIN", (a.token, a.seq))
     resets = source.resets
 
     async def stream() -> None:
         batch: list[bytes] = []
+        size = 0
         async for key, value in source.datalet.export_pairs():
-            batch += (key, value)
-            if len(batch) >= 2 * SNAPSHOT_BATCH:
+            if batch and size + len(key) + len(value) > chunk_bytes:
                 if source.resets != resets:
                     return  # this replica emptied its datalet meanwhile: no SNAPEND, the receiver asks again
                 source.send_message(a.node, b"SNAPDATA", (a.token, *batch))
-                batch = []
-                await asyncio.sleep(0)  # heartbeats and clients between batches
+                batch, size = [], 0
+                await asyncio.sleep(0)  # heartbeats and clients between chunks
+            if len(value) > chunk_bytes:  # too large for one message: all but its last piece as parts
+                view = memoryview(value)
+                for at in range(0, len(value) - chunk_bytes, chunk_bytes):
+                    if source.resets != resets:
+                        return
+                    source.send_message(a.node, b"SNAPPART", (a.token, key, bytes(view[at:at + chunk_bytes])))
+                    await asyncio.sleep(0)
+                value = bytes(view[at + chunk_bytes:])
+            batch += (key, value)
+            size += len(key) + len(value)
         if source.resets != resets:
             return
         if batch:
