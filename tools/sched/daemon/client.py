@@ -66,7 +66,7 @@ class Endpoint:
             token = _read_secret(token_file or Path(info.get("token_file") or files.token), "token file")
         user_token = ""
         own = user_token_file or default_user_token_file()
-        if user_token_file is not None or own.exists():
+        if user_token_file is not None or (info.get("users") and own.exists()):   # only to a daemon with users
             user_token = _read_secret(own, "user token file")
         ca = tls_ca or (Path(info["tls_ca"]) if info.get("tls_ca") else None)
         return cls(address, token, ca, user_token)

@@ -175,6 +175,8 @@ class DaemonService:
 
     def _logs(self, payload: dict, caller: tuple[str, bool]) -> dict:
         job = self.store.get(self._job_id(payload))
+        if job.user != caller[0] and not caller[1]:
+            raise UsageError(f"job {job.id}'s output is {job.user}'s")
         offset = payload.get("offset", 0)
         if not isinstance(offset, int) or offset < 0:
             raise UsageError(f"offset: expected a non-negative integer, got {offset!r}")
