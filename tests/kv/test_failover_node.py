@@ -216,12 +216,14 @@ def test_a_deposed_node_and_a_node_without_lease_refuse_clients(tmp_path) -> Non
             conn = await RespConnection.connect(addr.host, addr.port)
             tail.renew_lease(tail.clock.now() + 30)
             assert await conn.call(b"GET", b"k") == b"v1"
-            tail.lease_until = tail.clock.now() - 1  # lapses between two reads, no timer ran
+            tail.ticker.cancel()  # no timer runs (a tick would turn the fast path off: a loaded run did)
+            tail.lease_until = tail.clock.now() - 1  # lapses between two reads
             fenced_before = tail.stats["fenced"]
             for command in (b"GET", b"get", b"STRLEN"):  # the inlined fast path and the handlers' local reads
                 with pytest.raises(hiredis.ReplyError, match="TRYAGAIN fenced: s0r2 has no current lease"):
                     await asyncio.wait_for(conn.call(command, b"k"), 5)
             assert tail.stats["fenced"] == fenced_before + 3
+            tail.ticker = asyncio.get_running_loop().create_task(tail._tick_forever())
             assert await conn.call(b"PING") == b"PONG" and not conn.closed  # refused, not dropped
             tail.lease_until = tail.clock.now() + 30
             assert await conn.call(b"GET", b"k") == b"v1"
