@@ -189,7 +189,7 @@ def test_the_learned_model_takes_in_measurements():
     # an unmeasured count moves by the measured/prior ratio at (4,)
     ratio = model.rate("imagenet", (4,), 3200) / before[(4,)]
     assert model.rate("imagenet", (4, 4), 3200) == pytest.approx(before[(4, 4)] * ratio)
-    assert model.version == 1 and model.versions == {"imagenet": 1}
+    assert model.version == 1 and model.versions == {("imagenet", 3200): 1}
     # the 2nd and 3rd samples wait for the 4th, which refreshes the mean (of all four)
     model.samples.extend([("imagenet", (4,), 3200, truth[(4,)] * 0.98)] * 2)
     assert model.rate("imagenet", (4,), 3200) == pytest.approx(truth[(4,)] * 1.02) and model.version == 1

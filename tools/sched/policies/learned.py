@@ -16,7 +16,8 @@
   GPU counts and the same single/multi-node side weigh more), else over every batch of the
   application (its history), else the prior alone. Estimates are refreshed when a (application,
   batch, GPUs, nodes) gets its 1st, 4th, 16th, 64th, ... sample, so they converge while a
-  policy's memo tables stay valid between refreshes (`versions[app]` and `version` count them).
+  policy's memo tables stay valid between refreshes (`versions[(app, batch)]` and `version`
+  count them; a batch without measurements of its own follows its application's).
 """
 from __future__ import annotations
 
@@ -86,12 +87,13 @@ class LearnedModel:
         self.prior = prior
         self.samples: list[Sample] = samples if samples is not None else []
         self.version = 0
-        self.versions: dict[str, int] = {}
+        self.versions: dict[tuple[str, int], int] = {}   # (app, batch) -> refreshes that changed its estimates
         self._seen = 0
         # per (app, batch, GPUs, nodes): sum and count of log(measured / prior)
         self._sums: dict[tuple[str, int, int, int], list[float]] = {}
         self._measured: dict[tuple[str, int], dict[tuple[int, int], float]] = {}   # snapshot of mean log ratios
-        self._cache: dict[str, dict[tuple[Shape, int], float]] = {}
+        self._cache: dict[tuple[str, int], dict[Shape, float]] = {}
+        self._batches: dict[str, set[int]] = {}   # batches asked about per application
 
     @property
     def apps(self) -> list[str]:
@@ -111,22 +113,27 @@ class LearnedModel:
             acc[1] += 1
             if acc[1] & (acc[1] - 1) == 0 and acc[1].bit_length() % 2 == 1:   # a power of 4: refresh
                 self._measured.setdefault((app, batch), {})[where] = acc[0] / acc[1]
-                changed.add(app)
+                changed.add((app, batch))
         self._seen = len(self.samples)
-        for app in changed:
-            self._cache.pop(app, None)
-            self.versions[app] = self.versions.get(app, 0) + 1
+        stale = set(changed)
+        for app, _ in changed:   # batches without measurements of their own follow the application's
+            stale.update((app, b) for b in self._batches.get(app, ()) if (app, b) not in self._measured)
+        for key in stale:
+            self._cache.pop(key, None)
+            self.versions[key] = self.versions.get(key, 0) + 1
         if changed:
             self.version += 1
 
     def rate(self, app: str, shape: Shape, global_batch: int) -> float:
         if self._seen != len(self.samples):
             self.refresh()
-        per_app = self._cache.setdefault(app, {})
-        key = (shape, global_batch)
-        value = per_app.get(key)
+        per_kind = self._cache.get((app, global_batch))
+        if per_kind is None:
+            per_kind = self._cache[(app, global_batch)] = {}
+            self._batches.setdefault(app, set()).add(global_batch)
+        value = per_kind.get(shape)
         if value is None:
-            value = per_app[key] = self._estimate(app, shape, global_batch)
+            value = per_kind[shape] = self._estimate(app, shape, global_batch)
         return value
 
     def _estimate(self, app: str, shape: Shape, batch: int) -> float:

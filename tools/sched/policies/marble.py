@@ -65,12 +65,12 @@ class Marble(Tiresias):
     # ---- sizes -----------------------------------------------------------------------------------
     def curve(self, state: ClusterState, job: JobView) -> Curve:
         """(p*, ladder, shapes, rates) of the job's kind, recomputed when the model's estimates
-        for its application changed (a learned model's `versions`)."""
+        for its application and batch changed (a learned model's `versions`)."""
         spec = state.spec
         if spec is not self._spec:
             self._spec, self._spec_key = spec, (spec.gpus_per_node, spec.total_gpus)
         key = (job.app, job.batch_size, job.gpus)
-        version = self._model_versions.get(job.app, 0)
+        version = self._model_versions.get((job.app, job.batch_size), 0)
         found = self._curves.get(key)
         if found is None or found[0] != version or found[1] != self._spec_key:
             gpn, total = self._spec_key
