@@ -39,6 +39,7 @@ from mlsyskit.tools.offload.policies.base import PlanContext
 from mlsyskit.tools.offload.pools import BudgetError
 from mlsyskit.tools.offload.profiler import Profile, model_signature, named_tensors
 from mlsyskit.tools.offload.progress import ProgressNote
+from mlsyskit.tools.offload.ranks import RankGroup
 from mlsyskit.tools.offload.sizing import check_swap_room, concurrent_by_class
 from mlsyskit.tools.offload.streams import StreamOps
 from mlsyskit.tools.offload.tiers import Entry, TierStore
@@ -80,7 +81,7 @@ class OffloadEngine(GradientUpdates):
                  states: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None, adam_step: int = 0,
                  accumulate: int = 1, clip_norm: float | None = None, nvme_run: NvmeRun | None = None,
                  streams: StreamOps | None = None, optimizer_depth: int = 4,
-                 progress: ProgressNote | None = None) -> None:
+                 progress: ProgressNote | None = None, ranks: RankGroup | None = None) -> None:
         if accumulate < 1:
             raise UsageError(f"accumulate must be >= 1, got {accumulate}")
         if clip_norm is not None and not (math.isfinite(clip_norm) and clip_norm > 0):
@@ -101,6 +102,7 @@ class OffloadEngine(GradientUpdates):
         self.accumulate = accumulate
         self.clip_norm = clip_norm
         self.progress = progress
+        self.ranks = ranks  # several ranks: gradients summed across them before a sweep of updates (ranks.py)
         self._in_backward = self._stepping = False
         self._step_hook: Any = None
         self._own_run = nvme_run is None and budgets.nvme_dir is not None
@@ -142,7 +144,7 @@ class OffloadEngine(GradientUpdates):
         # checked) before any parameter moves
         self.states = OptimizerStateCache({e.idx: e.shape.numel() for e in self.trainable},
                                           order, budgets.optimizer, self.nvme, read_ahead=True,
-                                          persist_grad=accumulate > 1 or clip_norm is not None)
+                                          persist_grad=accumulate > 1 or clip_norm is not None or self.ranks is not None)
         self.store = TierStore(entries, device=self.device, device_slots=plan.device_slots,
                                cpu_slots=plan.cpu_slots, nvme=self.nvme, streams=streams)
         self.param_steps = {e.idx: adam_step for e in self.trainable}
@@ -290,7 +292,9 @@ class OffloadEngine(GradientUpdates):
         if self._micro < self.accumulate:
             self.states.begin_step()
             return
-        if self.clip_norm is not None:
+        if self.ranks is not None:
+            self._reduce_ranks()
+        if self.clip_norm is not None or self.ranks is not None:
             self._clip_and_update()
         self.adam_step += 1
         self._stepping = True

@@ -40,6 +40,7 @@ from mlsyskit.tools.offload.nvme_run import NvmeRun
 from mlsyskit.tools.offload.optimizer import AdamConfig, HyperParams
 from mlsyskit.tools.offload.profiler import Profile, ProfileError, named_tensors, profile_model
 from mlsyskit.tools.offload.progress import ProgressNote
+from mlsyskit.tools.offload.ranks import RankGroup
 from mlsyskit.tools.offload.reference import PlainAdamW
 from mlsyskit.tools.offload.resume import check_space, resume, save_checkpoint
 
@@ -152,7 +153,7 @@ def train_plain(cfg: TrainConfig) -> list[float]:
     return losses
 
 
-def preflight(cfg: TrainConfig, profile: Profile | None) -> NvmeRun | None:
+def preflight(cfg: TrainConfig, profile: Profile | None, ranks: RankGroup | None = None) -> NvmeRun | None:
     """Everything that can be refused before the model is built: folders, the --nvme-dir lock, the profile's
     batch and seq. Returns this run's share of the --nvme-dir (locked)."""
     if cfg.checkpoint_dir is not None:
@@ -169,12 +170,18 @@ def preflight(cfg: TrainConfig, profile: Profile | None) -> NvmeRun | None:
     if profile is not None and profile.model != cfg.model:
         raise ProfileError(f"the profile was recorded for model {profile.model!r}, not {cfg.model!r}: use its "
                            f"model or re-run `tencache profile`")
-    return NvmeRun.open(cfg.nvme_dir) if cfg.nvme_dir is not None else None
+    if cfg.nvme_dir is None:
+        return None
+    if ranks is None:
+        return NvmeRun.open(cfg.nvme_dir)
+    own = Path(cfg.nvme_dir) / f"rank{ranks.rank}"  # each rank its own locked share
+    own.mkdir(exist_ok=True)
+    return NvmeRun.open(own)
 
 
 def build_engine(cfg: TrainConfig, profile: Profile | None = None, nvme_run: NvmeRun | None = None,
                  on_phase: Callable[[str], None] = lambda _: None,
-                 progress: ProgressNote | None = None) -> OffloadEngine:
+                 progress: ProgressNote | None = None, ranks: RankGroup | None = None) -> OffloadEngine:
     """The model, its tiers and optimizer state for `cfg` (profiling first for tencache without a profile,
     loading the newest valid checkpoint with `resume`); `engine.adam_step` is the step to continue from.
     A preset is never materialised: built on the meta device, each tensor generated into its tier."""
@@ -193,7 +200,7 @@ def build_engine(cfg: TrainConfig, profile: Profile | None = None, nvme_run: Nvm
     budgets = Budgets(cfg.device_mem, cfg.cpu_mem, cfg.opt_mem, cfg.nvme_dir)
     engine = OffloadEngine(model, masters, policy=cfg.policy, budgets=budgets,
                            profile=profile if cfg.policy == "tencache" else None, hyper=_hyper(model, cfg),
-                           device=device, nvme_run=nvme_run, accumulate=cfg.accumulate, clip_norm=cfg.clip,
+                           device=device, nvme_run=nvme_run, accumulate=cfg.accumulate, clip_norm=cfg.clip, ranks=ranks,
                            progress=progress)
     del masters
     release_freed_heap()  # the model's own storage, now copied into the pools and the NVMe tier
@@ -214,9 +221,10 @@ def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Teleme
     pin_mmap_threshold()  # freed weights and gradients go back to the kernel (see memory_accounting)
     # the runtime before any model or pool: interpreter, torch and what it imports on first use, allocator
     overhead = warm_up_runtime(lambda: run_profile(TrainConfig(model="gpt-tiny", batch=1, seq=8)))
-    nvme_run = preflight(cfg, profile)  # fail before the model is built, not when the first I/O is due
+    ranks = RankGroup.from_env()  # under torchrun: this rank's share of each step (ranks.py)
+    nvme_run = preflight(cfg, profile, ranks)  # fail before the model is built, not when the first I/O is due
     try:
-        engine = build_engine(cfg, profile, nvme_run, on_phase, progress)
+        engine = build_engine(cfg, profile, nvme_run, on_phase, progress, ranks)
         tel = telemetry or Telemetry(clock=RealClock())
         result = TrainResult(losses=[])
         data = sources.batches(cfg.data, cfg.batch, cfg.seq, cfg.seed)
@@ -229,7 +237,7 @@ def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Teleme
                 tel.event("step", **record)
                 if on_step is not None:
                     on_step(record)
-                if cfg.checkpoint_dir is not None and cfg.checkpoint_every and \
+                if cfg.checkpoint_dir is not None and cfg.checkpoint_every and (ranks is None or ranks.rank == 0) and \
                         ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
                     save_checkpoint(engine, cfg, step + 1, progress)
             result.summary = summarize(result.steps, cfg, engine, overhead)
@@ -241,6 +249,8 @@ def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Teleme
     finally:
         if nvme_run is not None:
             nvme_run.close()  # this run's blocks go; checkpoints hold what --resume needs
+        if ranks is not None:
+            ranks.close()
     return result
 
 
@@ -256,11 +266,15 @@ def one_step(engine: OffloadEngine, cfg: TrainConfig, step: int, data: sources.B
     engine.hyper.groups[0]["lr"] = lr_at(cfg, step)
     engine.begin_step()
     micro = []
+    ranks = engine.ranks
+    first = step * cfg.accumulate * (ranks.world if ranks else 1) + (ranks.rank * cfg.accumulate if ranks else 0)
     for k in range(cfg.accumulate):
-        x, y = data(step * cfg.accumulate + k)
+        x, y = data(first + k)
         loss = engine.model(x.to(engine.device), y.to(engine.device))
         engine.backward(loss)
         micro.append(loss.item())
+    if ranks is not None:
+        micro = ranks.gather(micro)  # the global batch's micro-batch losses, in the single process's order
     step_s = time.perf_counter() - t0
     cpu_s = time.process_time() - c0  # all threads of this process: comparable across a loaded machine
     s = engine.stats
@@ -268,7 +282,7 @@ def one_step(engine: OffloadEngine, cfg: TrainConfig, step: int, data: sources.B
     moved = {k: v - before_bytes.get(k, 0) for k, v in engine.store.stats.bytes.items()}
     accesses, misses = opt.accesses - before_opt[0], opt.misses - before_opt[1]
     return {"step": step, "loss": math.fsum(micro) / len(micro), "step_s": step_s, "cpu_s": cpu_s,
-            "load_avg_1m": os.getloadavg()[0], "tokens_per_s": cfg.batch * cfg.seq * cfg.accumulate / step_s,
+            "load_avg_1m": os.getloadavg()[0], "tokens_per_s": cfg.batch * cfg.seq * len(micro) / step_s,
             "device_hit_rate": s.device_hits / max(1, s.tensor_uses), "fetch_wait_s": s.fetch_wait_s,
             "fetch_wait_p99_s": waits[min(len(waits) - 1, math.ceil(0.99 * len(waits)) - 1)] if waits else 0.0,
             "bytes_moved": {k: v for k, v in sorted(moved.items()) if v}, "allocations": engine.allocations() - before_alloc,

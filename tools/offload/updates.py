@@ -39,6 +39,7 @@ class GradientUpdates:
     adam_step: int
     param_steps: dict[int, int]
     progress: Any
+    ranks: Any  # ranks.RankGroup or None
 
     def grad_ready(self, e: Entry) -> None:
         """In the autograd thread: stage e's gradient and hand it to the optimizer worker (`_optimize`)."""
@@ -51,7 +52,7 @@ class GradientUpdates:
         first = e.idx not in self._got
         self._got.add(e.idx)
         last = self._micro == self.accumulate - 1
-        update = last and self.clip_norm is None
+        update = last and self.clip_norm is None and self.ranks is None  # else: a sweep after backward
         if update:
             self._updated.add(e.idx)  # now, not when the worker gets to it: backward must not read it again
         buf, copy, slot = self.stager.stage(e.idx, grad)
@@ -106,7 +107,7 @@ class GradientUpdates:
         norm = math.sqrt(math.fsum(self._sumsq.values()))
         if not math.isfinite(norm):
             raise NonFiniteError(f"the gradient norm is {norm} at step {self.adam_step + 1}")
-        coef = min(1.0, self.clip_norm / (norm + 1e-6))
+        coef = 1.0 if self.clip_norm is None else min(1.0, self.clip_norm / (norm + 1e-6))
         self.states.begin_step()
         order = self.states.order
         for k, idx in enumerate(order):
@@ -116,6 +117,21 @@ class GradientUpdates:
                 self.progress.set("step {}: optimizer {:.0%} of tensors", self.adam_step + 1, k / len(order))
             self._update(self.store.entries[idx], coef)
         self.stats.optimizer_s += time.perf_counter() - t0
+
+    def _reduce_ranks(self) -> None:
+        """Several ranks (ranks.py): sum every fp32 gradient across ranks, chunk by chunk in optimizer order
+        (the same order on every rank), and take each tensor's squared norm again."""
+        self.states.begin_step()
+        for idx in self.states.order:
+            if idx not in self._sumsq:
+                continue
+            parts = []
+            for j in range(len(self.states.chunks(idx))):
+                g32 = self.states.get(idx, j)[3]
+                self.ranks.all_reduce(g32)
+                parts.append(float(torch.dot(g32, g32)))
+                self.states.put(idx, j)
+            self._sumsq[idx] = parts[0] if len(parts) == 1 else math.fsum(parts)
 
     @property
     def grad_norm(self) -> float:
