@@ -27,13 +27,17 @@ def chain(mode: str = "ms-sc", shards: int = 1, replicas: int = 3, epoch: int = 
 
 
 # -- failure detector ---------------------------------------------------------------------------
-def test_detector_defaults_are_half_second_and_three_misses():
+FAST = DetectorConfig(min_timeout_s=0.0)  # interval x misses only, as before the 4 s floor
+
+
+def test_detector_defaults_are_half_second_beats_and_a_four_second_timeout():
     cfg = DetectorConfig()
-    assert (cfg.interval_s, cfg.misses, cfg.timeout_s) == (0.5, 3, 1.5)
+    assert (cfg.interval_s, cfg.misses, cfg.timeout_s) == (0.5, 3, 4.0)  # floored: a loaded host
+    assert FAST.timeout_s == 1.5 and DetectorConfig(interval_s=1.0, misses=6).timeout_s == 6.0
 
 
 def test_detector_fails_after_three_missed_beats_and_reports_once():
-    clock, det = VirtualClock(), FailureDetector()
+    clock, det = VirtualClock(), FailureDetector(FAST)
     for n in ("a", "b"):
         det.watch(n, clock.now())
     reported = []
@@ -48,7 +52,7 @@ def test_detector_fails_after_three_missed_beats_and_reports_once():
 
 
 def test_detector_does_not_fail_at_exactly_the_timeout_and_does_at_the_next_instant():
-    clock, det = VirtualClock(), FailureDetector(DetectorConfig(interval_s=0.2, misses=5))
+    clock, det = VirtualClock(), FailureDetector(DetectorConfig(interval_s=0.2, misses=5, min_timeout_s=0.0))
     det.watch("n", 0.0)
     clock.set(1.0)
     assert det.expire(clock.now()) == []
@@ -57,7 +61,7 @@ def test_detector_does_not_fail_at_exactly_the_timeout_and_does_at_the_next_inst
 
 
 def test_a_failed_node_stays_failed_until_rewatched():
-    det = FailureDetector()
+    det = FailureDetector(FAST)
     det.watch("n", 0.0)
     assert det.expire(1.0) == []
     assert det.expire(2.0) == ["n"]
@@ -68,7 +72,7 @@ def test_a_failed_node_stays_failed_until_rewatched():
 
 
 def test_detector_ignores_reordered_beats():
-    det = FailureDetector()
+    det = FailureDetector(FAST)
     det.watch("n", 0.0)
     det.beat("n", 1.0)
     det.beat("n", 0.2)                          # a delayed older beat must not move the time back
@@ -188,7 +192,7 @@ def test_fencing_accepts_only_the_same_epoch(node_epoch, request_epoch):
 
 
 def test_a_pause_before_the_first_check_counts_as_a_stall():
-    det = FailureDetector()
+    det = FailureDetector(FAST)
     det.watch("a", 0.0)
     assert det.expire(5.0) == [] and det.stalls == 1      # watched, then paused before any check
     assert det.expire(6.0) == []
@@ -196,7 +200,7 @@ def test_a_pause_before_the_first_check_counts_as_a_stall():
 
 
 def test_a_paused_detector_does_not_fail_everyone_on_resume():
-    det = FailureDetector()                      # timeout 1.5 s
+    det = FailureDetector(FAST)                      # timeout 1.5 s
     for n in ("a", "b"):
         det.watch(n, 0.0)
     assert det.expire(0.25) == []
@@ -211,7 +215,7 @@ def test_a_paused_detector_does_not_fail_everyone_on_resume():
 def test_a_coordinator_starved_all_the_time_still_fails_a_dead_node():
     """Every check comes late (a loaded machine): the stalls are not counted against the nodes, but a
     node that stopped beating is still failed, where a fresh grace per stall would never fail it."""
-    det = FailureDetector()                      # 0.5 s x 3
+    det = FailureDetector(FAST)                      # 0.5 s x 3
     det.watch("dead", 0.0)
     det.watch("live", 0.0)
     verdicts, now = [], 0.0
@@ -224,7 +228,7 @@ def test_a_coordinator_starved_all_the_time_still_fails_a_dead_node():
 
 
 def test_a_single_stall_gives_no_verdict_even_on_a_silent_node():
-    det = FailureDetector()
+    det = FailureDetector(FAST)
     det.watch("a", 0.0)
     assert det.expire(1.0) == []
     assert det.expire(20.0) == []                # paused 19 s: a's silence grows by one interval (1.0 -> 1.5)

@@ -32,7 +32,8 @@ def wait_until(condition, timeout: float = 15.0, what: str = "condition"):
 def start_coord(procs: ProcManager, state_dir, port: int, log_path, name: str):
     with open(log_path, "ab") as log:
         return procs.start([sys.executable, "-m", "mlsyskit.tools.kv.coord.server", "--state-dir", str(state_dir),
-                            "--port", str(port), "--name", name, "--interval", str(INTERVAL)], stderr=log)
+                            "--port", str(port), "--name", name, "--interval", str(INTERVAL),
+                            "--min-timeout", "0"], stderr=log)
 
 
 def serving(proc) -> str:

@@ -42,7 +42,8 @@ def main(zk: str = typer.Option(..., help="ZooKeeper connect string, host:port,h
                                                       "that shut out clients without it."),
          verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     set_verbosity(verbose, quiet)
-    config = DetectorConfig(interval_s=interval, misses=misses)   # validates before connecting
+    # the session timeout is the floored failure timeout already: absence is judged as before
+    config = DetectorConfig(interval_s=interval, misses=misses, min_timeout_s=0.0)   # validates first
     clock = RealClock()
     try:
         secret = read_secret(secret_file) if secret_file is not None else None

@@ -19,6 +19,8 @@ the coordinator fails a node over only after `timeout_s` of silence, so until t 
 new map can exclude it. The node serves clients only until t + timeout_s - margin_s; a node
 that was paused, partitioned from the coordinator or deposed stops serving by itself, before
 any new configuration can act without it (one machine's clock; margin for scheduling delay).
+With the embedded coordinator the beats come from their own thread (beat.py), so a long event-loop
+turn neither starves them nor lets the lease lapse; timeout_s is floored (coord/detector.py).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from mlsyskit.tools.kv.controlets import controlet_class
 from mlsyskit.tools.kv.controlets.learner import Learner
 from mlsyskit.tools.kv.coord.aclient import AsyncCoordClient, CoordRefused, CoordUnavailable
 from mlsyskit.tools.kv.coord.spec import CoordinatorSpec
+from mlsyskit.tools.kv.node.beat import HeartbeatThread
 from mlsyskit.tools.kv.shardmap import NodeAddr, ShardMap
 
 if TYPE_CHECKING:
@@ -138,6 +141,8 @@ class ControlAgent:
         self.stats = {"heartbeats": 0, "heartbeat_failures": 0, "unexpected_errors": 0, "maps": 0, "rejoins": 0,
                       "learner_starts": 0}
         self.announce_pending = False  # joined before the node ran (nodeproc): announce at the first step
+        self.beater: HeartbeatThread | None = None  # beats off the event loop (embedded coordinator)
+        self.last_beat: tuple[float, bool, int | None] | None = None  # the thread's latest answer
         node.agent = self
         if node.node_id is not None:  # no lease until the first heartbeat is answered
             node.lease_until = float("-inf")
@@ -145,9 +150,18 @@ class ControlAgent:
             node._refresh_fast_paths()
 
     def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self.run())
+        loop = asyncio.get_running_loop()
+        self.task = loop.create_task(self.run())
+        node, spec = self.node, self.spec
+        if node.node_id is not None and isinstance(self.backend, AsyncCoordClient):  # embedded, not a test's fake
+            client = spec.embedded_client(timeout_s=min(1.0, spec.interval_s * 2))
+            self.beater = HeartbeatThread(client, node.node_id, spec.interval_s, node.applied, self.answered,
+                                          loop, self.clock)
+            self.beater.start()
 
     async def stop(self) -> None:
+        if self.beater is not None:
+            self.beater.stop()
         if self.task is not None:
             self.task.cancel()
         close = getattr(self.backend, "close", None)
@@ -186,6 +200,29 @@ class ControlAgent:
             except TimeoutError:
                 pass
 
+    def answered(self, sent: float, known: bool, epoch: int | None) -> None:
+        """The heartbeat thread's answer, on the loop: renew the lease (the rule in step), or wake the
+        agent when the map changed or the node is not a known member."""
+        self.stats["heartbeats"] += 1
+        self.last_beat = (sent, known, epoch)
+        node = self.node
+        if known and self.registered and epoch == node.map.epoch and not node.deposed and not self.learning:
+            if node.lease_until is None or sent + self.spec.timeout_s - self.margin_s > node.lease_until:
+                node.renew_lease(sent + self.spec.timeout_s - self.margin_s)
+        else:
+            self.wake.set()
+
+    async def _heartbeat(self) -> tuple[float, bool, int | None]:
+        """The thread's latest answer when it is fresh (sent within two intervals, after the node
+        last (re)registered), else a heartbeat from here."""
+        last = self.last_beat
+        if last is not None and self.clock.now() - last[0] < 2 * self.spec.interval_s:
+            return last
+        sent = self.clock.now()
+        known, epoch = await self.backend.heartbeat(self.node.node_id, self.node.applied())
+        self.stats["heartbeats"] += 1
+        return sent, known, epoch
+
     async def step(self) -> bool:
         """One round: heartbeat (a proxy only polls the map), follow a new map, renew the lease.
         True when this round joined the node to its shard: it serves only once a heartbeat under
@@ -197,13 +234,11 @@ class ControlAgent:
             return False
         if not self.registered:
             await self.backend.register(node.node_id, self.home.host, self.home.port)
-            self.registered = True
+            self.registered, self.last_beat = True, None  # earlier answers predate the registration
         if self.announce_pending:
             self.announce_pending = False
             self.announce()
-        sent = self.clock.now()
-        known, epoch = await self.backend.heartbeat(node.node_id, node.applied())
-        self.stats["heartbeats"] += 1
+        sent, known, epoch = await self._heartbeat()
         if epoch is not None and epoch != node.map.epoch or not known or node.deposed or self.learning:
             await self.follow(await self.backend.map())
         if self.learning:
@@ -211,8 +246,9 @@ class ControlAgent:
         if node.deposed:
             return await self.rejoin()
         if not known:  # our liveness record is gone (a new ZooKeeper session, a coordinator reset)
-            self.registered = False
-        elif epoch == node.map.epoch:
+            self.registered, self.last_beat = False, None
+        elif epoch == node.map.epoch and (node.lease_until is None
+                                          or sent + self.spec.timeout_s - self.margin_s > node.lease_until):
             node.renew_lease(sent + self.spec.timeout_s - self.margin_s)
         return False
 
@@ -240,7 +276,7 @@ class ControlAgent:
             return False
         new = await self.backend.join(self.home_shard, node.node_id, self.home.host, self.home.port)
         self.stats["rejoins"] += 1
-        self.registered = False
+        self.registered, self.last_beat = False, None
         log(f"{node.node_id} copied shard {self.home_shard} to position {node.controlet.applied}: joined at epoch {new.epoch}")
         node.reconfigure(new)
         self.announce()
@@ -268,7 +304,7 @@ class ControlAgent:
             return False
         new = await self.backend.join(self.home_shard, node.node_id, self.home.host, self.home.port)
         self.stats["rejoins"] += 1
-        self.registered = False  # join registered us; the next round re-registers our liveness (ZooKeeper)
+        self.registered, self.last_beat = False, None  # join registered us; the next round re-registers our liveness (ZooKeeper)
         node.reconfigure(new)
         self.announce()
         return True
