@@ -210,7 +210,7 @@ def tune_part(args, model: ThroughputModel) -> dict:
 
 def heldout_part(args, model: ThroughputModel, folder: Path) -> dict:
     out: dict = {}
-    for name in HELDOUT:
+    for name in args.heldout:
         for cluster in CLUSTERS:
             spec = ClusterSpec.parse(cluster)
             # one file per seed: the generator's seed and the replay's seed move together
@@ -475,6 +475,8 @@ def main() -> None:
         return
     if "marble" not in args.policies or "tiresias" not in args.policies or "optimus" not in args.policies:
         ap.error("--policies must include marble, tiresias and optimus (the targets compare them)")
+    if set(args.heldout) - set(HELDOUT):
+        ap.error(f"--heldout: unknown workload(s) {', '.join(sorted(set(args.heldout) - set(HELDOUT)))}")
     model = ThroughputModel()
     t0 = time.perf_counter()
     doc: dict = {"restart_cost_s": RESTART_COST, "seeds": args.seeds, "first_seed": args.first_seed,

@@ -70,6 +70,8 @@ def test_synthetic_size_mix_from_the_workload_text():
     ("synthetic:10/1:x", "synthetic workloads look like"),
     ("synthetic:10/0:1", "size mix needs GPUs >= 1"),
     ("synthetic:10/1:0,2:0", "not all 0"),
+    ("synthetic:10@1e-9", "load must be in \\[0.001, 10\\].*got 1e-09"),
+    ("synthetic:10@11", "load must be in"),
 ])
 def test_bad_workloads_are_clear_errors(text, message):
     with pytest.raises(WorkloadError, match=message):
@@ -92,8 +94,14 @@ PHILLY_HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
 
 
 @pytest.mark.parametrize("body, message", [
-    (POLLUX_HEADER + "a,nan,bert,2,384\n", "time a number of seconds"),   # NaN arrivals used to hang the replay
-    (POLLUX_HEADER + "a,inf,bert,2,384\n", "time a number of seconds"),
+    (POLLUX_HEADER + "a,nan,bert,2,384\n", "time must be in"),   # NaN arrivals used to hang the replay
+    (POLLUX_HEADER + "a,inf,bert,2,384\n", "time must be in"),
+    # the field is named; fractional GPUs say so; absurd sizes are refused, not replayed
+    (POLLUX_HEADER + "a,0,bert,1.5,384\n", "num_replicas must be a whole number, got '1.5' .fractional"),
+    (POLLUX_HEADER + "a,0,bert,2,1e12\n", "batch_size must be in \\[1, 10,000,000\\], got '1e12'"),
+    (POLLUX_HEADER + "a,0,bert,two,384\n", "num_replicas must be a whole number, got 'two'"),
+    (PHILLY_HEADER + "0,1e12,1,,c\n", "duration must be at most"),
+    (PHILLY_HEADER + "0,100,0.5,,c\n", "num_gpus must be a whole number"),
     (POLLUX_HEADER + "a,0,bert,2,384\nb,0,bert,2\n", "line 3: fewer fields"),
     (PHILLY_HEADER + "0,nan,2,,c\n", "must be finite"),
     (PHILLY_HEADER + "0,100,2,-5,c\n", "gpu_time >= 0"),

@@ -55,12 +55,15 @@ class WorkloadSource:
         return Path(self.text).stem if not self.text.startswith("synthetic") else self.text
 
     def load(self, model: ThroughputModel, seed: int, spec: ClusterSpec) -> list[JobSpec]:
-        m = re.fullmatch(r"synthetic:(\d+)(?:@([0-9.]+))?(?:/(\d+:[0-9.]+(?:,\d+:[0-9.]+)*))?(~heavy)?", self.text)
+        m = re.fullmatch(r"synthetic:(\d+)(?:@([0-9.eE+-]+))?(?:/(\d+:[0-9.]+(?:,\d+:[0-9.]+)*))?(~heavy)?", self.text)
         if m:
             mix = tuple((int(g), float(w)) for g, w in (p.split(":") for p in m.group(3).split(","))) \
                 if m.group(3) else ()
-            syn = SyntheticSpec(jobs=int(m.group(1)), load=float(m.group(2) or 0.9), size_mix=mix,
-                                heavy_tail=m.group(4) is not None)
+            try:
+                load = float(m.group(2) or 0.9)
+            except ValueError:
+                raise WorkloadError(f"synthetic workload: load must be a number, got {m.group(2)!r}") from None
+            syn = SyntheticSpec(jobs=int(m.group(1)), load=load, size_mix=mix, heavy_tail=m.group(4) is not None)
             return synthetic(syn, model, seed, spec.total_gpus, spec.gpus_per_node)
         if self.text.startswith("synthetic"):
             raise WorkloadError("synthetic workloads look like synthetic:JOBS, synthetic:JOBS@LOAD or "

@@ -35,8 +35,29 @@ APP_BATCHES = {"bert": (384,), "cifar10": (2048, 4096), "deepspeech2": (320, 640
 MAX_ARRIVAL_S = 1e9
 
 
+# Bounds beyond which a field is a typo, not a job: a global batch of 10 million samples, a job
+# of 10 years, 100,000 GPUs; a synthetic load below 0.001 spaces jobs years apart.
+MAX_BATCH = 10_000_000
+MAX_DURATION_S = 10 * 365 * 86400.0
+MAX_GPUS = 100_000
+MIN_LOAD = 1e-3
+
+
 class WorkloadError(UsageError, ValueError):
     """A workload file that cannot be read as the documented format (a usage error: exit 2)."""
+
+
+def whole(field: str, text: str, low: int, high: int) -> int:
+    """`text` as a whole number in [low, high], or ValueError naming `field` (fractional GPUs too)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{field} must be a whole number, got {text!r}") from None
+    if not value.is_integer():
+        raise ValueError(f"{field} must be a whole number, got {text!r} (fractional GPUs or samples are not a thing)")
+    if not low <= value <= high:
+        raise ValueError(f"{field} must be in [{low:,}, {high:,}], got {text!r}")
+    return int(value)
 
 
 def _unique_names(path: Path, names: list[str]) -> None:
@@ -124,14 +145,19 @@ def load_pollux(path: Path, model: ThroughputModel, seed: int, gpus_per_node: in
     jobs = []
     for i, r in enumerate(rows):
         try:
-            app, gpus, batch, arrival = r["application"], int(r["num_replicas"]), int(r["batch_size"]), float(r["time"])
+            app = r["application"]
+            gpus = whole("num_replicas", r["num_replicas"], 1, MAX_GPUS)
+            batch = whole("batch_size", r["batch_size"], 1, MAX_BATCH)
+            try:
+                arrival = float(r["time"])
+            except ValueError:
+                raise ValueError(f"time must be a number of seconds, got {r['time']!r}") from None
+            if not 0 <= arrival <= MAX_ARRIVAL_S:
+                raise ValueError(f"time must be in [0, {MAX_ARRIVAL_S:.0e}] seconds, got {r['time']!r}")
         except ValueError as e:
             raise WorkloadError(f"{path}: line {i + 2}: {e}") from None
         if app not in APP_CLASS:
             raise WorkloadError(f"{path}: line {i + 2}: unknown application {app!r}")
-        if gpus < 1 or batch < 1 or not 0 <= arrival <= MAX_ARRIVAL_S:
-            raise WorkloadError(f"{path}: line {i + 2}: num_replicas, batch_size must be >= 1 and time a number "
-                                f"of seconds in [0, {MAX_ARRIVAL_S:.0e}]")
         lo, hi = SIZE_CLASSES[APP_CLASS[app]]
         rng = Seeds(sub_seed(seed, "pollux-work")).random(r["name"])
         gpu_hours = math.exp(rng.uniform(math.log(lo), math.log(hi)))
@@ -151,8 +177,11 @@ def load_philly(path: Path, model: ThroughputModel, seed: int, gpus_per_node: in
     t0 = None
     for i, r in enumerate(rows):
         try:
-            ts, duration, gpus = parse_timestamp(r["timestamp"]), float(r["duration"]), int(r["num_gpus"])
+            ts, duration = parse_timestamp(r["timestamp"]), float(r["duration"])
+            gpus = whole("num_gpus", r["num_gpus"], 0, MAX_GPUS)
             gpu_time = float(r["gpu_time"]) if r["gpu_time"] else duration * gpus
+            if duration > MAX_DURATION_S:
+                raise ValueError(f"duration must be at most {MAX_DURATION_S:.2g} seconds (10 years), got {r['duration']!r}")
         except ValueError as e:
             raise WorkloadError(f"{path}: line {i + 2}: {e}") from None
         if not all(math.isfinite(v) for v in (ts, duration, gpu_time)) or gpu_time < 0:
@@ -188,8 +217,11 @@ class SyntheticSpec:
     heavy_tail: bool = False       # GPU-hours log-normal (median 0.3, sigma 2) instead of the size classes
 
     def __post_init__(self) -> None:
-        if self.jobs < 1 or not 0 < self.load <= 10:
-            raise WorkloadError("synthetic workload needs jobs >= 1 and 0 < load <= 10")
+        if not 1 <= self.jobs <= 10_000_000:
+            raise WorkloadError(f"synthetic workload: jobs must be in [1, 10,000,000], got {self.jobs}")
+        if not (math.isfinite(self.load) and MIN_LOAD <= self.load <= 10):
+            raise WorkloadError(f"synthetic workload: load must be in [{MIN_LOAD}, 10] (offered GPU-seconds per "
+                                f"second over the cluster's GPUs), got {self.load:g}")
         if any(g < 1 or not 0 <= w < math.inf for g, w in self.size_mix) or \
                 (self.size_mix and sum(w for _, w in self.size_mix) <= 0):
             raise WorkloadError("a synthetic size mix needs GPUs >= 1 and finite weights >= 0, not all 0")
