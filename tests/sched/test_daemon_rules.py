@@ -122,6 +122,7 @@ def test_a_job_past_its_wall_time_is_stopped_and_ends_timeout(tmp_path):
     sched.step()
     got = sched.store.get(limited.id)
     assert got.state == "timeout" and got.reason.startswith("TimeLimit") and got.exit_code == 143
+    assert sched.describe(got)["attained"] == pytest.approx(31.0), "GPU-seconds it held, once ended too"
     clock.advance(600)
     sched.step()
     assert (default.id, False) in ex.signals

@@ -378,7 +378,8 @@ class Scheduler:
         """The job as clients see it, with `where` naming nodes and device ids."""
         where = " ".join(f"{s.node}:{','.join(map(str, s.held))}" for s in self.launch_of(job).nodes) if job.gpus else ""
         pending = self._pending.get(job.id, admission.NONE) if job.state == QUEUED else ""
-        return {**job.as_dict(), "where": where, "pending": pending}
+        run = job.held * ((job.ended or self.clock.now()) - job.started) if job.started is not None else 0.0
+        return {**job.as_dict(), "where": where, "pending": pending, "attained": job.attained + max(0.0, run)}
 
     def nodes(self) -> list[dict]:
         with self.lock:
