@@ -29,6 +29,14 @@ def test_every_class_gets_a_slot_and_too_small_budget_is_a_clear_error():
         class_slots({128: 10, 1 << 20: 3}, 512 * 1024, tier="device")
 
 
+def test_with_nvme_the_cpu_tier_needs_no_slot_per_class():
+    """Tensors move NVMe -> device directly, so the CPU tier (min_one=False) takes a budget smaller than one
+    tensor of a class and simply gives that class no slot."""
+    slots = class_slots({128: 10, 1 << 20: 3}, 512 * 1024, tier="CPU", min_one=False, small_first=True)
+    assert slots[1 << 20] == 0 and slots[128] >= 1 and pool_bytes(slots) <= 512 * 1024
+    assert class_slots({1 << 20: 3}, 0, tier="CPU", min_one=False) == {1 << 20: 0}
+
+
 def test_min_slots_cover_the_tensors_one_module_uses_at_once():
     dist = {128: 40, 8192: 16}
     assert class_slots(dist, 12 * 1024, tier="device") == {128: 1, 8192: 1}
