@@ -98,6 +98,23 @@ def test_up_with_the_redis_datalet(cluster_dir) -> None:
     assert all(port_free("127.0.0.1", base + i) for i in range(7))
 
 
+def test_down_stops_a_process_of_the_cluster_that_the_record_does_not_list(cluster_dir) -> None:
+    """A node whose record entry was replaced while it hung on (issue 22: `down` left a node running
+    after its supervisor gave up on it) is found by its command line and stopped too."""
+    d = str(cluster_dir)
+    cli("up", "--coordinator", "none", "--base-port", str(free_range(2)), "--data-dir", d)
+    path = cluster_dir / "cluster.json"
+    record = json.loads(path.read_text())
+    node = next(p for p in record["processes"] if p["name"] == "node:s0r0")
+    record["processes"] = [p for p in record["processes"] if p["name"] != "node:s0r0"]
+    path.write_text(json.dumps(record))
+    assert "stopped 2 processes" in cli("down", "--data-dir", d).stderr  # the proxy, and the unlisted node
+    try:
+        assert psutil.Process(node["pid"]).status() == psutil.STATUS_ZOMBIE  # gone, not yet reaped by init
+    except psutil.NoSuchProcess:
+        pass
+
+
 def test_foreground_up_stops_the_cluster_on_ctrl_c(cluster_dir, proc_manager) -> None:
     d = str(cluster_dir)
     base = free_range(1 + 2)

@@ -25,7 +25,15 @@ from mlsyskit.tools.kv.datalets import DATALETS
 from mlsyskit.tools.kv.ops import coordproc, launcher
 from mlsyskit.tools.kv.ops.launcher import alive
 from mlsyskit.tools.kv.ops.placement import load_hosts, place
-from mlsyskit.tools.kv.ops.record import entry, load_record, record_path, same_process, spawn, write_record
+from mlsyskit.tools.kv.ops.record import (
+    entry,
+    load_record,
+    record_path,
+    same_process,
+    spawn,
+    strays,
+    write_record,
+)
 from mlsyskit.tools.kv.peerauth import load_or_create_secret
 from mlsyskit.tools.kv.shardmap import ShardMap, layout
 
@@ -205,7 +213,8 @@ def _wait_ready(record: dict[str, Any], endpoints: list, clock: Clock, timeout: 
 
 
 def down(data_dir: Path, clock: Clock | None = None, grace: float = 5.0) -> list[str]:
-    """SIGTERM every recorded process group (SIGKILL after `grace`); returns what was stopped.
+    """SIGTERM every recorded process group (SIGKILL after `grace`), then every process running one of
+    the cluster's command lines that the record does not list (record.strays); returns what was stopped.
 
     The supervisor first, and the record read again after it exited: it may have just replaced a
     node (it finishes a restart, records the new pid, then exits on SIGTERM)."""
@@ -224,6 +233,9 @@ def down(data_dir: Path, clock: Clock | None = None, grace: float = 5.0) -> list
     launcher.stop(coordinators, clock, grace)
     launcher.stop([p["pid"] for p in reversed(procs) if p["pid"] not in coordinators], clock, grace)
     stopped += [p["name"] for p in procs]
+    unlisted = strays(record)  # found by their command lines: whoever started them, they are this cluster's
+    launcher.stop([pid for _, pid in unlisted], clock, grace)
+    stopped += [f"{name} (pid {pid}, not in the record)" for name, pid in unlisted]
     record["processes"] = []
     write_record(Path(data_dir), record)
     return stopped

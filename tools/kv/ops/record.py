@@ -98,6 +98,33 @@ def spawn(record: dict[str, Any], name: str) -> subprocess.Popen:
     return launcher.spawn(process_argv(record, name), Path(record["data_dir"]) / "logs" / f"{name.replace(':', '-')}.log")
 
 
+def strays(record: dict[str, Any]) -> list[tuple[str, int]]:
+    """Live processes running this cluster's node, proxy, supervisor or coordinator command line that
+    the record does not list (a node the supervisor replaced while it hung on, one started by hand
+    with the same command): (name, pid), supervisors first. Matched on the arguments after the
+    interpreter, so a host's exec prefix (placement.py) or the console script matches too."""
+    names = ["supervisor", *(f"coordinator:{i}" for i in range(_coordinators(record))), "proxy",
+             *(f"node:{n}" for n in record["map"]["nodes"])]
+    tails = {name: tuple(process_argv(record, name)[len(ME) if not name.startswith("coordinator") else 1:])
+             for name in names}
+    listed = {p["pid"] for p in record.get("processes", [])} | {os.getpid()}
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = tuple(proc.info["cmdline"] or ())
+        name = next((n for n, tail in tails.items() if cmdline[-len(tail):] == tail), None)
+        if name is not None and proc.info["pid"] not in listed:
+            found.append((name, proc.info["pid"]))
+    return sorted(found, key=lambda f: names.index(f[0]))
+
+
+def _coordinators(record: dict[str, Any]) -> int:
+    coord = record.get("coordinator")
+    if not coord:
+        return 0
+    spec = CoordinatorSpec.from_dict(coord)
+    return len(spec.addrs) if spec.kind == "embedded" else 1
+
+
 def entry(name: str, pid: int) -> dict[str, Any]:
     """A record entry: the pid and its start time (a later process reusing the pid is not it)."""
     try:
