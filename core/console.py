@@ -64,7 +64,8 @@ def warn(message: str) -> None:
 
 
 def error_line(message: str) -> None:
-    err.print(Text.assemble(("error: ", "bold red"), str(message)))
+    """One line whatever its length: scripts grep for it and tests match it (no wrap at 80 columns)."""
+    err.print(Text.assemble(("error: ", "bold red"), str(message)), soft_wrap=True)
 
 
 # ---------------------------------------------------------------- progress

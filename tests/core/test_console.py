@@ -95,3 +95,16 @@ def test_verbose_and_quiet_exclude_each_other():
     with pytest.raises(UsageError):
         console.set_verbosity(True, True)
     console.set_verbosity(False, False)
+
+
+def test_an_error_is_one_line_however_long_and_narrow_the_stream(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from mlsyskit.core import console
+
+    stream = io.StringIO()
+    monkeypatch.setattr(console, "err", Console(file=stream, width=40, markup=False, highlight=False))
+    console.error_line("requested configuration is not available: 8 GPUs on one node; largest node has 4")
+    assert stream.getvalue().count("\n") == 1 and stream.getvalue().startswith("error: requested")
