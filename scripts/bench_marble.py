@@ -30,111 +30,33 @@ default model error, corrected by measured throughput); the simulator alone hold
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
-import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from mlsyskit.core.console import emit_table, log, make_table
-from mlsyskit.core.telemetry import percentile
 from mlsyskit.tools.sched.cluster import ClusterSpec
-from mlsyskit.tools.sched.experiment import WorkloadSource, policy_model, run_one
-from mlsyskit.tools.sched.metrics import summarize, timing
-from mlsyskit.tools.sched.policies import DEFAULT_POLICY, PolicyOptions, create_policy
+from mlsyskit.tools.sched.experiment import WorkloadSource, run_one
+from mlsyskit.tools.sched.policies import DEFAULT_POLICY, PolicyOptions
 from mlsyskit.tools.sched.policies.sizing import layouts
-from mlsyskit.tools.sched.simulator import Simulator
 from mlsyskit.tools.sched.throughput import ThroughputModel
-from mlsyskit.tools.sched.workloads import APP_BATCHES, PHILLY
 
-RESTART_COST = 30.0
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/marblebench
+from marblebench import RESTART_COST  # noqa: E402
+from marblebench.heldout import APP_REQUESTS, HELDOUT, heldout_rows, philly_windows, write_csv  # noqa: E402
+from marblebench.speed import daemon_part, latency_part, scale_child, scale_part  # noqa: E402
+
 POLICIES = ["fifo", "backfill", "optimus", "tiresias", "marble-las", "marble"]
 CLUSTERS = ["16x4", "16x6"]
 TUNING = [f"workload-{i}" for i in range(1, 5)]
 TUNE_GRID = [{}, {"admit_threshold": 0.5}, {"admit_threshold": 0.2}, {"grow_threshold": 0.5}, {"grow_min_gain": 4.0},
              {"elastic_max_scale": 2.0}, {"resize_interval": 3600.0, "grow_period": 900.0},
              {"starvation_s": 43200.0}]
-PHILLY_MIX = "1:70,2:10,4:10,8:8,16:2"
-
-# The held-out generator. Each workload: (jobs, arrival process, application weights, request
-# sizes: "low", "any" or "high" half of each application's plausible GPU counts, APP_REQUESTS).
-# The shipped workloads arrive as a Poisson-like stream over 8 h with ncf and cifar10 jobs the
-# most common; these use other processes and mixes.
-HELDOUT = {
-    "heldout-diurnal": (160, "diurnal", {"bert": 3, "cifar10": 3, "deepspeech2": 3, "imagenet": 1, "ncf": 3,
-                                         "yolov3": 1}, "any"),
-    "heldout-bursty": (160, "bursty", {"bert": 2, "cifar10": 4, "deepspeech2": 2, "imagenet": 1, "ncf": 4,
-                                       "yolov3": 2}, "any"),
-    "heldout-large": (120, "poisson", {"bert": 3, "cifar10": 1, "deepspeech2": 2, "imagenet": 2, "ncf": 1,
-                                       "yolov3": 2}, "high"),
-    "heldout-small": (240, "poisson", {"bert": 1, "cifar10": 5, "deepspeech2": 2, "imagenet": 1, "ncf": 5,
-                                       "yolov3": 1}, "low"),
-}
-# GPU counts users plausibly ask for per application (its size class: imagenet jobs are large).
-APP_REQUESTS = {"cifar10": (1, 2, 4, 8), "ncf": (1, 2, 4), "bert": (2, 4, 8, 12, 16), "deepspeech2": (2, 4, 6, 8, 12),
-                "yolov3": (2, 4, 8), "imagenet": (8, 12, 16, 24, 32)}
-
-
-def heldout_rows(name: str, seed: int) -> list[dict]:
-    """A Pollux-format workload (name,time,application,num_replicas,batch_size) from HELDOUT[name]:
-    arrivals over 8 hours as a Poisson process, a diurnal one (rate 1 + 0.8 sin, three cycles),
-    or bursts (4-12 jobs within 2 minutes at uniform instants); applications by weight; GPUs
-    uniformly from the application's plausible counts (APP_REQUESTS: the lower half, all, or the
-    upper half); batch from the application's Pollux batch sizes. Seeded by (name, seed) through
-    a string seed, so a seed gives the same file on every machine."""
-    jobs, process, weights, sizes = HELDOUT[name]
-    rng = random.Random(f"{name}/{seed}")
-    span = 8 * 3600.0
-    times: list[float] = []
-    if process == "bursty":
-        while len(times) < jobs:
-            t = rng.uniform(0, span)
-            times += [t + rng.uniform(0, 120) for _ in range(rng.randint(4, 12))]
-    elif process == "diurnal":
-        while len(times) < jobs:   # thinning: accept t with probability (1 + 0.8 sin) / 1.8
-            t = rng.uniform(0, span)
-            if rng.random() < (1 + 0.8 * math.sin(2 * math.pi * 3 * t / span)) / 1.8:
-                times.append(t)
-    else:
-        times = [rng.uniform(0, span) for _ in range(jobs)]
-    times = sorted(times[:jobs])
-    apps, w = zip(*sorted(weights.items()), strict=True)
-    rows = []
-    for i, t in enumerate(times):
-        app = rng.choices(apps, w)[0]
-        counts = APP_REQUESTS[app]
-        half = (len(counts) + 1) // 2
-        counts = counts[:half] if sizes == "low" else counts[-half:] if sizes == "high" else counts
-        rows.append({"name": f"{name}-{i}", "time": round(t), "application": app, "num_replicas": rng.choice(counts),
-                     "batch_size": rng.choice(APP_BATCHES[app])})
-    return rows
-
-
-def write_csv(path: Path, rows: list[dict]) -> Path:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
-
-
-def philly_windows(folder: Path, count: int, size: int) -> list[Path]:
-    """`count` windows of `size` consecutive jobs (by submit time) of the real Philly trace, evenly
-    spaced through it, as Philly-format CSVs (jobs asking for more than 64 GPUs dropped)."""
-    with PHILLY.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if 1 <= int(r["num_gpus"]) <= 64 and float(r["duration"]) > 0]
-    rows.sort(key=lambda r: r["timestamp"])
-    step = len(rows) // (count + 1)
-    return [write_csv(folder / f"philly-window-{i}.csv", rows[(i + 1) * step: (i + 1) * step + size])
-            for i in range(count)]
-
-
 def floor_alone(jobs, model: ThroughputModel, spec: ClusterSpec) -> float:
     """Mean JCT if every job ran alone on the whole cluster at its fastest GPU count (no queueing)."""
     best = {}
@@ -246,152 +168,6 @@ def realistic_part(args, model: ThroughputModel, folder: Path) -> dict:
             res["met"] = res["checks"]["vs_tiresias"]["met"]
             out.setdefault(path.stem, {})[cluster] = res
             log(f"  realistic {path.stem} on {cluster}: marble {res['checks']['vs_tiresias']['ratio']:.3f}x tiresias")
-    return out
-
-
-def scale_child(policy: str, cluster: str, load: float, jobs: int | None) -> None:
-    """Runs in a fresh process so its wall time and peak RSS are the replay's own. `jobs`: only a
-    window of that many jobs of the trace (the test's small run); None: all of it."""
-    import resource
-    model = ThroughputModel()
-    spec = ClusterSpec.parse(cluster)
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = philly_windows(Path(tmp), 1, jobs)[0] if jobs else "philly"
-        trace = WorkloadSource(f"{path}@{load}").load(model, 0, spec)
-    load_s = time.perf_counter() - t0
-    learned = policy_model(model, seed=0)
-    sim = Simulator(spec, create_policy(policy, learned), model, trace, restart_cost=RESTART_COST,
-                    samples=learned.samples)
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    result = sim.run()
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    print(json.dumps({"policy": policy, "jobs": len(trace), "cluster": cluster, "load": load, "wall_s": wall,
-                      "cpu_s": cpu, "trace_load_s": load_s, "machine_load_average": os.getloadavg()[0],
-                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "summary": summarize(result, spec.total_gpus), "timing": timing(result)}))
-
-
-def scale_part(args) -> dict:
-    runs = {}
-    for policy in args.scale_policies:
-        log(f"scale replay: {policy}, the Philly trace on {args.scale_cluster} at load 0.8 ...")
-        cmd = [sys.executable, __file__, "--scale-child", policy, "--scale-cluster", args.scale_cluster,
-               *(["--scale-jobs", str(args.scale_jobs)] if args.scale_jobs else [])]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.scale_timeout)
-        except subprocess.TimeoutExpired:
-            runs[policy] = {"error": f"over {args.scale_timeout} s", "wall_s": None}
-            continue
-        runs[policy] = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else \
-            {"error": proc.stderr[-2000:], "wall_s": None}
-        log(f"  {policy}: {runs[policy].get('wall_s')} s wall, {runs[policy].get('cpu_s')} s CPU, "
-            f"load average {runs[policy].get('machine_load_average')}")
-    # on a busy machine the wall time also counts others' work: CPU seconds are the replay's own
-    return {"runs": runs, "targets": {p: {"wall_s": r.get("wall_s"), "cpu_s": r.get("cpu_s"), "threshold_s": 60.0,
-                                          "met_wall": r.get("wall_s") is not None and r["wall_s"] <= 60.0,
-                                          "met_cpu": r.get("cpu_s") is not None and r["cpu_s"] <= 60.0}
-                                      for p, r in runs.items()}}
-
-
-class LatencyProbe(Simulator):
-    """Times decisions taken with >= min_queue jobs waiting (wall and this thread's CPU time);
-    stops after `count` of them."""
-
-    def __init__(self, *a, min_queue: int, count: int, **kw):
-        super().__init__(*a, **kw)
-        self.min_queue, self.count, self.timed, self.cpu_timed = min_queue, count, [], []
-        self.queued_max = 0
-        decide = self.policy.decide
-
-        def timed_decide(state):
-            cpu0 = time.thread_time()
-            try:
-                return decide(state)
-            finally:
-                self._cpu_ms = (time.thread_time() - cpu0) * 1e3
-        self.policy.decide = timed_decide
-
-    def _decide(self):
-        queued = len(self.state.queue)
-        self.queued_max = max(self.queued_max, queued)
-        before = len(self.decision_ms)
-        super()._decide()
-        if queued >= self.min_queue and len(self.timed) < self.count:
-            self.timed.append(self.decision_ms[before])
-            self.cpu_timed.append(self._cpu_ms)
-
-
-def latency_part(args, model: ThroughputModel) -> dict:
-    spec = ClusterSpec.parse(args.scale_cluster)
-    source = WorkloadSource(f"synthetic:{args.latency_jobs}@{args.latency_load}/{PHILLY_MIX}~heavy")
-    trace = source.load(model, 1, spec)
-    per_policy = {}
-    for policy in args.scale_policies:
-        learned = policy_model(model, seed=1)
-        sim = LatencyProbe(spec, create_policy(policy, learned), model, trace, restart_cost=RESTART_COST,
-                           samples=learned.samples, min_queue=args.min_queue, count=args.latency_samples)
-        sim.loop.schedule_at(sim.jobs[0].arrival, sim._arrive)
-        while len(sim.timed) < sim.count and sim.loop.run(max_events=2000):
-            pass
-        v, cpu = sim.timed, sim.cpu_timed
-        enough = len(v) >= args.latency_samples
-        per_policy[policy] = {"decisions": len(v), "queued_max": sim.queued_max,
-                              "p50_ms": percentile(v, 50) if v else None, "p99_ms": percentile(v, 99) if v else None,
-                              "max_ms": max(v) if v else None,
-                              "cpu_p99_ms": percentile(cpu, 99) if cpu else None,
-                              "met": enough and percentile(v, 99) <= 20.0,
-                              "met_cpu": enough and percentile(cpu, 99) <= 20.0}
-        log(f"latency: {policy} p99 {per_policy[policy]['p99_ms']} ms wall, {per_policy[policy]['cpu_p99_ms']} ms CPU "
-            f"over {len(v)} decisions (queue up to {sim.queued_max})")
-    return {"cluster": str(spec), "min_queue": args.min_queue, "load": args.latency_load, "jobs": args.latency_jobs,
-            "machine_load_average": os.getloadavg()[0], "cpus": os.cpu_count(), "policies": per_policy}
-
-
-def daemon_part(args, model: ThroughputModel) -> dict:
-    """The daemon's scheduling step (poll the jobs that hold GPUs, then decide) with
-    --daemon-queued jobs queued on a full 4x4 cluster of logical GPUs: real `sleep` jobs through the
-    local executor, the job table in SQLite as `marble serve` keeps it."""
-    from mlsyskit.core.clock import RealClock
-    from mlsyskit.tools.sched.daemon.jobstore import ACTIVE, QUEUED, JobStore
-    from mlsyskit.tools.sched.daemon.scheduler import Scheduler
-    from mlsyskit.tools.sched.daemon.specs import ClusterConfig, JobRequest, NodeConfig
-    from mlsyskit.tools.sched.executors.local import LocalExecutor
-
-    out = {}
-    for policy in args.scale_policies:
-        rng = random.Random(0)
-        with tempfile.TemporaryDirectory() as tmp:
-            cluster = ClusterConfig(tuple(NodeConfig(f"n{i}", 4, logical=True) for i in range(4)))
-            sched = Scheduler(cluster, JobStore(Path(tmp) / "jobs.db"), LocalExecutor(),
-                              create_policy(policy, policy_model(model)), model, RealClock(), Path(tmp))
-            with sched.store.db.transaction():   # one commit for the backlog
-                for _ in range(args.daemon_queued):
-                    sched.submit(JobRequest(cmd="exec sleep 600", app=rng.choice(model.apps),
-                                            gpus=rng.choice([1, 2, 4, 8])))
-            sched.step()   # fills the cluster
-            wall, cpu = [], []
-            for _ in range(args.daemon_steps):
-                t0, c0 = time.perf_counter(), time.thread_time()
-                sched.step()
-                wall.append((time.perf_counter() - t0) * 1e3)
-                cpu.append((time.thread_time() - c0) * 1e3)
-            held = sum(j.held for j in sched.store.jobs(ACTIVE))
-            with sched.store.db.transaction():
-                for job in sched.store.jobs((QUEUED,)):
-                    sched.cancel(job.id)
-            for job in sched.store.jobs(ACTIVE):
-                sched.cancel(job.id)
-            deadline = time.monotonic() + 60
-            while sched.store.jobs(ACTIVE) and time.monotonic() < deadline:
-                sched.step()
-                time.sleep(0.05)
-            sched.store.close()
-        r = out[policy] = {"queued": args.daemon_queued, "gpus_held": held, "steps": len(wall),
-                           "p50_ms": percentile(wall, 50), "p99_ms": percentile(wall, 99),
-                           "cpu_p50_ms": percentile(cpu, 50), "cpu_p99_ms": percentile(cpu, 99)}
-        log(f"daemon step: {policy} p50 {r['p50_ms']:.1f} ms wall, {r['cpu_p50_ms']:.1f} ms CPU "
-            f"with {args.daemon_queued} queued")
     return out
 
 

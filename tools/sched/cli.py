@@ -69,7 +69,7 @@ def sim(
     seeds: int | None = typer.Option(None, help="how many seeds (seed, seed+1, ...; default 1)"),
     seed: int | None = seed_option(None, "first seed (default 0); every random choice derives from it"),
     restart_cost: float | None = typer.Option(None, help="checkpoint-restart cost in seconds (default 30)"),
-    model_error: float | None = typer.Option(None, help="mean relative error of the throughput model the policies get (0.1 = 10%; default 0); the simulator keeps the true one"),
+    model_error: float | None = typer.Option(None, help="mean relative error of the fitted throughput model the policies start from (default 0.1 = 10%, a realistic fit; they then correct it online from measured throughput); the simulator keeps the true one"),
     efficiency_threshold: float | None = typer.Option(None, "--efficiency-threshold", help="marble: least gain per added GPU, in single-GPU throughputs (default 0.5)"),
     pressure_threshold: float | None = typer.Option(None, help="marble: the same while waiting jobs want more GPUs than are free (default 0.8)"),
     out: Path | None = out_option("results.json, timing.json, jct_cdf.png, utilisation.png, events-POLICY-seedN.jsonl"),

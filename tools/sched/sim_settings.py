@@ -6,6 +6,7 @@ from pathlib import Path
 
 from mlsyskit.core.cli import load_command_config
 from mlsyskit.core.config import load_toml, require
+from mlsyskit.tools.sched.policies.learned import DEFAULT_MODEL_ERROR
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,7 @@ class SimSettings:
     seeds: int = 1
     seed: int = 0
     restart_cost: float = 30.0
-    model_error: float = 0.0
+    model_error: float = DEFAULT_MODEL_ERROR  # what a fitted model misses; 0 is still no oracle
     efficiency_threshold: float = 0.5
     pressure_threshold: float = 0.8
     events: bool = False

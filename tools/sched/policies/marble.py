@@ -33,14 +33,13 @@ import math
 
 from mlsyskit.tools.sched.cluster import FreeMap, Placement
 from mlsyskit.tools.sched.policies.common import remaining_work
-from mlsyskit.tools.sched.policies.sizing import efficient_size, ladder, layouts, sized_shapes
+from mlsyskit.tools.sched.policies.sizing import efficient_size, ladder, layouts
 from mlsyskit.tools.sched.policies.tiresias import Tiresias
 from mlsyskit.tools.sched.profiles import Shape
 from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Preempt, Resize, Start
 
 Curve = tuple[int, list[int], list[Shape], list[float]]   # (p*, sizes to grow to, shapes, rates)
 MAX_ELASTIC = 128   # the most GPUs a curve is laid out for (a job's own request may be more)
-__all__ = ["Marble", "sized_shapes"]   # sized_shapes: cli.py reads it from here
 
 
 def _shape_of(placement: Placement) -> Shape:
