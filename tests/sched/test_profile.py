@@ -17,7 +17,7 @@ EXACT = ("K=$MARBLE_GPUS; B=512; python3 -c \"import json,os; K=$K; m=512/K; "
 
 
 def marble(*args, cwd=None):
-    return subprocess.run([*MARBLE, *args], capture_output=True, text=True, timeout=600, cwd=cwd)
+    return subprocess.run([*MARBLE, *args], capture_output=True, text=True, timeout=280, cwd=cwd)
 
 
 @pytest.mark.slow
