@@ -162,10 +162,10 @@ def run_cell(task) -> tuple[str, dict | None]:
     robust = tuple(args.robust) if fraction > 0 else ()  # without attackers only the default is the bar
     also = tuple(s for s in args.also if s not in ("fedavg", args.tiff, *robust))
     runs = {seed: {s: one_run(s, seed, dataset, alpha, fraction, attack, args)
-                   for s in ("fedavg", args.tiff, *robust, *also)} for seed in range(args.seeds)}
+                   for s in ("fedavg", args.tiff, *robust, *also)} for seed in _seeds(args)}
     return key, judge(runs, fraction > 0, args.tiff, robust) | {
         "dataset": dataset, "alpha": alpha, "attackers": fraction, "attack": attack,
-        "part": "tuning" if dataset in TUNING_DATASETS else "held-out", "seeds": list(range(args.seeds)),
+        "part": "tuning" if dataset in TUNING_DATASETS else "held-out", "seeds": _seeds(args),
         "loadavg": list(os.getloadavg()), "runs": {str(seed): r for seed, r in runs.items()}}
 
 
@@ -190,6 +190,10 @@ def _run_all(tasks: list, workers: int):
 
 def _run_group(tasks: list) -> list:
     return [run_cell(t) for t in tasks]
+
+
+def _seeds(args) -> list[int]:
+    return list(range(args.seed_start, args.seed_start + args.seeds))
 
 
 def cells(args) -> list[tuple[str, float, float, str]]:
@@ -225,6 +229,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--robust", nargs="*", default=[s.name for s in ROBUST], choices=[s.name for s in ROBUST],
                    help="robust aggregators run beside it in every cell (the accuracy bar with attackers)")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seed-start", type=int, default=0, help="the seeds are seed-start .. seed-start + seeds - 1")
     p.add_argument("--clients", type=int, default=20)
     p.add_argument("--per-round", type=int, default=5)
     p.add_argument("--rounds", type=int, default=20)
@@ -278,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     result["summary"] = summary(result["cells"])
     _write(args.out, result)
     emit_table(make_table(f"{args.tiff} vs default and robust aggregators, mean of {args.seeds} seeds per cell "
-                          f"(accuracy: kept model, test split; seeds {list(range(args.seeds))})",
+                          f"(accuracy: kept model, test split; seeds {_seeds(args)})",
                           ["cell", "part", "acc default", "best peer", "acc peer", "acc tiff", "d points", "honest x",
                            "malicious x", "targets met", "seeds meeting all", "load"],
                           [_row(k, c) for k, c in result["cells"].items()]))

@@ -36,6 +36,7 @@ def test_cells_cover_the_sweep_and_cells_without_attackers_appear_once():
     # the setting is in the default sweep: Dirichlet 0.05, half the clients scaling their updates
     assert ("classification", 0.05, 0.5, "scaled") in cells
     assert args.robust == ["median", "trimmed-mean", "krum", "fedavgm", "fedadam"] and args.tiff == "tiff"
+    assert bench._seeds(args) == [0, 1, 2] and bench._seeds(bench.parse(["--seeds", "2", "--seed-start", "1"])) == [1, 2]
 
 
 def test_targets_are_judged_on_means_and_recorded_per_seed():
