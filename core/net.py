@@ -55,9 +55,13 @@ def split_window(index: int, count: int) -> str:
     return f"{lo + index * width}-{lo + (index + 1) * width}"
 
 
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a listener could bind host:port now (no SO_REUSEADDR: TIME_WAIT counts as taken)."""
+def port_is_free(port: int, host: str = "127.0.0.1", reuse_addr: bool = False) -> bool:
+    """Whether a listener could bind host:port now. Without reuse_addr a port in TIME_WAIT counts as
+    taken (the picker's strict check); with it, the check matches servers that set SO_REUSEADDR, so
+    a port a stopped server just left is free to it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if reuse_addr:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
             return True

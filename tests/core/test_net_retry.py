@@ -91,3 +91,14 @@ def test_retry_async_sleeps_on_the_injected_clock() -> None:
     assert asyncio.run(retry_async(flaky, retriable=lambda e: isinstance(e, TimeoutError), deadline_s=60,
                                    clock=clock)) == 3
     assert 0 < clock.now() < 60
+
+
+def test_a_bound_port_is_taken_in_both_checks_and_free_again_once_closed() -> None:
+    import socket
+
+    port = net.free_port()
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))
+    assert not net.port_is_free(port) and not net.port_is_free(port, reuse_addr=True)
+    holder.close()
+    assert net.port_is_free(port) and net.port_is_free(port, reuse_addr=True)

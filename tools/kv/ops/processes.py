@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.core.config import ConfigError, require
+from mlsyskit.core.net import port_is_free
 from mlsyskit.tools.kv.client.call import call, parse_info
 from mlsyskit.tools.kv.controlets import controlet_class
 from mlsyskit.tools.kv.coord.spec import CoordinatorSpec
@@ -103,13 +103,7 @@ def read_password(data_dir: Path) -> bytes | None:
 
 def port_free(host: str, port: int) -> bool:
     """Whether a server could listen on host:port now (SO_REUSEADDR, as the servers bind)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
+    return port_is_free(port, host, reuse_addr=True)
 
 
 def plan(spec: ClusterSpec) -> dict[str, Any]:
