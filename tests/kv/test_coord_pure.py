@@ -33,7 +33,9 @@ FAST = DetectorConfig(min_timeout_s=0.0)  # interval x misses only, as before th
 def test_detector_defaults_are_half_second_beats_and_a_four_second_timeout():
     cfg = DetectorConfig()
     assert (cfg.interval_s, cfg.misses, cfg.timeout_s) == (0.5, 3, 4.0)  # floored: a loaded host
-    assert FAST.timeout_s == 1.5 and DetectorConfig(interval_s=1.0, misses=6).timeout_s == 6.0
+    assert FAST.timeout_s == 1.5 and DetectorConfig(interval_s=1.0, misses=10).timeout_s == 10.0
+    assert DetectorConfig(interval_s=0.2).timeout_s == pytest.approx(1.6)  # the floor: 8 intervals
+    assert DetectorConfig(min_timeout_s=6.0).timeout_s == 6.0
 
 
 def test_detector_fails_after_three_missed_beats_and_reports_once():

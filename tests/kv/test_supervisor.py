@@ -155,7 +155,8 @@ def test_the_supervisor_acts_on_its_decisions_and_keeps_the_record(tmp_path: Pat
     procs = {f"node:{n}": fake_spawn({}, f"node:{n}") for n in smap.shards[0]}
     started.clear()
     write_record(tmp_path, {"map": smap.to_dict(), "datalet": "lmdb", "data_dir": str(tmp_path),
-                            "coordinator": {"url": "embedded://127.0.0.1:9", "interval_s": 0.2, "misses": 3},
+                            "coordinator": {"url": "embedded://127.0.0.1:9", "interval_s": 0.2, "misses": 3,
+                                            "min_timeout_s": 0.0},  # grace 2 x 0.6 s
                             "supervision": {"max_restarts": 2, "window_s": 60.0},
                             "processes": [entry(k, p.pid) for k, p in procs.items()]})
     clock, coord = VirtualClock(), _Map(smap)

@@ -3,7 +3,7 @@
 No I/O and no wall time: the caller passes `now` (from an injected Clock) to every call, so the
 same object runs in the coordinator process and in virtual-time tests. A node is failed once its
 silence exceeds the failure timeout: `misses` whole heartbeat intervals, but never less than
-`min_timeout_s` (default 0.5 s x 3, floored at 4 s).
+`min_timeout_s`, by default MIN_BEATS (8) intervals: 0.5 s x 3 beats, floored at 4 s.
 
 Why 4 s (issue 22): with 1.5 s, a loaded 2-core host (load 7-23) failed healthy nodes over 3 times
 in 100k pipelined GETs, because one event-loop turn or a scheduler delay starved the beats. Beats
@@ -12,7 +12,8 @@ GIL hand-off, well under a second even at load 20; 4 s leaves 3.5 s of margin ab
 and still detects a kill -9 within 5 s: silence starts at the last beat (at most one interval
 before the kill counts towards the timeout, never after it) and the coordinator checks every
 interval / 2, so a dead node is failed at most 4 s + 0.25 s after it died. Redis Cluster's node
-timeout is 15 s; a shorter floor is for tests (`min_timeout_s=0` keeps interval x misses).
+timeout is 15 s. The floor scales with the interval, so a cluster (or test) that asks for fast
+beats still gets fast detection (0.2 s beats: 1.6 s); `min_timeout_s=0` keeps interval x misses.
 The nodes' leases use the same timeout (spec.CoordinatorSpec.timeout_s): a node stops serving
 before the coordinator can fail it over.
 
@@ -30,25 +31,27 @@ from dataclasses import dataclass
 
 from mlsyskit.core.config import require
 
-MIN_TIMEOUT_S = 4.0  # the failure timeout's floor (see above): a loaded host does not fail nodes over
+MIN_BEATS = 8  # the failure timeout's default floor, in intervals (see above): 4 s at 0.5 s beats
 
 
-def failure_timeout(interval_s: float, misses: int, min_timeout_s: float) -> float:
+def failure_timeout(interval_s: float, misses: int, min_timeout_s: float | None) -> float:
     """The one rule for how long a node may be silent: the coordinator's detector and the node's
-    lease (spec.CoordinatorSpec) both use it, so a node's lease never outlives it."""
-    return max(interval_s * misses, min_timeout_s)
+    lease (spec.CoordinatorSpec) both use it, so a node's lease never outlives it.
+    min_timeout_s None: MIN_BEATS intervals."""
+    return max(interval_s * misses, MIN_BEATS * interval_s if min_timeout_s is None else min_timeout_s)
 
 
 @dataclass(frozen=True)
 class DetectorConfig:
     interval_s: float = 0.5   # how often nodes beat
     misses: int = 3           # beats missed before a node counts as failed
-    min_timeout_s: float = MIN_TIMEOUT_S  # ... but never less silence than this
+    min_timeout_s: float | None = None  # ... but never less silence than this (None: MIN_BEATS intervals)
 
     def __post_init__(self) -> None:
         require(self.interval_s > 0, f"heartbeat interval must be positive, got {self.interval_s}")
         require(self.misses >= 1, f"misses must be at least 1, got {self.misses}")
-        require(self.min_timeout_s >= 0, f"min timeout must be >= 0, got {self.min_timeout_s}")
+        require(self.min_timeout_s is None or self.min_timeout_s >= 0,
+                f"min timeout must be >= 0, got {self.min_timeout_s}")
 
     @property
     def timeout_s(self) -> float:

@@ -21,7 +21,7 @@ from mlsyskit.core.cli import env_prefix, quiet_option, run_app, verbose_option
 from mlsyskit.core.console import debug, log, set_verbosity, warn
 from mlsyskit.core.errors import RuntimeFailure, UsageError
 from mlsyskit.core.storage_errors import StorageError
-from mlsyskit.tools.kv.coord.detector import MIN_TIMEOUT_S, DetectorConfig
+from mlsyskit.tools.kv.coord.detector import DetectorConfig
 from mlsyskit.tools.kv.coord.embedded import EmbeddedCoordinator
 from mlsyskit.tools.kv.coord.failover import ShardLost
 from mlsyskit.tools.kv.coord.orchestrator import fail_over
@@ -94,8 +94,8 @@ def main(state_dir: Path = typer.Option(..., help="Directory of coord.db and the
          name: str = typer.Option("", help="This coordinator's name in status (default host:port/pid)."),
          interval: float = typer.Option(0.5, help="Heartbeat interval nodes use, seconds."),
          misses: int = typer.Option(3, help="Missed heartbeats before a node is failed over."),
-         min_timeout: float = typer.Option(MIN_TIMEOUT_S, help="... but never less silence than this, "
-                                                               "seconds (a loaded host; detector.py)."),
+         min_timeout: float = typer.Option(None, help="... but never less silence than this, seconds "
+                                                      "(default 8 intervals: a loaded host; detector.py)."),
          secret_file: Path = typer.Option(None, help="The cluster secret (hex; `bespokv up` passes "
                                                       "<data-dir>/cluster.secret): clients must prove it "
                                                       "before any request. Without it anyone who reaches "

@@ -12,7 +12,7 @@ from typing import Any
 
 from mlsyskit.core.config import ConfigError, require
 from mlsyskit.tools.kv.coord.client import CoordClient
-from mlsyskit.tools.kv.coord.detector import MIN_TIMEOUT_S, failure_timeout
+from mlsyskit.tools.kv.coord.detector import failure_timeout
 from mlsyskit.tools.kv.peerauth import read_secret
 
 
@@ -24,7 +24,7 @@ class CoordinatorSpec:
     interval_s: float = 0.5
     misses: int = 3
     secret_file: str | None = None  # the cluster secret the embedded coordinator's clients prove
-    min_timeout_s: float = MIN_TIMEOUT_S  # the failure timeout's floor (coord/detector.py: why 4 s)
+    min_timeout_s: float | None = None  # the failure timeout's floor (None: 8 intervals; detector.py)
 
     def __post_init__(self) -> None:
         require(self.kind in ("embedded", "zookeeper"), f"unknown coordinator kind {self.kind!r}")
@@ -57,15 +57,15 @@ class CoordinatorSpec:
         return CoordClient(list(self.addrs), timeout_s=timeout_s, secret=self.secret())
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"url": self.url(), "interval_s": self.interval_s, "misses": self.misses,
-             "min_timeout_s": self.min_timeout_s}
+        d = {"url": self.url(), "interval_s": self.interval_s, "misses": self.misses}
+        d |= {} if self.min_timeout_s is None else {"min_timeout_s": self.min_timeout_s}
         return d | ({"secret_file": self.secret_file} if self.secret_file else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CoordinatorSpec:
         spec = parse_coordinator(d["url"], float(d.get("interval_s", 0.5)), int(d.get("misses", 3)))
         return replace(spec, secret_file=d.get("secret_file"),
-                       min_timeout_s=float(d.get("min_timeout_s", MIN_TIMEOUT_S)))
+                       min_timeout_s=None if d.get("min_timeout_s") is None else float(d["min_timeout_s"]))
 
 
 def parse_coordinator(url: str, interval_s: float = 0.5, misses: int = 3) -> CoordinatorSpec:

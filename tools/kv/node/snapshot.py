@@ -2,10 +2,10 @@
 
 SNAPBEGIN token seq, then SNAPDATA token k v k v ... (at most CHUNK_BYTES of keys and values
 each, controlets/streamparts.py; a larger value as SNAPPART token key piece messages of CHUNK_BYTES
-and a SNAPDATA with its last piece), then SNAPEND token seq, all on the same FIFO link as every later Send (controlets/stream.py
-explains why a non-atomic export is still exact: every stream message sent after SNAPBEGIN is
+and a SNAPDATA with its last piece), then SNAPEND token seq, all on the same FIFO link as every
+later Send (controlets/stream.py explains why a non-atomic export is still exact: every stream message sent after SNAPBEGIN is
 replayed by the receiver after SNAPEND, and every write overwrites a whole key). So the export
-yields to the event loop after each batch, a local datalet's too: a large shard's copy no longer
+yields to the event loop after each chunk, a local datalet's too: a large shard's copy no longer
 blocks the source's heartbeats (a 64 MB copy made it miss enough of them to be failed over).
 A source that empties its own datalet meanwhile (it began a catch-up) stops without SNAPEND, so a
 half-old, half-empty export is never completed; the receiver's deadline makes it ask again.
