@@ -101,7 +101,7 @@ def test_non_finite_gradient_names_the_parameter():
         engine.begin_step()
         loss = model(data())
         assert torch.isfinite(loss)
-        with pytest.raises(NonFiniteError, match="the gradient of b.bias is not finite at step 1"):
+        with pytest.raises(NonFiniteError, match="the gradient of b.bias at step 1 is not finite"):
             engine.backward(loss)
 
 
