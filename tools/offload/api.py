@@ -81,8 +81,9 @@ def profile(model: nn.Module, step: Callable[[nn.Module], torch.Tensor], *, name
 
 
 def lr_problem(lr: object, beta1: float = 0.9) -> str | None:
-    """Why `lr` cannot drive AdamW in fp32 (None when it can): a tensor lr, a non-finite or non-positive one,
-    one below fp32's smallest normal number, or one whose step size lr / (1 - beta1) overflows fp32."""
+    """Why `lr` cannot drive AdamW in fp32 (None when it can): a tensor lr, a non-finite or negative one, a
+    positive one below fp32's smallest normal number, or one whose step size lr / (1 - beta1) overflows fp32
+    (0 is allowed: a param group that must not change)."""
     if isinstance(lr, torch.Tensor):
         return "a tensor lr is not supported (the engine reads lr as a number at every step); use a float"
     try:
@@ -90,9 +91,9 @@ def lr_problem(lr: object, beta1: float = 0.9) -> str | None:
     except (TypeError, ValueError):
         return f"lr must be a number, got {lr!r}"
     fp32 = torch.finfo(torch.float32)
-    if not math.isfinite(value) or value <= 0:
-        return f"lr must be a positive finite number, got {lr}"
-    if value < fp32.tiny or value / max(1e-12, 1.0 - beta1) > fp32.max:
+    if not math.isfinite(value) or value < 0:
+        return f"lr must be a finite number >= 0, got {lr}"
+    if 0 < value < fp32.tiny or value / max(1e-12, 1.0 - beta1) > fp32.max:
         return f"lr {lr} is not representable in fp32 AdamW (step size lr/(1-beta1) must lie in [{fp32.tiny:.3g}, " \
                f"{fp32.max:.3g}])"
     return None

@@ -82,6 +82,7 @@ class TrainConfig:
         require(self.steps > 0, "steps must be positive")
         require(self.checkpoint_every >= 0 and self.warmup_steps >= 0, "checkpoint_every and warmup_steps must be >= 0")
         require((why := lr_problem(self.lr)) is None, f"--lr: {why}")
+        require(self.lr > 0, f"--lr must be positive, got {self.lr}")
         require(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
         require(self.policy in ("tencache", "on-demand", "lru"),
                 f"unknown policy {self.policy!r}; policies: tencache, on-demand, lru")
