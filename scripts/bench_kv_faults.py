@@ -16,9 +16,9 @@ a failed run is replayed by `bespokv check --mode M --seed S` with the same sett
     .venv/bin/python scripts/bench_kv_faults.py --recovery --repeats 3 --out runs/kv_recovery
 
 Recovery (issue 15; check/recovery.py): 1x3 clusters under the embedded coordinator with the
-default heartbeat (0.5 s, failed after 3 missed), each figure per repeat: failure detection
-(<= 2 s), write unavailability when the ms-sc head dies (<= 5 s), read unavailability when the
-ms-sc tail dies (<= 2 s), catch-up rate of a replacement replica (>= 50 MB/s on loopback);
+default heartbeat (0.5 s; failed after max(3 missed, 8 intervals) = 4 s, issue 22), each figure per repeat:
+failure detection (<= 5 s), write unavailability when the ms-sc head dies (<= 5 s), read unavailability when the
+ms-sc tail dies (<= 5 s, the detection bound), catch-up rate of a replacement replica (>= 50 MB/s on loopback);
 the table shows the median and the worst repeat, the JSON every repeat. A second table: kill -9 of
 the head of a `bespokv up` cluster to its supervisor's empty replacement serving (no target).
 
@@ -92,7 +92,7 @@ def targets(summary: dict) -> dict:
     return met
 
 
-RECOVERY_TARGETS = {"detection_s": ("<=", 2.0), "write_outage_s": ("<=", 5.0), "read_outage_s": ("<=", 2.0),
+RECOVERY_TARGETS = {"detection_s": ("<=", 5.0), "write_outage_s": ("<=", 5.0), "read_outage_s": ("<=", 5.0),
                     "catch_up_mb_per_s": (">=", 50.0)}
 
 

@@ -49,7 +49,7 @@ def up(shards: int = typer.Option(None, "--shards", help="Number of shards S (de
                                        help="embedded (default: a coordinator process keeping the map in SQLite), "
                                             "zookeeper://HOST:PORT[,...]/ROOT, or none (no failover)."),
        heartbeat: float = typer.Option(None, "--heartbeat",
-                                       help="Seconds between node heartbeats (0.5); failed over after 3 missed."),
+                                       help="Seconds between node heartbeats (0.5); a node is failed over after 3 missed and at least 8 intervals (4 s), so a busy host is not mistaken for a dead one."),
        hosts: Path = typer.Option(None, "--hosts", help="TOML file of [[host]] name, address, exec: places the "
                                                        "nodes on several hosts (replicas of a shard apart)."),
        host: str = typer.Option(None, "--host", help="Address of the proxy and coordinator (127.0.0.1); "
@@ -207,7 +207,7 @@ def check(mode: str = typer.Option(None, "--mode", help="Controlet under test: m
                                           help="none (default: no failover), embedded, or "
                                                "zookeeper://HOST:PORT/ROOT: nodes heartbeat, fail over, rejoin."),
           heartbeat: float = typer.Option(None, "--heartbeat", help="With a coordinator: heartbeat interval, "
-                                                                    "s (0.5; failed after 3 missed)."),
+                                                                    "s (0.5; failed after >= 8 intervals, 4 s)."),
           history: Path = typer.Option(None, "--history", dir_okay=False,
                                        help="Re-check a saved history.jsonl instead of running a cluster."),
           seed: int = seed_option(None, "Master seed of the workload and the nemesis schedule (0)."),

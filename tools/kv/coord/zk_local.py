@@ -66,7 +66,9 @@ class LocalZooKeeper:
     def _write_config(self, i: int) -> None:
         d = self.workdir / f"zk{i + 1}"
         (d / "data").mkdir(parents=True, exist_ok=True)
-        lines = [f"tickTime={self.tick_ms}", "initLimit=10", "syncLimit=5", f"dataDir={d / 'data'}",
+        lines = [f"tickTime={self.tick_ms}", "initLimit=10", "syncLimit=5",
+                 # grant the sessions nodes ask for (failure_timeout: >= 8 heartbeats, 4 s by default) whatever the tick
+                 "maxSessionTimeout=60000", f"dataDir={d / 'data'}",
                  f"clientPort={self.client_ports[i]}", "clientPortAddress=127.0.0.1",
                  "admin.enableServer=false", "4lw.commands.whitelist=ruok,srvr,stat,mntr,envi"]
         if len(self.client_ports) > 1:
