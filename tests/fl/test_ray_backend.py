@@ -47,13 +47,19 @@ def ray_address():
         "--metrics-export-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
         "--runtime-env-agent-port")}
     manager = ProcManager()
+    # Ray >= 2.5x turns token auth on by itself once ~/.ray/auth_token exists (a local ray.init() writes
+    # one, e.g. test_ray_local's), and then this head and the client disagree about the token: say it
+    # for both, so the test does not depend on what the home folder holds.
+    saved_mode = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     log = temp / "head.log"
     out = log.open("w")
     head = manager.start([str(binary), "start", "--head", "--block", "--port", str(port), "--node-ip-address",
                           "127.0.0.1", "--num-cpus", "2", "--include-dashboard", "false", "--disable-usage-stats",
                           "--object-store-memory", str(100 * 1024 * 1024), "--temp-dir", str(temp),
                           *[x for pair in ports.items() for x in pair]],
-                         env={"RAY_USAGE_STATS_ENABLED": "0"}, stdout=out, stderr=subprocess.STDOUT)
+                         env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}, stdout=out,
+                         stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 180
         while "Ray runtime started" not in log.read_text():
@@ -72,6 +78,10 @@ def ray_address():
             time.sleep(0.1)  # polling for the group to be gone, with a deadline
         out.close()
         shutil.rmtree(temp, ignore_errors=True)
+        if saved_mode is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved_mode
 
 
 @pytest.fixture(scope="module")
