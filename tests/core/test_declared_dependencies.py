@@ -17,7 +17,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # which extra a source file belongs to; core modules used by one or two tools only belong to them
 PARTS = {
     "tools/offload": ["offload"], "tools/fl": ["fl"], "tools/sched": ["sched"], "tools/kv": ["kv"],
-    "core/memory.py": ["offload"], "core/copy_kernels.py": ["offload"],
     "core/rpc.py": ["fl", "sched"], "core/rpc_base.py": ["fl", "sched"], "core/rpc_client.py": ["fl", "sched"],
     "core/rpc_codec.py": ["fl", "sched"], "core/rpc_tls.py": ["fl", "sched"],
 }

@@ -107,7 +107,6 @@ class JobConfig:
     fill_timeout_s: float = 5.0  # then wait up to this long for per_round connected clients before selecting
     round_timeout_s: float = 30.0  # per-round deadline for updates (virtual seconds in simulation)
     max_update_bytes: int = 16 * 1024 * 1024
-    max_norm_ratio: float = 10.0  # an update whose delta norm exceeds this x the round median is rejected
     seed: int = 0
     data: DataSpec = field(default_factory=DataSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
@@ -122,7 +121,6 @@ class JobConfig:
         require(self.fill_timeout_s >= 0, "fill_timeout_s must be non-negative")
         require(self.round_timeout_s > 0, "round_timeout_s must be positive")
         require(self.max_update_bytes > 0, "max_update_bytes must be positive")
-        require(self.max_norm_ratio > 1, "max_norm_ratio must exceed 1")
         require(self.scheduler == "" or self.scheduler.replace("-", "").isalnum(),
                 f"scheduler must be a scheduler name, got {self.scheduler!r}")
 
