@@ -84,7 +84,7 @@ def test_clear_errors(tmp_path):
         (["train", *SMALL_ARGS, "--device-mem", "lots"], "cannot parse size 'lots'"),
         (["train", *SMALL_ARGS, "--resume"], "--resume needs --checkpoint-dir"),
         (["train", *SMALL_ARGS, "--checkpoint-every", "-2"], "checkpoint_every and warmup_steps must be >= 0"),
-        (["train", *SMALL_ARGS, "--lr", "0"], "lr must be a positive finite number"),
+        (["train", *SMALL_ARGS, "--lr", "0"], "--lr must be positive, got 0.0"),
         (["train", *SMALL_ARGS, "--lr", "inf"], "lr: expected a finite number, got inf"),
         (["train", *SMALL_ARGS, "--nvme-dir", str(nvme), "--keep-checkpoints", "0"], "keep_checkpoints must be >= 1"),
         (["train", *SMALL_ARGS, "--nvme-dir", str(nvme), "--checkpoint-dir", str(tmp_path / "no-ckpt")],

@@ -49,7 +49,7 @@ def test_duplicate_job_names_are_refused(tmp_path):
 def test_absurd_arrival_times_are_refused(tmp_path):
     path = tmp_path / "w.csv"
     path.write_text("name,time,application,num_replicas,batch_size\na,1e300,bert,1,384\n")
-    with pytest.raises(WorkloadError, match=r"time a number of seconds in \[0, 1e\+09\]"):
+    with pytest.raises(WorkloadError, match=r"time must be in \[0, 1e\+09\] seconds"):
         load_pollux(path, TRUTH, 0, 6)
     path = tmp_path / "p.csv"
     path.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n0,600,1,600,c1\n1e300,600,1,600,c1\n")
