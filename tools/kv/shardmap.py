@@ -1,42 +1,67 @@
-"""Sharding: consistent hashing with virtual nodes, and the cluster's shard map.
+"""Sharding by Redis Cluster hash slots, and the cluster's shard map.
 
-Keys hash with blake2b (stable across processes and runs, unlike Python's hash()) onto a
-ring of 64-bit points; each shard owns `vnodes` points, and a key belongs to the shard of
-the first point at or after its hash. Adding a shard moves only about 1/S of the keys.
+A key's slot is CRC16 (XMODEM, as Redis Cluster computes it) of the key mod 16384, or of the part
+between the first `{` and the next `}` when that part is not empty (a hash tag: `{user1}.a` and
+`{user1}.b` share a slot and so a shard). Each shard owns one or more contiguous slot ranges; by
+default the 16384 slots are split into equal contiguous ranges in shard order, which is what
+`CLUSTER SLOTS` reports (frontend/cluster.py), so a Redis Cluster client and a node agree on the
+owner of every key. bespokv never moves slots between shards (the shard count is fixed for a
+cluster's life), so the ranges change only with a map that says so; no `ASK` redirect ever arises.
+(Before issue 22 keys were placed on a blake2b ring: a multi-shard cluster's data written by such
+a version is found on other shards now and must be reloaded.)
 
 The shard map is plain data (JSON on the wire and on disk): the configuration epoch, the
-controlet and datalet names, each shard's replicas in role order, and each node's address.
+controlet and datalet names, each shard's replicas in role order, each shard's slot ranges and
+each node's address.
 """
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
+from binascii import crc_hqx
 from dataclasses import dataclass, field
 
 from mlsyskit.core.config import ConfigError, require
 
+SLOTS = 16384
+SlotRanges = tuple[tuple[int, int], ...]  # inclusive (first, last) slot ranges of one shard
+
 
 def hash64(data: bytes) -> int:
+    """A stable 64-bit hash (blake2b; Python's hash() changes per process): digests, buckets, RNG seeds."""
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
-class HashRing:
-    """Maps keys to shard indices with `vnodes` virtual points per shard."""
+def key_slot(key: bytes) -> int:
+    """Redis Cluster's slot of a key: CRC16-XMODEM of the key (or of its non-empty {hash tag}) mod 16384."""
+    start = key.find(b"{")
+    if start >= 0:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            key = key[start + 1:end]
+    return crc_hqx(key, 0) & (SLOTS - 1)
 
-    def __init__(self, shards: int, vnodes: int = 128) -> None:
-        require(shards >= 1, f"a ring needs at least one shard, got {shards}")
-        require(vnodes >= 1, f"vnodes must be at least 1, got {vnodes}")
-        points = sorted((hash64(b"shard-%d#%d" % (s, v)), s) for s in range(shards) for v in range(vnodes))
-        self.shards = shards
-        self._hashes = [h for h, _ in points]
-        self._owners = [s for _, s in points]
 
-    def shard_for(self, key: bytes) -> int:
-        if self.shards == 1:
-            return 0
-        i = bisect.bisect_left(self._hashes, hash64(key))
-        return self._owners[i if i < len(self._owners) else 0]
+def even_slots(shards: int) -> tuple[SlotRanges, ...]:
+    """The 16384 slots in `shards` contiguous ranges of equal size (+-1), in shard order."""
+    require(1 <= shards <= SLOTS, f"need 1..{SLOTS} shards, got {shards}")
+    bounds = [s * SLOTS // shards for s in range(shards + 1)]
+    return tuple(((bounds[s], bounds[s + 1] - 1),) for s in range(shards))
+
+
+def slot_owners(slots: tuple[SlotRanges, ...]) -> bytes:
+    """slot -> shard index as one byte per slot; every slot must be owned exactly once."""
+    require(len(slots) <= 255, "at most 255 shards")
+    owner = bytearray(b"\xff" * SLOTS)
+    for shard, ranges in enumerate(slots):
+        for first, last in ranges:
+            require(0 <= first <= last < SLOTS, f"slot range {first}-{last} is not within 0-{SLOTS - 1}")
+            if owner[first:last + 1].count(0xFF) != last + 1 - first:
+                raise ConfigError(f"slot range {first}-{last} of shard {shard} overlaps another shard's")
+            owner[first:last + 1] = bytes([shard]) * (last + 1 - first)
+    missing = owner.find(b"\xff")
+    require(missing < 0, f"slot {missing} belongs to no shard")
+    return bytes(owner)
 
 
 @dataclass(frozen=True)
@@ -48,14 +73,14 @@ class NodeAddr:
 
 @dataclass(frozen=True)
 class ShardMap:
-    """Who holds what: shards -> replica node ids (role order), node ids -> addresses."""
+    """Who holds what: shards -> replica node ids (role order) and slot ranges, node ids -> addresses."""
 
     epoch: int
     controlet: str
     datalet: str
     shards: tuple[tuple[str, ...], ...]
     nodes: dict[str, NodeAddr] = field(hash=False)
-    vnodes: int = 128
+    slots: tuple[SlotRanges, ...] | None = None  # None: even_slots(len(shards))
 
     def __post_init__(self) -> None:
         require(self.epoch >= 0, "epoch must be non-negative")
@@ -64,23 +89,25 @@ class ShardMap:
             require(len(replicas) >= 1, "every shard needs at least one replica")
             for n in replicas:
                 require(n in self.nodes, f"replica {n!r} has no address in the shard map")
-        object.__setattr__(self, "_ring", HashRing(len(self.shards), self.vnodes))
+        if self.slots is None:
+            object.__setattr__(self, "slots", even_slots(len(self.shards)))
+        require(len(self.slots) == len(self.shards), f"{len(self.slots)} slot lists for {len(self.shards)} shards")
+        object.__setattr__(self, "_owner", slot_owners(self.slots))
         object.__setattr__(self, "_shard_of_node",
                            {n: s for s, reps in enumerate(self.shards) for n in reps})
 
-    @property
-    def ring(self) -> HashRing:
-        return self._ring  # type: ignore[attr-defined]
-
     def shard_for(self, key: bytes) -> int:
-        return self._ring.shard_for(key)  # type: ignore[attr-defined]
+        return self._owner[key_slot(key)]  # type: ignore[attr-defined]
+
+    def shard_of_slot(self, slot: int) -> int:
+        return self._owner[slot]  # type: ignore[attr-defined]
 
     def shard_of_node(self, node_id: str) -> int | None:
         return self._shard_of_node.get(node_id)  # type: ignore[attr-defined]
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "controlet": self.controlet, "datalet": self.datalet,
-                "vnodes": self.vnodes, "shards": [list(r) for r in self.shards],
+                "shards": [list(r) for r in self.shards], "slots": [[list(r) for r in s] for s in self.slots],
                 "nodes": {n: {"host": a.host, "port": a.port} for n, a in self.nodes.items()}}
 
     def to_json(self) -> str:
@@ -90,9 +117,10 @@ class ShardMap:
     def from_dict(cls, d: dict) -> ShardMap:
         try:
             nodes = {n: NodeAddr(n, a["host"], int(a["port"])) for n, a in d["nodes"].items()}
+            slots = d.get("slots")
             return cls(epoch=int(d["epoch"]), controlet=str(d["controlet"]), datalet=str(d["datalet"]),
                        shards=tuple(tuple(r) for r in d["shards"]), nodes=nodes,
-                       vnodes=int(d.get("vnodes", 128)))
+                       slots=None if slots is None else tuple(tuple((int(a), int(b)) for a, b in s) for s in slots))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"malformed shard map: {e!r}") from None
 
@@ -102,7 +130,7 @@ class ShardMap:
 
 
 def layout(controlet: str, datalet: str, shards: int, replicas: int, host: str, ports: list[int],
-           epoch: int = 1, vnodes: int = 128) -> ShardMap:
+           epoch: int = 1) -> ShardMap:
     """The standard layout: node `s{i}r{j}` is replica j of shard i, on ports[i * replicas + j]."""
     require(shards >= 1 and replicas >= 1, "shards and replicas must be at least 1")
     require(len(ports) == shards * replicas, f"need {shards * replicas} ports, got {len(ports)}")
@@ -110,4 +138,4 @@ def layout(controlet: str, datalet: str, shards: int, replicas: int, host: str, 
     nodes = {n: NodeAddr(n, host, ports[s * replicas + r])
              for s in range(shards) for r, n in enumerate(ids[s])}
     return ShardMap(epoch=epoch, controlet=controlet, datalet=datalet,
-                    shards=tuple(tuple(r) for r in ids), nodes=nodes, vnodes=vnodes)
+                    shards=tuple(tuple(r) for r in ids), nodes=nodes)

@@ -13,11 +13,14 @@ import hiredis
 from mlsyskit.tools.kv.client.pipeline import ConnectionLost
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, FLUSH, GET, PUT
 from mlsyskit.tools.kv.redis import queries, resp, resp3, rmw, values
+from mlsyskit.tools.kv.shardmap import ShardMap, key_slot
 
 PEER_MESSAGE = b"BKV.MSG"  # BKV.MSG epoch src kind fields...: one-way, authenticated peers only
 PEER_NONCE = b"BKV.NONCE"
 PEER_AUTH = b"BKV.AUTH"
 UNREACHABLE = "cannot reach"  # how a link that gave up connecting fails its queued calls (links.py)
+# Every way a call fails before its frame was written (links.py, client/pipeline.py): never applied.
+NEVER_SENT = (UNREACHABLE, "more than", "link to", "connection is closed")
 FLUSH_SHARD = b"BKV.FLUSHSHARD"  # FLUSHALL's part for the shard that owns the key given
 
 
@@ -117,8 +120,8 @@ def relay_answer(req: Request, fut: asyncio.Future) -> bytes:
             if req.parent is not None and req.op is GET and str(exc).startswith("WRONGTYPE"):
                 return resp.NULL  # MGET answers nil for a key of another kind
             return resp.error(str(exc))
-        if isinstance(exc, ConnectionLost) and str(exc).startswith(UNREACHABLE):
-            # the link never connected, so the request was never sent: the shard is down from here
+        if isinstance(exc, ConnectionLost) and str(exc).startswith(NEVER_SENT):
+            # the link never connected (or closed, or gave up) with it still queued: it was never sent
             return resp.error(f"CLUSTERDOWN the shard's node is unreachable, not applied: {exc}")
         return resp.error(f"TRYAGAIN forward failed: {exc}")  # it may have been sent: the outcome is unknown
     value = fut.result()
@@ -131,3 +134,41 @@ def relay_answer(req: Request, fut: asyncio.Future) -> bytes:
     if req.op is PUT:
         return resp.OK
     return resp.integer(int(value))
+
+
+# -- riding through a failover and redirecting cluster clients (issue 22) -------------------------
+# Answers that say the operation was refused before anything ran: safe to send again, whatever it is.
+NOT_APPLIED = (b"-CLUSTERDOWN", b"-TRYAGAIN fenced:", b"-TRYAGAIN not serving yet:")
+
+
+def idempotent(req: Request) -> bool:
+    """Running it twice has the effect and the answer of running it once: reads (GET, EXISTS and the
+    typed queries) and a plain SET. Not DEL (a second one answers 0), INCR, RPUSH, APPEND, SETNX, SET
+    with options, EXPIRE ... (every read-modify-write): their outcome must not be guessed."""
+    if req.op is GET or req.op is EXISTS or req.op is FLUSH:
+        return True
+    return req.op is PUT and req.rmw is None
+
+
+def worth_retrying(req: Request, payload: bytes) -> bool:
+    """Whether an answer is a failure that a retry may turn into the right answer: a refusal before
+    execution (any request), or an unknown outcome (-TRYAGAIN) of an idempotent request."""
+    if payload[:1] != b"-":
+        return False
+    if payload.startswith(NOT_APPLIED):
+        return True
+    return payload.startswith(b"-TRYAGAIN") and idempotent(req)
+
+
+def shard_order(controlet_cls: Any, replicas: tuple[str, ...]) -> list[str]:
+    """A shard's replicas as a cluster client sees them: its write point(s) first, then the rest."""
+    first = list(controlet_cls.write_targets(replicas))
+    return first + [n for n in replicas if n not in first]
+
+
+def moved(smap: ShardMap, controlet_cls: Any, key: bytes) -> bytes:
+    """Redis Cluster's redirect for a key this node does not hold: -MOVED slot host:port of the
+    write point of the shard that owns the key's slot."""
+    slot = key_slot(key)
+    addr = smap.nodes[shard_order(controlet_cls, smap.shards[smap.shard_of_slot(slot)])[0]]
+    return b"-MOVED %d %s:%d\r\n" % (slot, addr.host.encode(), addr.port)

@@ -28,15 +28,17 @@ from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.tools.kv.controlets import Controlet, controlet_class
 from mlsyskit.tools.kv.controlets.base import (
     EXISTS,
+    FLUSH,
     GET,
     PUT,
     ControletOptions,
 )
 from mlsyskit.tools.kv.datalets import Datalet
-from mlsyskit.tools.kv.node.control import ControlledNode
+from mlsyskit.tools.kv.node.control import ControlledNode, LeaseExpired
 from mlsyskit.tools.kv.node.interpreter import Interpreter
 from mlsyskit.tools.kv.node.links import Link
-from mlsyskit.tools.kv.node.requests import PEER_MESSAGE, Request, read_answer, relay_answer, write_reply
+from mlsyskit.tools.kv.node.requests import PEER_MESSAGE, Request, moved, read_answer, write_reply
+from mlsyskit.tools.kv.node.ridethrough import Rider
 from mlsyskit.tools.kv.redis import resp
 from mlsyskit.tools.kv.shardmap import ShardMap
 
@@ -100,6 +102,8 @@ class Node(ControlledNode):
                       "datalet_errors": 0, "sends_dropped": 0, "link_give_ups": 0,
                       "rejected_connections": 0, "output_limit_closes": 0}
         self.actions = Interpreter(datalet, self, self.stats)
+        self.rider = Rider(self)  # forwards, holding and retrying them across a failover (ridethrough.py)
+        self.redirect = False  # True: answer -MOVED for another shard's key, as a Redis Cluster node does
         self.execute = self.actions.execute  # the controlet's actions, in order (node/interpreter.py)
 
     @staticmethod
@@ -108,9 +112,10 @@ class Node(ControlledNode):
 
     def _refresh_fast_paths(self) -> None:
         """Hot path: ops this replica answers from its own synchronous datalet; off while catching up."""
+        # Runs after every peer message, so it reads no clock: under a lease the fast paths are the
+        # leased ones, which check the lease per operation (a lapsed one is refused there).
         c = self.controlet
-        ready = c is not None and c.ready and not self.deposed and (
-            self.lease_until is None or self.clock.now() < self.lease_until)
+        ready = c is not None and c.ready and not self.deposed
         if ready == self._fast_ready:
             return
         self._fast_ready = ready
@@ -118,9 +123,15 @@ class Node(ControlledNode):
         if not local:
             self.fast_get = self.fast_put = None
             return
-        get = self.datalet.get if self.lease_until is None else self._leased_get
-        self.fast_get = get if c.serves_locally(GET) else None
-        self.fast_put = self.datalet.put if c.serves_locally(PUT) and self.lease_until is None else None
+        leased = self.lease_until is not None
+        self.fast_get = (self._leased_get if leased else self.datalet.get) if c.serves_locally(GET) else None
+        self.fast_put = (self._leased_put if leased else self.datalet.put) if c.serves_locally(PUT) else None
+
+    def _leased_put(self, key: bytes, value: bytes) -> None:
+        """A chain of one's SET under a lease: applied only while the lease holds (as _leased_get reads)."""
+        if self.clock.now() >= self.lease_until:
+            raise LeaseExpired(f"{self.node_id}: lease lapsed")
+        self.datalet.put(key, value)
 
     # -- lifecycle -----------------------------------------------------------
     async def open(self) -> None:
@@ -212,6 +223,10 @@ class Node(ControlledNode):
                 self.controlet.now = self.clock.now()
             self.execute(self.controlet.on_client(req))
             return
+        if self.redirect and self.shard is not None and req.parent is None and req.op is not FLUSH:
+            # a single-key command for another shard's key (multi-key parts and FLUSHALL's are forwarded)
+            req.complete(moved(self.map, self.controlet_cls, req.key))
+            return
         shard = self.map.shard_for(req.key)
         replicas = self.map.shards[shard]
         targets = (self.controlet_cls.read_targets(replicas) if req.op is GET or req.op is EXISTS
@@ -226,9 +241,7 @@ class Node(ControlledNode):
             self.forward(req, targets[0])
 
     def forward(self, req: Request, node_id: str) -> None:
-        self.stats["forwarded"] += 1
-        fut = self.link(node_id).call_frame(req.frame())
-        fut.add_done_callback(lambda f: req.complete(relay_answer(req, f)))
+        self.rider.forward(req, node_id)
 
     def on_peer_message(self, peer: str, peer_bytes: bytes, cmd: list) -> None:
         """BKV.MSG epoch src kind fields... from an authenticated peer; other epochs are fenced off."""

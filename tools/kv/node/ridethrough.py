@@ -1,0 +1,141 @@
+"""Riding through a failover: a forwarded request that failed because its shard is changing owner
+is held and sent again under the newer map, instead of answering -TRYAGAIN (issue 22).
+
+Every request a node sends on to another node goes through `Rider.forward`: the proxy's, and a
+replica's forward to its shard's write point or read point. When the answer says the request
+never ran (-CLUSTERDOWN: the link never delivered it; a fenced or not-yet-serving replica refused
+it), or says its outcome is unknown (-TRYAGAIN: the connection died after the send, a write
+timed out) and the request is idempotent (a read or a plain SET: node/requests.idempotent), the
+request is held and routed again from the start (`node.submit`: the current map, the current
+controlet) with core.retry's backoff until it gets a final answer or RIDE_THROUGH_S has passed
+since it was held; then the last answer goes to the client. A non-idempotent write whose outcome
+is unknown (INCR, RPUSH, APPEND, DEL, SET NX ...) is never sent again: the client gets the
+-TRYAGAIN, as a Redis Cluster client should for a write that may have happened (sending it again
+could apply it twice; redis-py and Jedis leave that choice to the caller too).
+
+Order: once a client connection has a held request, its later forwarded requests queue behind it
+and are sent one at a time in arrival order, so a pipelined SET k 1, SET k 2 cannot be applied
+2-then-1 by a retry. Requests on other connections are unaffected.
+
+RIDE_THROUGH_S covers a kill -9: detection within 5 s (8 missed heartbeats of 0.5 s, issue 22
+item 3), the new map committed and fetched (the proxy polls every heartbeat) and the new write
+point's take-over; a longer outage still ends in the -CLUSTERDOWN/-TRYAGAIN it always was.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import deque
+from typing import Any
+
+from mlsyskit.core.retry import Backoff, retry_async
+from mlsyskit.tools.kv.node.requests import Request, relay_answer, worth_retrying
+
+RIDE_THROUGH_S = 10.0
+RETRY_INITIAL_S, RETRY_CAP_S = 0.05, 0.5
+
+
+class Attempt(Request):
+    """One more try of a held request: a copy routed afresh whose answer resolves `done`."""
+
+    __slots__ = ("done",)
+
+    def __init__(self, orig: Request, done: asyncio.Future) -> None:
+        super().__init__(orig.op, orig.key, orig.value, orig.conn, orig.parent, orig.index)
+        self.rmw, self.reply, self.done = orig.rmw, orig.reply, done
+
+    def complete(self, payload: bytes) -> None:
+        if self.payload is not None:
+            Request.duplicate_completions += 1
+            return
+        self.payload = payload
+        if not self.done.done():
+            self.done.set_result(payload)
+
+
+class _Again(Exception):
+    def __init__(self, payload: bytes) -> None:
+        super().__init__(payload[:80])
+        self.payload = payload
+
+
+def origin(req: Request) -> Any:
+    """The client connection a request came on (a multi-key command's part: its parent's)."""
+    return req.conn if req.parent is None else getattr(req.parent, "conn", None)
+
+
+class Rider:
+    def __init__(self, node: Any, window_s: float | None = None, seed: int = 0) -> None:
+        self.node = node
+        # None: RIDE_THROUGH_S on a node that follows a coordinator (node.agent), else 0 -- without
+        # a control plane no new map ever comes, so holding a request would only delay its error
+        self.window_s = window_s
+        self.rng = random.Random(seed)
+        self.held: dict[Any, deque[tuple[Request, float]]] = {}  # connection -> its held requests, in order
+        self.stats = {"held": 0, "retries": 0, "rode_through": 0, "gave_up": 0}
+
+    def forward(self, req: Request, node_id: str) -> None:
+        if self.held and type(req) is not Attempt:
+            queue = self.held.get(origin(req))
+            if queue is not None:  # keep this connection's order behind what it has held
+                queue.append((req, self.node.clock.now()))
+                return
+        self.node.stats["forwarded"] += 1
+        fut = self.node.link(node_id).call_frame(req.frame())
+        fut.add_done_callback(lambda f: self._answered(req, f))
+
+    def _answered(self, req: Request, fut: asyncio.Future) -> None:
+        payload = relay_answer(req, fut)
+        if type(req) is Attempt or self.window() <= 0 or not worth_retrying(req, payload):
+            req.complete(payload)
+            return
+        self.hold(req)
+
+    def window(self) -> float:
+        if self.window_s is not None:
+            return self.window_s
+        return RIDE_THROUGH_S if self.node.agent is not None else 0.0
+
+    def hold(self, req: Request) -> None:
+        """Hold a request whose forward failed retriably; it is retried in its connection's order."""
+        self.stats["held"] += 1
+        key = origin(req)
+        queue = self.held.get(key)
+        if queue is None:
+            queue = self.held[key] = deque()
+            self.node.spawn(self._drain(key, queue))
+        queue.append((req, self.node.clock.now()))
+
+    async def _drain(self, key: Any, queue: deque) -> None:
+        try:
+            while queue:
+                req, since = queue[0]
+                payload = await self._retry(req, since)
+                queue.popleft()
+                req.complete(payload)
+        finally:
+            if self.held.get(key) is queue:
+                del self.held[key]
+
+    async def _retry(self, req: Request, since: float) -> bytes:
+        loop = asyncio.get_running_loop()
+        clock = self.node.clock
+
+        async def attempt() -> bytes:
+            self.stats["retries"] += 1
+            done = loop.create_future()
+            self.node.submit(Attempt(req, done))
+            payload = await done
+            if worth_retrying(req, payload):
+                raise _Again(payload)
+            return payload
+
+        try:
+            payload = await retry_async(attempt, retriable=lambda e: isinstance(e, _Again),
+                                        deadline_s=max(0.0, since + self.window() - clock.now()),
+                                        backoff=Backoff(RETRY_INITIAL_S, RETRY_CAP_S, self.rng), clock=clock)
+        except _Again as last:
+            self.stats["gave_up"] += 1
+            return last.payload
+        self.stats["rode_through"] += 1
+        return payload
