@@ -43,10 +43,15 @@ def key_slot(key: bytes) -> int:
 
 
 def even_slots(shards: int) -> tuple[SlotRanges, ...]:
-    """The 16384 slots in `shards` contiguous ranges of equal size (+-1), in shard order."""
-    require(1 <= shards <= SLOTS, f"need 1..{SLOTS} shards, got {shards}")
-    bounds = [s * SLOTS // shards for s in range(shards + 1)]
-    return tuple(((bounds[s], bounds[s + 1] - 1),) for s in range(shards))
+    """The 16384 slots in `shards` contiguous ranges of equal size (+-1), in shard order: the split
+    `redis-cli --cluster create` makes for as many masters (0-5460, 5461-10922, 10923-16383 for 3)."""
+    require(1 <= shards <= 255, f"need 1..255 shards, got {shards}")
+    per, first, out = SLOTS / shards, 0, []
+    for i in range(shards):
+        last = SLOTS - 1 if i == shards - 1 else max(first, int(i * per + per - 1 + 0.5))
+        out.append(((first, last),))
+        first = last + 1
+    return tuple(out)
 
 
 def slot_owners(slots: tuple[SlotRanges, ...]) -> bytes:

@@ -53,13 +53,14 @@ def encode(x: Any, protocol: int = 2) -> bytes:
 
 
 def roles(smap: ShardMap, controlet_cls: Any, down: frozenset[str] = frozenset()) -> list[list[str]]:
-    """Per shard, its nodes master first: the write point, unless it is known down; then the rest."""
+    """Per shard, its nodes master first: the write point, unless it is known down; then the rest,
+    the ones known down last."""
     out = []
     for replicas in smap.shards:
         order = shard_order(controlet_cls, replicas)
         alive = [n for n in order if n not in down]
         master = alive[0] if alive else order[0]
-        out.append([master] + [n for n in order if n != master])
+        out.append([master] + [n for n in alive if n != master] + [n for n in order if n in down and n != master])
     return out
 
 

@@ -50,6 +50,7 @@ def serve_node(data_dir: Path, node_id: str | None) -> None:
     def make(current: ShardMap) -> Node:
         node = Node(current, node_id, datalet, secret=secret, requirepass=requirepass)
         node.routes = routes
+        node.redirect = True  # a node answers -MOVED for another shard's key, as Redis Cluster's do
         return node
     coordinator = record.get("coordinator")
     if coordinator is None:

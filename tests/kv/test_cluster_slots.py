@@ -1,0 +1,183 @@
+"""Issue 22 item 4 as pure objects: Redis Cluster's slot math, the redirect and retry decisions, the
+CLUSTER replies, and the rider's hold-and-retry on a virtual clock (no sockets, no servers)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from mlsyskit.core.clock import VirtualClock
+from mlsyskit.core.config import ConfigError
+from mlsyskit.tools.kv.client.pipeline import ConnectionLost
+from mlsyskit.tools.kv.controlets import controlet_class
+from mlsyskit.tools.kv.controlets.base import DEL, GET, PUT, RMW
+from mlsyskit.tools.kv.frontend.cluster import hex_id, nodes_reply, shards_reply, slots_reply
+from mlsyskit.tools.kv.node.requests import Request, idempotent, moved, shard_order, worth_retrying
+from mlsyskit.tools.kv.node.ridethrough import Rider
+from mlsyskit.tools.kv.shardmap import SLOTS, ShardMap, even_slots, key_slot, layout
+
+
+def test_key_slot_is_redis_clusters_crc16_with_hash_tags() -> None:
+    assert key_slot(b"123456789") == 0x31C3  # the CRC16-XMODEM check value
+    assert key_slot(b"foo") == 12182 and key_slot(b"bar") == 5061  # CLUSTER KEYSLOT on Redis 7
+    assert key_slot(b"{user1000}.following") == key_slot(b"{user1000}.followers") == key_slot(b"user1000")
+    assert key_slot(b"foo{}{bar}") == key_slot(b"foo{}{bar}") != key_slot(b"bar")  # empty tag: whole key
+    assert key_slot(b"foo{{bar}}zap") == key_slot(b"{bar")  # from the first { to the next }
+    assert key_slot(b"foo{bar}{zap}") == key_slot(b"bar")
+    assert all(0 <= key_slot(b"k%d" % i) < SLOTS for i in range(1000))
+
+
+def test_even_slots_match_redis_cli_create_and_every_slot_has_one_owner() -> None:
+    assert even_slots(3) == (((0, 5460),), ((5461, 10922),), ((10923, 16383),))
+    assert even_slots(1) == (((0, 16383),),)
+    smap = layout("ms-sc", "memory", 3, 2, "127.0.0.1", list(range(7001, 7007)))
+    assert [smap.shard_of_slot(s) for s in (0, 5460, 5461, 10922, 10923, 16383)] == [0, 0, 1, 1, 2, 2]
+    assert smap.shard_for(b"foo") == smap.shard_of_slot(12182) == 2
+
+
+def test_custom_slot_ranges_round_trip_and_bad_ones_are_refused() -> None:
+    smap = layout("ms-sc", "memory", 2, 1, "127.0.0.1", [7001, 7002])
+    ranges = (((0, 99), (200, 16383)), ((100, 199),))
+    custom = ShardMap(2, smap.controlet, smap.datalet, smap.shards, smap.nodes, slots=ranges)
+    again = ShardMap.from_json(custom.to_json())
+    assert again.slots == ranges and again.shard_of_slot(150) == 1 and again.shard_of_slot(250) == 0
+    with pytest.raises(ConfigError, match="belongs to no shard"):
+        ShardMap(2, smap.controlet, smap.datalet, smap.shards, smap.nodes, slots=(((0, 99),), ((100, 199),)))
+    with pytest.raises(ConfigError, match="overlaps"):
+        ShardMap(2, smap.controlet, smap.datalet, smap.shards, smap.nodes,
+                 slots=(((0, 16383),), ((100, 199),)))
+    with pytest.raises(ConfigError, match="within"):
+        ShardMap(2, smap.controlet, smap.datalet, smap.shards, smap.nodes, slots=(((0, 16384),), ((5, 5),)))
+
+
+def test_moved_names_the_slot_and_the_write_point_of_its_shard() -> None:
+    smap = layout("ms-sc", "memory", 2, 3, "127.0.0.1", list(range(7001, 7007)))
+    chain = controlet_class("ms-sc")
+    assert shard_order(chain, ("a", "b", "c")) == ["a", "b", "c"]  # head first
+    assert moved(smap, chain, b"foo") == b"-MOVED 12182 127.0.0.1:7004\r\n"  # shard 1's head s1r0
+    assert moved(smap, chain, b"bar") == b"-MOVED 5061 127.0.0.1:7001\r\n"
+    assert moved(smap, chain, b"{bar}x") == b"-MOVED 5061 127.0.0.1:7001\r\n"
+
+
+def _req(op: str, rmw: list[bytes] | None = None) -> Request:
+    req = Request(op, b"k", b"v" if op is PUT else None, None)
+    req.rmw = rmw
+    return req
+
+
+def test_what_may_be_sent_again() -> None:
+    get, put, dele, incr = _req(GET), _req(PUT), _req(DEL), _req(RMW, [b"INCR", b"k"])
+    assert idempotent(get) and idempotent(put) and not idempotent(dele) and not idempotent(incr)
+    never_ran = (b"-CLUSTERDOWN the shard's node is unreachable, not applied: x\r\n",
+                 b"-TRYAGAIN fenced: s0r0 is not in the shard map\r\n", b"-TRYAGAIN not serving yet: x\r\n")
+    unknown = b"-TRYAGAIN forward failed: connection lost\r\n"
+    for req in (get, put, dele, incr):
+        assert all(worth_retrying(req, p) for p in never_ran)  # refused before it ran: anything goes again
+        assert not worth_retrying(req, b"+OK\r\n") and not worth_retrying(req, b"-ERR wrong type\r\n")
+    assert worth_retrying(get, unknown) and worth_retrying(put, unknown)  # idempotent: again is harmless
+    assert not worth_retrying(incr, unknown) and not worth_retrying(dele, unknown)  # may have happened
+
+
+def test_cluster_replies_name_the_write_point_or_its_successor_when_it_refuses() -> None:
+    smap = layout("ms-sc", "memory", 2, 3, "127.0.0.1", list(range(7001, 7007)))
+    chain = controlet_class("ms-sc")
+    table = slots_reply(smap, chain)
+    assert table[0][:3] == [0, 8191, ["127.0.0.1", 7001, hex_id("s0r0")]]
+    assert [e[1] for e in table[1][2:]] == [7004, 7005, 7006]
+    down = slots_reply(smap, chain, frozenset({"s0r0"}))
+    assert [e[1] for e in down[0][2:]] == [7002, 7003, 7001] and down[1] == table[1]
+    shards = shards_reply(smap, chain, frozenset({"s0r0"}))
+    assert shards[0]["slots"] == [0, 8191]
+    assert [(n["port"], n["role"], n["health"]) for n in shards[0]["nodes"]] == [
+        (7002, "master", "online"), (7003, "replica", "online"), (7001, "replica", "failed")]
+    lines = nodes_reply(smap, chain, "s1r1").decode().splitlines()
+    assert len(lines) == 6 and lines[0].endswith("connected 0-8191") and "myself,slave" in lines[4]
+    assert len(hex_id("s0r0")) == 40
+
+
+class FakeLink:
+    """A link to a dead node: calls fail on the next loop turn, never sent or lost after the send."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def call_frame(self, frame: bytes) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        fut.get_loop().call_soon(fut.set_exception, ConnectionLost(self.message))
+        return fut
+
+
+class FakeNode:
+    """The rider's node: before `failover_at` (virtual s) every request is forwarded to the dead
+    write point; after it this node is the write point and applies what it gets, in order."""
+
+    def __init__(self, message: str, failover_at: float = 4.0) -> None:
+        self.clock = VirtualClock()
+        self.agent = object()  # follows a coordinator: the rider rides through
+        self.failover_at = failover_at
+        self.stats = {"forwarded": 0}
+        self.applied: list[bytes] = []
+        self.message = message
+        self.rider = Rider(self)
+        self.tasks: set[asyncio.Task] = set()
+
+    def link(self, node_id: str) -> FakeLink:
+        return FakeLink(self.message)
+
+    def submit(self, req: Request) -> None:
+        if self.clock.now() < self.failover_at:
+            self.rider.forward(req, "dead")
+            return
+        self.applied.append(req.value or req.key)
+        req.complete(b"+OK\r\n" if req.op is PUT else b":1\r\n")
+
+    def spawn(self, work) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+class Conn:
+    def __init__(self) -> None:
+        self.answers: list[bytes] = []
+
+    def slot_done(self, req: Request) -> None:
+        self.answers.append(req.payload)
+
+
+def _run(node: FakeNode, requests: list[Request]) -> None:
+    async def body() -> None:
+        for req in requests:
+            node.submit(req)
+        while any(r.payload is None for r in requests):
+            await asyncio.sleep(0)
+    asyncio.run(asyncio.wait_for(body(), 10))
+
+
+def test_held_writes_ride_through_in_their_connections_order() -> None:
+    node, conn = FakeNode("connection lost: closed by peer"), Conn()  # sent, then the head died
+    writes = [Request(PUT, b"k", b"v%d" % i, conn) for i in range(5)]
+    _run(node, writes)
+    assert conn.answers == [b"+OK\r\n"] * 5 and node.applied == [b"v%d" % i for i in range(5)]
+    assert node.rider.stats["rode_through"] == 5 and node.rider.stats["gave_up"] == 0
+    assert node.clock.now() >= node.failover_at and not node.rider.held
+
+
+def test_a_non_idempotent_write_of_unknown_outcome_is_not_sent_again() -> None:
+    node, conn = FakeNode("connection lost: closed by peer"), Conn()
+    incr = Request(RMW, b"n", None, conn)
+    incr.rmw = [b"INCR", b"n"]
+    _run(node, [incr])
+    assert conn.answers[0].startswith(b"-TRYAGAIN forward failed") and node.applied == []
+
+
+def test_a_never_sent_incr_rides_through_and_an_endless_outage_ends_in_its_error() -> None:
+    node, conn = FakeNode("cannot reach 127.0.0.1:1: refused"), Conn()
+    incr = Request(RMW, b"n", None, conn)
+    incr.rmw = [b"INCR", b"n"]
+    _run(node, [incr])
+    assert conn.answers == [b":1\r\n"] and node.applied == [b"n"]  # never ran before: safe to send
+    down, conn = FakeNode("cannot reach 127.0.0.1:1: refused", failover_at=1e9), Conn()
+    _run(down, [Request(GET, b"k", None, conn)])
+    assert conn.answers[0].startswith(b"-CLUSTERDOWN") and down.rider.stats["gave_up"] == 1
+    assert 10.0 <= down.clock.now() <= 11.0  # RIDE_THROUGH_S, then the error it always was
