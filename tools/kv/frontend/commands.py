@@ -13,7 +13,7 @@ from typing import Any
 from mlsyskit.core import __version__
 from mlsyskit.tools.kv import peerauth
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT, RMW
-from mlsyskit.tools.kv.frontend import admin, keyspace
+from mlsyskit.tools.kv.frontend import admin, cluster, keyspace
 from mlsyskit.tools.kv.frontend.session import Session
 from mlsyskit.tools.kv.node.requests import FLUSH_SHARD, PEER_AUTH, PEER_MESSAGE, PEER_NONCE, Ready
 from mlsyskit.tools.kv.redis import queries, resp, resp3, rmw, values
@@ -59,7 +59,7 @@ def cmd_rmw(conn: Session, cmd: list) -> None:
     """Every write but plain SET/DEL (INCR, SET EX/NX, EXPIRE, LPUSH, HSET, ZADD ...): resolved
     at the shard's write point and replicated as the key's whole new value (redis/rmw.py)."""
     try:
-        command = rmw.parse(cmd, max_bytes=conn.limits.max_value_bytes)
+        command = rmw.parse(cmd)
     except rmw.RmwSyntaxError as e:
         return conn.reply(resp.error(f"ERR {e}"))
     key = command[1]
@@ -256,7 +256,7 @@ HANDLERS: dict[bytes, Any] = {
     b"DISCARD": admin.cmd_discard, b"WATCH": admin.cmd_watch, b"UNWATCH": admin.cmd_unwatch,
     b"BKV.SHARDMAP": cmd_shardmap, b"BKV.DIGEST": cmd_digest,
     PEER_MESSAGE: cmd_peer, PEER_NONCE: cmd_nonce, PEER_AUTH: cmd_peer_auth,
-    **dict.fromkeys(rmw.COMMANDS, cmd_rmw), **keyspace.HANDLERS,
+    **dict.fromkeys(rmw.COMMANDS, cmd_rmw), **keyspace.HANDLERS, **cluster.HANDLERS,
     **dict.fromkeys(queries.READS, cmd_query), rmw.REAP: cmd_rmw,
 }
 # Between nodes only: another shard's key listing, FLUSHALL's part for one shard, and the expiry
