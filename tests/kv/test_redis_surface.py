@@ -148,7 +148,7 @@ def test_client_command_config_and_hello_are_truthful() -> None:
         assert info[0][:2] == [b"get", 2]
         assert r.config_get("maxclients") == {"maxclients": "50"}
         assert r.config_get("no-such-parameter") == {}
-        assert r.config_get("proto-max-bulk-len")["proto-max-bulk-len"] == str(512 * 1024 * 1024)
+        assert r.config_get("proto-max-bulk-len")["proto-max-bulk-len"] == str(Limits().max_value_bytes)
         hello = redis.Redis(*addr(tc), protocol=3).execute_command("HELLO", "3")
         assert hello[b"mode"] == b"standalone" and hello[b"server"] == b"bespokv"
         with pytest.raises(redis.ResponseError):

@@ -130,7 +130,8 @@ def config_values(conn: Session) -> dict[bytes, bytes]:
     limits = conn.node.limits
     return {
         b"maxclients": b"%d" % limits.max_clients,
-        b"proto-max-bulk-len": b"%d" % limits.max_bulk_bytes,
+        b"proto-max-bulk-len": b"%d" % limits.max_value_bytes,  # the largest value; longer bulks get an error
+        b"client-query-buffer-limit": b"%d" % limits.max_request_bytes,  # longer requests close the connection
         b"client-output-buffer-limit": b"normal %d 0 0" % limits.max_output_bytes,
         b"requirepass": conn.node.requirepass or b"",
         b"databases": b"1",

@@ -59,7 +59,7 @@ def cmd_rmw(conn: Session, cmd: list) -> None:
     """Every write but plain SET/DEL (INCR, SET EX/NX, EXPIRE, LPUSH, HSET, ZADD ...): resolved
     at the shard's write point and replicated as the key's whole new value (redis/rmw.py)."""
     try:
-        command = rmw.parse(cmd)
+        command = rmw.parse(cmd, max_bytes=conn.limits.max_value_bytes)
     except rmw.RmwSyntaxError as e:
         return conn.reply(resp.error(f"ERR {e}"))
     key = command[1]

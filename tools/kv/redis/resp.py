@@ -47,10 +47,13 @@ class Limits:
     """Front-end limits: requests over them get a RESP error instead of consuming the server."""
 
     max_key_bytes: int = 16 * 1024
-    max_value_bytes: int = 4 * 1024 * 1024
-    max_request_bytes: int = 16 * 1024 * 1024
+    # A key's value: a string's length or a collection's stored size; CONFIG GET proto-max-bulk-len
+    # reports it. Redis allows 512 MiB; bespokv's documented lower limit is 64 MiB. A bulk over it is
+    # read (up to max_request_bytes, CONFIG GET client-query-buffer-limit) and answered with an error.
+    max_value_bytes: int = 64 * 1024 * 1024
+    max_request_bytes: int = 128 * 1024 * 1024
     max_args: int = 64 * 1024
-    max_bulk_bytes: int = 512 * 1024 * 1024  # Redis's proto-max-bulk-len: refused at the header
+    max_bulk_bytes: int = 512 * 1024 * 1024  # a bulk header over min(this, max_request_bytes) closes the connection
     max_output_bytes: int = 256 * 1024 * 1024  # replies waiting for one client; past it, it is closed
     max_clients: int = 10_000  # Redis's maxclients
 

@@ -32,14 +32,20 @@ class RmwSyntaxError(ValueError):
     """The command's arguments are wrong (answered at once, never sent to the shard)."""
 
 
+MAX_VALUE_BYTES = resp.Limits.max_value_bytes  # the default limit on a key's value (proto-max-bulk-len)
+
+
 class Command(list):
-    """A client command (its bytes arguments) and the Unix-ms instant it takes effect at."""
+    """A client command (its bytes arguments), the Unix-ms instant it takes effect at, and the
+    largest value it may leave behind (the front end's max_value_bytes: a string's length, a
+    collection's stored size)."""
 
-    __slots__ = ("now_ms",)
+    __slots__ = ("max_bytes", "now_ms")
 
-    def __init__(self, parts, now_ms: int = 0) -> None:
+    def __init__(self, parts, now_ms: int = 0, max_bytes: int = MAX_VALUE_BYTES) -> None:
         super().__init__(parts)
         self.now_ms = now_ms
+        self.max_bytes = max_bytes
 
 
 Handler = Callable[[list, Entry | None, int], tuple[Entry | None, bytes]]
@@ -178,14 +184,14 @@ def _arity_ok(arity: int, n: int) -> bool:
     return n == arity if arity > 0 else n >= -arity
 
 
-def parse(cmd: list[bytes], now_ms: int = 0) -> Command:
+def parse(cmd: list[bytes], now_ms: int = 0, max_bytes: int = MAX_VALUE_BYTES) -> Command:
     """Validate a read-modify-write command (arity, then its arguments, by a dry run on an
     absent key: handlers are pure); returns it with the name upper-cased."""
     name = cmd[0].upper()
     arity, handler = WRITES[name]
     if not _arity_ok(arity, len(cmd)):
         raise RmwSyntaxError(f"wrong number of arguments for '{name.decode().lower()}' command")
-    command = Command([name, *cmd[1:]], now_ms)
+    command = Command([name, *cmd[1:]], now_ms, max_bytes)
     try:
         handler(command, None, now_ms)
     except datatypes.CommandError as e:
@@ -208,7 +214,26 @@ def apply(cmd: list[bytes], current: bytes | None) -> tuple[bytes | None, bytes]
         after, answer = entry, values.WRONGTYPE
     except (RmwSyntaxError, datatypes.CommandError) as e:
         after, answer = entry, resp.error(f"ERR {e}")
-    return values.encode(after), answer
+    stored = values.encode(after)
+    refused = too_large(after, stored, current, getattr(cmd, "max_bytes", MAX_VALUE_BYTES))
+    return (current, refused) if refused else (stored, answer)
+
+
+def too_large(after: Entry | None, stored: bytes | None, current: bytes | None, limit: int) -> bytes | None:
+    """The error for a command that would grow a key's value past `limit`, else None. Checked at
+    the write point before anything is applied or replicated, so a refused command changes nothing
+    on any replica (the key's current bytes are written back, as for any command that changes
+    nothing). A string counts its length (Redis's proto-max-bulk-len check in APPEND/SETRANGE), a
+    collection its stored size; a value that only shrinks is never refused."""
+    if after is None or stored is None or (current is not None and len(stored) <= len(current)):
+        return None
+    if after.kind == STRING:
+        return b"-ERR string exceeds maximum allowed size (proto-max-bulk-len %d)\r\n" % limit \
+            if len(after.data) > limit else None
+    if len(stored) <= limit:
+        return None
+    return (b"-ERR the %b would exceed the maximum size of a value (proto-max-bulk-len %d bytes as stored); "
+            b"nothing was changed\r\n" % (values.TYPE_NAMES[after.kind], limit))
 
 
 STATUS_ANSWERS = {b"SET", b"SETEX", b"PSETEX", b"LSET", b"LTRIM", b"HMSET", b"TYPE"}  # +simple strings
