@@ -40,6 +40,7 @@ from mlsyskit.tools.kv.controlets.base import (
     Reply,
     Send,
     SendStored,
+    StreamFailure,
 )
 from mlsyskit.tools.kv.redis import values
 from mlsyskit.tools.kv.shardmap import hash64
@@ -231,6 +232,24 @@ class LastWriterWins(Entering, Controlet):
         if pull:
             out.append(Send(src, b"AEPULL", tuple(pull)))
         return out
+
+    def on_apply_failed(self, req: Any) -> list[Action]:
+        """A write failed here (answered with the error when it was a client's; then nothing was sent).
+        The version table must say what the datalet holds, not what failed to land, or anti-entropy
+        would count this replica as holding it: a local datalet's key is read back, a remote one's
+        forgotten (anti-entropy then brings the newest version from the other replicas)."""
+        key = req.key if type(req) is StreamFailure else None
+        if key is None:
+            return []
+        old = self.versions.pop(key, None)
+        if old is not None:
+            bucket = hash64(key) % BUCKETS
+            self.digests[bucket] ^= _entry_hash(key, old)
+            self.bucket_keys[bucket].discard(key)
+        raw = self.read_local(key) if self.read_local is not None else None
+        if raw is not None:
+            self.on_load(key, raw)
+        return []
 
     def state(self) -> dict[str, Any]:
         return {**super().state(), "role": "replica", "counter": self.counter,

@@ -74,10 +74,12 @@ from mlsyskit.tools.kv.controlets.base import (
     Read,
     Reply,
     Send,
+    StreamFailure,
     op_code,
     stored,
 )
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
+from mlsyskit.tools.kv.controlets.undo import failed_message
 from mlsyskit.tools.kv.redis import rmw
 
 TIMED_OUT = f"{TRYAGAIN} not acknowledged by every replica in time; a write may still be applied"
@@ -92,6 +94,7 @@ class SequencedActiveActive(OrderedStream):
     topology = "aa"
     consistency = "strong"
     STREAM = b"SEQ"
+    UNDO = True  # a write that fails on any replica is taken back on all (undo.py)
 
     def __init__(self, node_id: str, replicas: Sequence[str], epoch: int, options: Any = None,
                  incarnation: int = 0) -> None:
@@ -112,6 +115,7 @@ class SequencedActiveActive(OrderedStream):
         self.held: dict[int, tuple[bytes, Any, str | None, Any, float]] = {}  # id -> (key, req, src, rid, deadline)
         self.reported = -1  # a replica: the position it last reported (AT) to the sequencer
         self.prompted: dict[str, int] = {}  # the sequencer: position last sent to a lagging replica
+        self.unstable: deque[tuple[int, str, Any]] = deque()  # the sequencer: (slot, origin, rid) not yet stable
 
     @property
     def slot(self) -> int:
@@ -173,6 +177,9 @@ class SequencedActiveActive(OrderedStream):
     def _release(self) -> list[Action]:
         """Positions moved: forget writes every replica has, grant the held reads that are now stable."""
         stable = self.stable
+        self.committed = max(self.committed, stable)  # every replica applied it: final (undo.py)
+        while self.unstable and self.unstable[0][0] <= stable:
+            self.unstable.popleft()
         while self.write_order and self.write_order[0][0] <= stable:
             slot, key = self.write_order.popleft()
             if self.last_write.get(key) == slot:
@@ -231,7 +238,8 @@ class SequencedActiveActive(OrderedStream):
             return [Send(self.sequencer, b"READ", (rid, req.key))]
         self.writes[rid] = (req, set(), deadline)
         if op is RMW:  # at a replica: the sequencer computes it, this replica keeps the deadline
-            return [Send(self.sequencer, b"SUBMITRMW", (rid, req.key, getattr(req.rmw, "now_ms", 0), *req.rmw))]
+            return [Send(self.sequencer, b"SUBMITRMW", (rid, req.key, getattr(req.rmw, "now_ms", 0),
+                                                         getattr(req.rmw, "max_bytes", rmw.MAX_VALUE_BYTES), *req.rmw))]
         fields = (rid, op_code(op), req.key, req.value if op is PUT else b"")  # FLUSH: code F
         if self.is_sequencer:
             return self._sequence(self.node_id, *fields)
@@ -247,23 +255,24 @@ class SequencedActiveActive(OrderedStream):
             self.write_order.append((self.applied, key))
         fields = (self.applied, origin, rid, code, key, value)  # one tuple: the runtime encodes it once
         self.record(fields)  # kept for catch-up by log tail (streamlog.py)
+        self.unstable.append((self.applied, origin, rid))
         out: list[Action] = [Send(n, b"SEQ", fields) for n in self.others]
-        out[:0] = self._applied(origin, int(rid), code, key, value)
+        out[:0] = self._applied(origin, int(rid), code, key, value, self.applied)
         return out
 
     def _sequence_rmw(self, origin: str, fields: Sequence[Any]) -> list[Action]:
         """Sequencer: compute a replica's read-modify-write here, answer it to the origin, sequence it."""
-        rid, key, now_ms = fields[0], fields[1], int(fields[2])
-        after, answer = rmw.apply(rmw.Command(list(fields[3:]), now_ms), self.read_local(key))
+        rid, key, now_ms, max_bytes = fields[0], fields[1], int(fields[2]), int(fields[3])
+        after, answer = rmw.apply(rmw.Command(list(fields[4:]), now_ms, max_bytes), self.read_local(key))
         code, value = (b"P", after) if after is not None else (b"D", b"")
         return [Send(origin, b"RMWAT", (rid, answer))] + self._sequence(origin, rid, code, key, value)
 
-    def _applied(self, origin: str, rid: int, code: bytes, key: bytes, value: bytes) -> list[Action]:
+    def _applied(self, origin: str, rid: int, code: bytes, key: bytes, value: bytes, slot: int) -> list[Action]:
         """This replica applies a sequenced write: count it toward the origin's answer."""
         if origin != self.node_id:
-            return [stored(code, key, value), Send(origin, b"WACK", (rid,))]
+            return [stored(code, key, value, None, slot), Send(origin, b"WACK", (rid,))]
         entry = self.writes.get(rid)
-        out: list[Action] = [stored(code, key, value, entry[0] if entry else None)]
+        out: list[Action] = [stored(code, key, value, entry[0] if entry else None, slot)]
         return out + self._count_ack(rid, self.node_id)
 
     def _count_ack(self, rid: int, replica: str) -> list[Action]:
@@ -279,7 +288,7 @@ class SequencedActiveActive(OrderedStream):
     def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
         _, origin, rid, code, key, value = fields
         origin = origin.decode() if isinstance(origin, bytes) else origin
-        return self._applied(origin, int(rid), code, key, value)
+        return self._applied(origin, int(rid), code, key, value, seq)
 
     def on_peer(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
         if kind == b"SEQ":
@@ -357,16 +366,31 @@ class SequencedActiveActive(OrderedStream):
         self.held.clear()
         return out
 
+    def undo_waiting(self, seq: int, reason: str, skip: Any, rids: Any = ()) -> tuple[list[Action], tuple]:
+        """Slots >= seq are taken back: the sequencer names their (origin, rid) in the ROLLBACK and
+        forgets their reads' bookkeeping (reads wait until every replica confirms seq - 1 again);
+        every replica fails the named writes it holds."""
+        carried, self.reported = tuple(rids), -1  # a replica's position moved back: report it again
+        if self.is_sequencer:
+            carried = tuple(x for s, o, r in self.unstable if s >= seq for x in (o, r))
+            self.unstable = deque(e for e in self.unstable if e[0] < seq)
+            self.write_order = deque(e for e in self.write_order if e[0] < seq)
+            self.last_write = {k: s for k, s in self.last_write.items() if s < seq}
+            self.positions_seen = {n: min(p, seq - 1) for n, p in self.positions_seen.items()}
+            self.floor = max(self.floor, seq - 1)
+        mine = (self.node_id, self.node_id.encode())
+        held = [(i, self.writes.pop(int(carried[i + 1]), None)) for i in range(0, len(carried) - 1, 2)
+                if carried[i] in mine]
+        return [Fail(e[0], failed_message(reason, i == 0)) for i, e in held if e and e[0] is not skip], carried
+
     def on_apply_failed(self, req: Any) -> list[Action]:
-        if req is not None:
-            for rid, entry in list(self.writes.items()):
-                if entry[0] is req:
-                    del self.writes[rid]
-            return []
-        return super().on_apply_failed(req)
+        own = req.req if type(req) is StreamFailure else req  # a client write, answered with the error
+        for rid in [rid for rid, entry in self.writes.items() if own is not None and entry[0] is own]:
+            del self.writes[rid]
+        return [] if own is req and req is not None else super().on_apply_failed(req)
 
     def state(self) -> dict[str, Any]:
         out = {**super().state(), "role": "sequencer" if self.is_sequencer else "replica",
-               "slot": self.applied, "writes_waiting": len(self.writes),
+               "rollbacks": self.rollbacks, "slot": self.applied, "writes_waiting": len(self.writes),
                "reads_waiting": len(self.reads) + len(self.held), "timeouts": self.timeouts}
         return {**out, "stable": self.stable} if self.is_sequencer else out

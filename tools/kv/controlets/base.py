@@ -15,11 +15,15 @@ message from a peer replica -- and executes the actions it returns, in order:
                            SNAPDATA pairs, SNAPEND, on the same FIFO link as every later Send
   Reset()                  empty the local datalet (a replica about to receive a snapshot)
   SendStored(node, kind, key)  read `key`'s stored bytes and send (key, bytes) as `kind` (repair)
+  Undo(seq)                restore every numbered write >= seq this replica applied, newest first,
+                           from their before-images (an Apply with seq > 0 keeps one)
+  Commit(seq)              writes numbered <= seq are final here: forget their before-images
 
 Datalet operations are executed in issue order, and any action after a datalet operation
 waits for it, so a Reply never precedes the write it reports. A failed datalet operation
 fails its request and stops every Send computed before the failure was known (the
-controlet learns it through on_apply_failed and resynchronises). Every peer message carries
+controlet learns it through on_apply_failed: a StreamFailure when the write was numbered, and
+the strong controlets then undo the write on every replica, stream.py). Every peer message carries
 the configuration epoch and arrives only over a connection authenticated with the cluster
 secret; the runtime drops messages from another epoch (fencing), so a replica from an older
 configuration can never change this one.
@@ -51,6 +55,25 @@ class Apply(NamedTuple):
     key: bytes
     value: bytes | None
     req: Any = None
+    seq: int = 0  # > 0: the stream number of a write that may be undone (its before-image is kept)
+
+
+class Undo(NamedTuple):
+    seq: int
+
+
+class Commit(NamedTuple):
+    seq: int
+
+
+class StreamFailure(NamedTuple):
+    """What on_apply_failed receives for a failed write: its stream number (0: not numbered; -1:
+    an Undo failed), the error, the client request it answers (None: a replicated write), its key."""
+
+    seq: int
+    error: str
+    req: Any = None
+    key: bytes | None = None
 
 
 class Read(NamedTuple):
@@ -93,7 +116,7 @@ class SendStored(NamedTuple):
     key: bytes
 
 
-Action = Apply | Read | Reply | Fail | Send | Forward | Snapshot | Reset | SendStored
+Action = Apply | Read | Reply | Fail | Send | Forward | Snapshot | Reset | SendStored | Undo | Commit
 
 TRYAGAIN = "TRYAGAIN"  # Redis's "retry later" error class: the write's outcome is not known
 FENCED = f"{TRYAGAIN} fenced:"  # refused before execution: the client refreshes its map and retries
@@ -130,11 +153,11 @@ def value_of(code: bytes, value: bytes) -> bytes | None:
     return value if code == b"P" else None
 
 
-def stored(code: bytes, key: bytes, value: bytes, req: Any = None) -> Action:
+def stored(code: bytes, key: bytes, value: bytes, req: Any = None, seq: int = 0) -> Action:
     """The datalet action of a replicated write: P put, D delete, F empty the datalet."""
     if code == b"F":
         return Reset()
-    return Apply(key, value if code == b"P" else None, req)
+    return Apply(key, value if code == b"P" else None, req, seq)
 
 
 class Controlet(ABC):
@@ -207,7 +230,8 @@ class Controlet(ABC):
         return []
 
     def on_apply_failed(self, req: Any) -> list[Action]:
-        """A datalet write failed (req None: a replicated write). The runtime already failed req."""
+        """A datalet write failed: a StreamFailure (its req, when a client's, is already answered
+        with the error), or None when the datalet could not be emptied (Reset)."""
         return []
 
     def fail_pending(self, message: str) -> list[Action]:

@@ -37,10 +37,12 @@ from mlsyskit.tools.kv.controlets.base import (
     Read,
     Reply,
     Send,
+    StreamFailure,
     op_code,
     stored,
 )
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
+from mlsyskit.tools.kv.controlets.undo import failed_message
 
 TIMED_OUT = f"{TRYAGAIN} write not acknowledged by the chain tail in time; it may still be applied"
 LINK_LOST = f"{TRYAGAIN} the link down the chain failed; the write may still be applied"
@@ -53,6 +55,7 @@ class ChainReplication(OrderedStream):
     consistency = "strong"
     STREAM = b"CHAIN"
     POLL_ON_PROMOTION = False  # each replica holds a prefix of its predecessor's stream
+    UNDO = True  # a write that fails on any replica is taken back on all (undo.py)
 
     def __init__(self, node_id: str, replicas: Sequence[str], epoch: int, options: Any = None,
                  incarnation: int = 0) -> None:
@@ -109,15 +112,15 @@ class ChainReplication(OrderedStream):
                 return refused
             op = req.op
         code = op_code(op)
-        write = stored(code, req.key, req.value, req)
         if self.successor is None:  # a chain of one
-            return [write, Reply(req)]
+            return [stored(code, req.key, req.value, req), Reply(req)]
         refused = self.refuse_if_catching_up(req)
         if refused:
             return refused
         if len(self.in_flight) >= self.options.max_pending:
             return [Fail(req, OVERLOADED)]
         self.applied += 1
+        write = stored(code, req.key, req.value, req, self.applied)
         self.in_flight.append((self.applied, req, self.now + self.options.write_timeout))
         fields = (self.applied, code, req.key, req.value or b"")
         self.record(fields)
@@ -125,7 +128,7 @@ class ChainReplication(OrderedStream):
 
     def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
         code, key, value = fields[1], fields[2], fields[3]
-        apply = stored(code, key, value)
+        apply = stored(code, key, value, None, seq)
         if self.successor is None:  # acks are cumulative: one per drained read covers them all
             self.ack_due = seq
             return [apply]
@@ -138,6 +141,7 @@ class ChainReplication(OrderedStream):
             if src != self.tail or self.node_id != self.head:
                 return []  # only the tail's position releases writes
             acked = int(fields[0])
+            self.committed = max(self.committed, acked)  # the tail applied it: so did every replica
             out: list[Action] = []
             while self.in_flight and self.in_flight[0][0] <= acked:
                 out.append(Reply(self.in_flight.popleft()[1]))
@@ -189,8 +193,16 @@ class ChainReplication(OrderedStream):
         self.ack_due = 0
         return out
 
+    def undo_waiting(self, seq: int, reason: str, skip: Any, rids: Any = ()) -> tuple[list[Action], tuple]:
+        """Writes numbered >= seq are taken back: the head fails those it holds; the tail acks none."""
+        out: list[Action] = [Fail(r, failed_message(reason, s == seq)) for s, r, _ in self.in_flight
+                             if s >= seq and r is not skip]
+        self.in_flight = deque(e for e in self.in_flight if e[0] < seq)
+        self.ack_due = min(self.ack_due, seq - 1) if self.ack_due else 0
+        return out, ()
+
     def on_apply_failed(self, req: Any) -> list[Action]:
-        if req is not None:  # the head's own apply: that write is answered with the error already
+        if req is not None and type(req) is not StreamFailure:  # the head's own apply: answered already
             self.in_flight = deque(e for e in self.in_flight if e[1] is not req)
             return []
         return super().on_apply_failed(req)
@@ -200,4 +212,4 @@ class ChainReplication(OrderedStream):
         if len(self.replicas) == 1:
             role = "head+tail"
         return {**super().state(), "role": role, "seq": self.applied, "in_flight": len(self.in_flight),
-                "timeouts": self.timeouts}
+                "timeouts": self.timeouts, "rollbacks": self.rollbacks, "era": self.era}

@@ -50,10 +50,12 @@ from mlsyskit.tools.kv.controlets.base import (
     TRYAGAIN,
     Action,
     Apply,
+    Commit,
     Controlet,
     Fail,
     Reset,
     Send,
+    StreamFailure,
 )
 from mlsyskit.tools.kv.controlets.streamlog import StreamHistory
 from mlsyskit.tools.kv.controlets.streamparts import ValueParts
@@ -66,17 +68,19 @@ from mlsyskit.tools.kv.controlets.streamtail import (
     WAITING,
     LogTail,
 )
+from mlsyskit.tools.kv.controlets.undo import ROLLING, UNDO_KINDS, UndoWrites
 
 SYNC_KINDS = (b"SYNCREQ", b"SYNCBUSY", b"SNAPBEGIN", b"SNAPDATA", b"SNAPEND", b"SEQAT", b"POSQ", b"POS",
               *GATHER_KINDS)
 SYNC_KINDS += (b"SNAPCHAIN", b"LOGBEGIN", b"LOGDATA", b"LOGEND")  # the log tail (streamlog.py)
 SYNC_KINDS += (b"SNAPPART",)  # a value larger than a snapshot chunk, in parts (streamparts.py)
+SYNC_KINDS += UNDO_KINDS  # a write failed on a replica: taken back everywhere (undo.py)
 CATCHING_UP = f"{TRYAGAIN} replica is catching up; retry"  # waiting operations failed: outcome unknown
 REFUSED_CATCHING_UP = f"{NOT_SERVING} replica is catching up; retry"  # a new operation, not executed
 BEACON_S = 1.0  # an origin or relay idle this long tells its downstream replicas its position once
 
 
-class OrderedStream(LogTail, LeavingVersions, Controlet):
+class OrderedStream(LogTail, LeavingVersions, UndoWrites, Controlet):
     """A replica that applies its upstream's numbered stream in order, catching up on any gap."""
 
     STREAM: ClassVar[bytes]  # the message kind that carries the numbered stream
@@ -116,6 +120,7 @@ class OrderedStream(LogTail, LeavingVersions, Controlet):
         self.join_began: float | None = None  # a learner's join: serving again measures its catch-up
         self.join_catch_up_s = 0.0
         self.learner_copy_s = 0.0  # the snapshot this node copied as a learner before it joined
+        self.init_undo()
 
     # -- what a concrete protocol supplies ------------------------------------------
     @property
@@ -168,6 +173,7 @@ class OrderedStream(LogTail, LeavingVersions, Controlet):
         if not isinstance(old, OrderedStream):
             return super().take_over(old)
         self.applied, self.gaps, self.syncs = old.applied, old.gaps, old.syncs
+        self.inherit_undo(old)
         self.inherit_history(old)
         out = self.carry_pending(old)
         if old.mode is not READY:
@@ -218,7 +224,7 @@ class OrderedStream(LogTail, LeavingVersions, Controlet):
 
     def tick_sync(self, now: float) -> list[Action]:
         if self.mode is READY:
-            return self._beacon(now)
+            return self._beacon(now) + self.tick_commit()
         if self.mode is GATHERING:
             return self.tick_gather(now)
         if now <= self.sync_deadline:
@@ -227,7 +233,7 @@ class OrderedStream(LogTail, LeavingVersions, Controlet):
             return self.begin_sync()
         if self.mode is POLLING:  # decide with the survivors that answered
             return self._polled()
-        if self.mode is RECEIVING or self.mode is TAILING:  # the source went silent mid-copy: start over
+        if self.mode is RECEIVING or self.mode is TAILING or self.mode is ROLLING:  # silent source or origin
             return self.begin_sync()
         return self._ask_next()
 
@@ -238,8 +244,8 @@ class OrderedStream(LogTail, LeavingVersions, Controlet):
             if src == self.sync_source:
                 self.buffer.append((src, fields))
             return []
-        if self.mode is WAITING or self.mode is TAILING:
-            return []  # the snapshot or the tail will hold it
+        if self.mode is WAITING or self.mode is TAILING or self.mode is ROLLING:
+            return []  # the snapshot or the tail will hold it; or it follows a write to be undone
         if self.mode is CONFIRMING:  # the upstream's position should have come first: copy instead
             return self.begin_sync()
         seq = int(fields[0])
@@ -253,6 +259,8 @@ class OrderedStream(LogTail, LeavingVersions, Controlet):
     def on_sync_message(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
         if kind in GATHER_KINDS:
             return self.on_gather_message(src, kind, fields)
+        if kind in UNDO_KINDS:
+            return self.on_undo_message(src, kind, fields)
         if kind == b"SYNCREQ":
             if self.mode is not READY:
                 return [Send(src, b"SYNCBUSY", (fields[0],))]
@@ -317,7 +325,7 @@ class OrderedStream(LogTail, LeavingVersions, Controlet):
             self.history.restart(self.base, chain)
             self.copy["snapshots"] += 1
             self.copy["copied_bytes"] += self.sync_bytes
-            out = self.on_synced()
+            out = ([Commit(self.base)] if self.UNDO else []) + self.on_synced()  # before-images start here
             buffered, self.buffer = self.buffer, []
             for bsrc, bfields in buffered:
                 out.extend(self.on_stream(bsrc, bfields))
@@ -370,7 +378,11 @@ class OrderedStream(LogTail, LeavingVersions, Controlet):
         return None if self.mode is READY else [Fail(req, REFUSED_CATCHING_UP)]
 
     def on_apply_failed(self, req: Any) -> list[Action]:
-        """A replicated write failed here: this replica's state is unknown, so catch up again."""
+        """A replicated write failed here: undo it everywhere (undo.py), or catch up again."""
+        if type(req) is StreamFailure:
+            if req.seq:
+                return self.write_failed(req)
+            req = req.req  # an unnumbered write (ms-ec, a snapshot's pair)
         if req is not None:
             return []
         self.history.forget(self.applied)

@@ -87,6 +87,19 @@ class StreamHistory:
     def forget(self, seq: int) -> None:
         self.restart(seq, None)
 
+    def truncate(self, seq: int) -> None:
+        """Back to position `seq`: the writes after it were undone (controlets/undo.py)."""
+        if seq >= self.seq:
+            return
+        while self.entries and self.entries[-1][0] > seq:
+            self.bytes -= self.entries.pop()[3]
+        if self.chain is not None and self.entries and self.entries[-1][0] == seq:
+            self.seq, self.chain = seq, self.entries[-1][2]
+        elif self.chain is not None and seq == self.base:
+            self.seq, self.chain = seq, self.base_chain
+        else:
+            self.forget(seq)
+
     def record(self, seq: int, fields: Sequence[Any]) -> None:
         """Message `seq` was applied (or originated) here, right after seq - 1."""
         chain = self.chain

@@ -47,6 +47,17 @@ class Datalet(ABC):
     @abstractmethod
     def exists(self, key: bytes) -> Any: ...
 
+    def swap(self, key: bytes, value: bytes | None) -> Any:
+        """Write `value` (None: delete) and return what the key held before (None: absent): the
+        before-image a strong controlet keeps to undo a write that failed on another replica.
+        Remote datalets override it with one atomic command returning a future."""
+        before = self.get(key)
+        if value is None:
+            self.delete(key)
+        else:
+            self.put(key, value)
+        return before
+
     @abstractmethod
     def clear(self) -> Any:
         """Remove every key (a replica about to receive a snapshot). Remote datalets return a future."""

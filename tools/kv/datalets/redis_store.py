@@ -85,6 +85,10 @@ class RedisDatalet(Datalet):
     def delete(self, key: bytes):
         return self.conn.call(b"DEL", key)  # resolves to 1 or 0 (truthy when it existed)
 
+    def swap(self, key: bytes, value: bytes | None):
+        """SET key value GET / GETDEL key: the write and the before-image in one command (Redis >= 6.2)."""
+        return self.conn.call(b"GETDEL", key) if value is None else self.conn.call(b"SET", key, value, b"GET")
+
     def exists(self, key: bytes):
         return self.conn.call(b"EXISTS", key)
 

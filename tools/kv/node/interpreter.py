@@ -6,10 +6,15 @@ SendStored) are issued at once and in order; with a synchronous datalet and noth
 whole list runs now, else the list waits as a batch until its datalet results are in (a remote
 datalet's futures), so no list's effects overtake an earlier one's.
 
-A datalet error fails its request and stops the rest of its batch: every Send computed before the
-failure was known is dropped too (each batch carries the failure count it was made under), and
-the transport hears of it (on_apply_failed) so the controlet can catch up. A Snapshot streams the
-datalet (snapshot.py) in a task the transport runs.
+A datalet error fails its request and stops the rest of its batch: every Send (and Commit) computed
+before the failure was known is dropped too (each batch carries the failure count it was made under),
+a read computed before it is failed with -TRYAGAIN (it may see a write about to be undone), and the
+transport hears of it (on_apply_failed: a StreamFailure for a numbered write) so the controlet can
+undo the write everywhere or catch up. A numbered write (Apply.seq) keeps the key's before-image
+(undolog.py) until a Commit; an Undo restores them, newest first. An Undo is issued only once every
+datalet result before it is in (a remote datalet's images arrive with its replies), and the
+batches after it wait behind it, so nothing overtakes the restore. A Snapshot streams the datalet
+(snapshot.py) in a task the transport runs.
 
 The runtime and the simulator differ only in their Transport (how a message, a forwarded request
 and an answer reach their destination, how a task runs) and their clock, never in this.
@@ -22,7 +27,9 @@ from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from mlsyskit.tools.kv.controlets.base import (
+    TRYAGAIN,
     Apply,
+    Commit,
     Fail,
     Forward,
     Read,
@@ -31,11 +38,16 @@ from mlsyskit.tools.kv.controlets.base import (
     Send,
     SendStored,
     Snapshot,
+    StreamFailure,
+    Undo,
 )
 from mlsyskit.tools.kv.datalets.base import Datalet
 from mlsyskit.tools.kv.node.snapshot import stream_snapshot
+from mlsyskit.tools.kv.node.undolog import UndoLog
 
-DATALET_KINDS = frozenset((Apply, Reset, Read, SendStored))  # actions that start a datalet operation
+DATALET_KINDS = frozenset((Apply, Reset, Read, SendStored, Undo))  # actions that start a datalet operation
+UNISSUED = object()  # a datalet action of a batch waiting behind an Undo: issued when the batch is first
+READ_STOPPED = f"{TRYAGAIN} a write failed on this replica while this read waited; retry"
 
 
 class Transport(Protocol):
@@ -78,7 +90,10 @@ class Interpreter:
         self.transport = transport
         self.stats = stats  # datalet_errors, sends_dropped
         self.sync = datalet is not None and not datalet.is_async
-        self.queue: deque[tuple[int, list]] = deque()  # (failure count, batch) waiting on datalet results
+        # (failure count, batch, issued) waiting on datalet results; issued False: behind an Undo
+        self.queue: deque[tuple[int, list, bool]] = deque()
+        self.held = 0  # queued batches not yet issued (an Undo, and every batch after it)
+        self.undo = UndoLog()
         self.failures = 0  # datalet failures so far: batches made before the latest one drop their Sends
         self.resets = 0  # datalet emptied (a catch-up began here): a snapshot being streamed from it stops
         self._sent_fields: tuple | None = None
@@ -91,6 +106,12 @@ class Interpreter:
         if self.sync and not self.queue:
             self._run_now(actions)
             return
+        if self.held or any(type(a) is Undo for a in actions):
+            self.held += 1
+            self.queue.append((self.failures, [(a, UNISSUED if type(a) in DATALET_KINDS else None)
+                                               for a in actions], False))
+            self._drain()
+            return
         batch = []
         last = None
         for a in actions:
@@ -99,7 +120,7 @@ class Interpreter:
                 batch.append((a, last))
             else:
                 batch.append((a, None))
-        self.queue.append((self.failures, batch))
+        self.queue.append((self.failures, batch, True))
         if isinstance(last, asyncio.Future) and not last.done():
             last.add_done_callback(self._drain)
         else:
@@ -110,15 +131,30 @@ class Interpreter:
         try:
             kind = type(a)
             if kind is Apply:
+                if a.seq:
+                    return self.datalet.swap(a.key, a.value)  # the before-image, kept by _finish
                 return self.datalet.delete(a.key) if a.value is None else self.datalet.put(a.key, a.value)
             if kind is Reset:
                 self.resets += 1
+                self.undo.reset()
                 return self.datalet.clear()
+            if kind is Undo:
+                return self._undo(a.seq)
             if kind is SendStored:
                 return self.datalet.get(a.key)
             return self.datalet.get(a.req.key)  # every read needs the bytes: deadlines, types, versions
         except Exception as e:  # noqa: BLE001 - a datalet error fails the request, never the node
             return Failed(e)
+
+    def _undo(self, seq: int) -> Any:
+        """Restore the before-images of every write numbered >= seq (the last operation's result)."""
+        images = self.undo.take(seq)
+        if images is None:
+            return Failed(RuntimeError(f"cannot undo from write {seq}: its before-image is gone"))
+        last = None
+        for key, before in images:
+            last = self.datalet.delete(key) if before is None else self.datalet.put(key, before)
+        return last
 
     def _run_now(self, actions: list) -> None:
         """A synchronous datalet: every action now; after a failure the rest as _skipped says."""
@@ -136,7 +172,11 @@ class Interpreter:
     def _drain(self, _f: Any = None) -> None:
         queue = self.queue
         while queue:
-            made_under, batch = queue[0]
+            made_under, batch, issued = queue[0]
+            if not issued:
+                queue[0] = (made_under, batch, True)
+                if self._issue_held(batch):
+                    return
             for _, res in batch:
                 if isinstance(res, asyncio.Future) and not res.done():
                     return
@@ -152,12 +192,29 @@ class Interpreter:
                 elif not (stopped and self._skipped(a, failed)):
                     self._finish(a, res)
 
+    def _issue_held(self, batch: list) -> bool:
+        """Issue the datalet actions of a batch that waited behind an Undo, now that it is first;
+        True when one of them is still running (the drain resumes when it is done)."""
+        self.held -= 1
+        last = None
+        for i, (a, res) in enumerate(batch):
+            if res is UNISSUED:
+                last = self._issue(a)
+                batch[i] = (a, last)
+        if isinstance(last, asyncio.Future) and not last.done():
+            last.add_done_callback(self._drain)
+            return True
+        return False
+
     def _skipped(self, a: Any, failed: set[int]) -> bool:
-        """After a datalet failure: Sends and Snapshots made before it was known, and every action of
-        a failed request, are dropped."""
+        """After a datalet failure: Sends, Commits and Snapshots made before it was known, and every
+        action of a failed request, are dropped; reads made before it are failed (retry)."""
         kind = type(a)
-        if kind is Send or kind is Snapshot or id(getattr(a, "req", None)) in failed:
+        if kind is Send or kind is Snapshot or kind is Commit or id(getattr(a, "req", None)) in failed:
             self.stats["sends_dropped"] += kind is Send
+            return True
+        if kind is Read:
+            self.transport.fail(a.req, READ_STOPPED)
             return True
         return False
 
@@ -169,8 +226,13 @@ class Interpreter:
         if req is not None:
             failed.add(id(req))
             self.transport.fail(req, f"datalet error: {error}")
-        if type(a) is Apply or type(a) is Reset:
-            self.transport.on_apply_failed(req)
+        kind = type(a)
+        if kind is Apply:
+            self.transport.on_apply_failed(StreamFailure(a.seq, f"{error}", req, a.key))
+        elif kind is Undo:
+            self.transport.on_apply_failed(StreamFailure(-1, f"undo failed: {error}"))
+        elif kind is Reset:
+            self.transport.on_apply_failed(None)
 
     def _finish(self, a: Any, res: Any) -> None:
         """Complete an action whose datalet operation (if any) has finished: the one dispatch."""
@@ -178,8 +240,14 @@ class Interpreter:
         if kind is Send:
             self.send_message(a.node, a.kind, a.fields)
         elif kind is Apply:
-            if a.req is not None and a.value is None:
+            if a.seq:
+                self.undo.keep(a.seq, a.key, res)
+                if a.req is not None and a.value is None:
+                    a.req.existed = res is not None
+            elif a.req is not None and a.value is None:
                 a.req.existed = bool(res)
+        elif kind is Commit:
+            self.undo.commit(a.seq)
         elif kind is Reply:
             self.transport.reply(a.req)
         elif kind is Read:

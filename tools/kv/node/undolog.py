@@ -1,0 +1,61 @@
+"""Before-images of the numbered writes a replica applied and may still have to undo.
+
+The strong controlets (ms-sc, aa-sc) number their writes and mark each datalet write with its
+number (Apply.seq). The interpreter keeps what the key held before it (the datalet's swap), so
+that a write which failed on another replica can be taken back here (Undo: newest first), and
+forgets the images once the controlet says the writes are final (Commit: every replica applied
+them). A bound (bytes and entries) keeps a replica that never hears a Commit from growing
+without limit; an Undo that would need a forgotten image fails, and the replica catches up.
+"""
+from __future__ import annotations
+
+import sys
+from collections import deque
+
+ENTRY_OVERHEAD = 64  # bytes counted per kept image besides the key and value
+UNKNOWN = sys.maxsize  # after a reset: nothing can be undone until the controlet commits the snapshot's base
+
+
+class UndoLog:
+    def __init__(self, limit_bytes: int = 64 << 20, limit_entries: int = 1_000_000) -> None:
+        self.limit_bytes, self.limit_entries = limit_bytes, limit_entries
+        self.entries: deque[tuple[int, bytes, bytes | None]] = deque()  # (seq, key, before), seq order
+        self.bytes = 0
+        self.final = 0  # writes numbered <= final can no longer be undone here
+        self.undone = 0  # writes taken back so far (INFO, tests)
+
+    def keep(self, seq: int, key: bytes, before: bytes | None) -> None:
+        self.entries.append((seq, key, before))
+        self.bytes += ENTRY_OVERHEAD + len(key) + len(before or b"")
+        while self.entries and (self.bytes > self.limit_bytes or len(self.entries) > self.limit_entries):
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        seq, key, before = self.entries.popleft()
+        self.bytes -= ENTRY_OVERHEAD + len(key) + len(before or b"")
+        self.final = max(self.final, seq)
+
+    def commit(self, seq: int) -> None:
+        """Writes numbered <= seq are final (after a reset: the snapshot's base)."""
+        while self.entries and self.entries[0][0] <= seq:
+            self._drop_oldest()
+        self.final = seq if self.final == UNKNOWN else max(self.final, seq)
+
+    def reset(self) -> None:
+        """The datalet was emptied (a snapshot follows): nothing before it can be undone."""
+        self.entries.clear()
+        self.bytes = 0
+        self.final = UNKNOWN
+
+    def take(self, seq: int) -> list[tuple[bytes, bytes | None]] | None:
+        """The (key, before) pairs that undo every write numbered >= seq, newest first; None when
+        one of them may be gone (committed, trimmed by the bound, or inside a snapshot)."""
+        if seq <= self.final:
+            return None
+        out = []
+        while self.entries and self.entries[-1][0] >= seq:
+            s, key, before = self.entries.pop()
+            self.bytes -= ENTRY_OVERHEAD + len(key) + len(before or b"")
+            out.append((key, before))
+        self.undone += len(out)
+        return out
