@@ -78,7 +78,15 @@ class ClientConnection(Session):
                         key, value = cmd[1], cmd[2]
                         if type(key) is bytes and type(value) is bytes and as_is(key, value) \
                                 and (all_mine or owns(key)):
-                            fast_put(key, value)
+                            try:
+                                fast_put(key, value)
+                            except LeaseExpired:
+                                out.append(self.lease_refusal())
+                                continue
+                            except Exception as e:  # noqa: BLE001 - a datalet error fails this SET, not the connection
+                                node.stats["datalet_errors"] += 1
+                                out.append(resp.error(f"datalet error: {e}"))
+                                continue
                             out.append(ok)
                             continue
                 if not gated and type(cmd) is list and len(cmd) == 3 and cmd[0] == b"SET":

@@ -112,6 +112,7 @@ class Session(asyncio.Protocol):
         self.slots: deque[Any] = deque()
         self.out: list[bytes] = []
         self.in_batch = False
+        self.flush_due = False  # a flush is scheduled for the end of this loop turn (slot_done)
         self.transport: asyncio.Transport | None = None
         self.unacked_writes = 0
         self.unanswered_reads = 0
@@ -188,8 +189,15 @@ class Session(asyncio.Protocol):
             self.out_bytes += len(payload)
         if self.out_bytes > self.limits.max_output_bytes:
             self.over_output_limit()
-        elif not self.in_batch:
-            self.flush()
+        elif not self.in_batch and not self.flush_due and out:
+            # Completed outside this connection's own read (a chain ACK, a forwarded answer): one write
+            # at the end of this loop turn for every reply completed in it, not one write per reply.
+            self.flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush_due)
+
+    def _flush_due(self) -> None:
+        self.flush_due = False
+        self.flush()
 
     def flush(self) -> None:
         out = self.out

@@ -31,7 +31,7 @@ class Link:
         self.on_give_up = on_give_up
         self.max_queued = max_queued
         self.conn: RespConnection | None = None
-        self.pending: list[tuple[bytes, asyncio.Future | None]] = []
+        self.pending: list[tuple[bytes, asyncio.Future | Waiter | None]] = []
         self.connecting: asyncio.Task | None = None
         self.failures = 0
         self.dropped = 0
@@ -52,7 +52,18 @@ class Link:
         self._queue(frame, fut)
         return fut
 
-    def _queue(self, frame: bytes, fut: asyncio.Future | None) -> None:
+    def call_back(self, frame: bytes, fn: Callable[[Waiter], None]) -> None:
+        """call_frame without a Future: `fn(waiter)` runs as soon as the reply is parsed (or the call
+        fails), with a waiter that answers exception() and result() as a done Future does. Saves the
+        Future, its callback's loop turn and its handle per forwarded request (the proxy's hot path)."""
+        waiter = Waiter(fn)
+        if self._ready():
+            self.conn.waiters.append(waiter)  # RespConnection resolves its waiters in reply order
+            self.conn.send(frame)
+        else:
+            self._queue(frame, waiter)
+
+    def _queue(self, frame: bytes, fut: asyncio.Future | Waiter | None) -> None:
         self.pending.append((frame, fut))
         if len(self.pending) > self.max_queued:
             self._give_up(f"more than {self.max_queued} messages queued for {self.host}:{self.port}")
@@ -105,6 +116,9 @@ class Link:
         for frame, fut in pending:
             if fut is None:
                 self.conn.send(frame)
+            elif type(fut) is Waiter:
+                self.conn.waiters.append(fut)
+                self.conn.send(frame)
             else:
                 _chain(self.conn.call_frame(frame), fut)
 
@@ -125,6 +139,46 @@ class Link:
             self.connecting.cancel()
         if self.conn is not None:
             await self.conn.close()
+
+
+class Waiter:
+    """The reply half of a Future, resolved in place: RespConnection (and a link giving up) calls
+    set_result/set_exception, which run `fn(self)` at once instead of scheduling it on the loop."""
+
+    __slots__ = ("fn", "value", "error", "finished")
+
+    def __init__(self, fn: Callable[[Waiter], None]) -> None:
+        self.fn = fn
+        self.value: object = None
+        self.error: BaseException | None = None
+        self.finished = False
+
+    def done(self) -> bool:
+        return self.finished
+
+    def set_result(self, value: object) -> None:
+        self.value = value
+        self._fire()
+
+    def set_exception(self, error: BaseException) -> None:
+        self.error = error
+        self._fire()
+
+    def _fire(self) -> None:
+        self.finished = True
+        try:
+            self.fn(self)
+        except Exception as e:  # noqa: BLE001 - as a Future's callback: reported, the reader goes on
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": "exception in a link call's callback", "exception": e})
+
+    def exception(self) -> BaseException | None:
+        return self.error
+
+    def result(self) -> object:
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def _chain(src: asyncio.Future, dst: asyncio.Future) -> None:
