@@ -81,8 +81,8 @@ class Rider:
                 queue.append((req, self.node.clock.now()))
                 return
         self.node.stats["forwarded"] += 1
-        fut = self.node.link(node_id).call_frame(req.frame())
-        fut.add_done_callback(lambda f: self._answered(req, f))
+        # answered in place when the reply is parsed (links.Waiter: no Future or loop turn per request)
+        self.node.link(node_id).call_back(req.frame(), lambda f: self._answered(req, f))
 
     def _answered(self, req: Request, fut: asyncio.Future) -> None:
         payload = relay_answer(req, fut)
