@@ -239,10 +239,14 @@ def test_a_deposed_node_and_a_node_without_lease_refuse_clients(tmp_path) -> Non
 
             async def newest():
                 return new
-            following = FollowingClient(smap, newest)
+            following = FollowingClient(smap, newest, ride_through_s=0)
             with pytest.raises(KVError):
                 await following.get(b"k")  # refused by the deposed tail, then the map is fetched
             assert following.map.epoch == new.epoch and await following.get(b"k") == b"v1"
+            await following.close()
+            riding = FollowingClient(smap, newest)  # rides through: refused, the new map, the new tail
+            assert await riding.get(b"k") == b"v1" and riding.map.epoch == new.epoch
+            following = riding
             await following.close()
 
     run(body())

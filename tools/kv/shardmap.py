@@ -24,6 +24,10 @@ from dataclasses import dataclass, field
 from mlsyskit.core.config import ConfigError, require
 
 SLOTS = 16384
+# How long the proxy, a forwarding node and the smart client hold a request whose shard is getting a
+# new write point (node/ridethrough.py, client/mapfollow.py): a kill -9 is detected within 5 s
+# (8 missed heartbeats of 0.5 s), then the new map is committed, fetched and taken over.
+RIDE_THROUGH_S = 10.0
 SlotRanges = tuple[tuple[int, int], ...]  # inclusive (first, last) slot ranges of one shard
 
 

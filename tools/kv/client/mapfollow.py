@@ -1,4 +1,9 @@
-"""A smart client that follows the shard map: on a sign that the map moved on, it fetches it again.
+"""A smart client that follows the shard map: on a sign that the map moved on, it fetches it again,
+and rides through a failover: an operation that failed because its shard is changing owner is sent
+again under the newer map, for up to `ride_through_s` (kv.shardmap.RIDE_THROUGH_S by default; 0
+when it records a history, whose caller decides what to retry), through `retrying` (core.retry):
+any operation refused before it ran; a read or a SET also when its outcome is unknown; never a
+DEL whose outcome is unknown (a second one would answer 0 for a key the first deleted).
 
 A fenced refusal is recorded `fail`, not `info`: the node refused it before executing anything.
 The signs: a node refused as fenced (deposed, or without a lease), a write failed because the
@@ -17,7 +22,7 @@ from mlsyskit.core.retry import Backoff, retry_async
 from mlsyskit.tools.kv.client.smart import KVError, SmartClient
 from mlsyskit.tools.kv.controlets import controlet_class
 from mlsyskit.tools.kv.controlets.base import FENCED
-from mlsyskit.tools.kv.shardmap import ShardMap
+from mlsyskit.tools.kv.shardmap import RIDE_THROUGH_S, ShardMap
 
 MapSource = Callable[[], Awaitable[ShardMap | None]]
 HINTS = ("fenced:", "reconfigured", "catching up", "link", "forward", "CLUSTERDOWN")
@@ -30,8 +35,11 @@ def means_new_map(error: BaseException) -> bool:
 
 
 class FollowingClient(SmartClient):
-    def __init__(self, shard_map: ShardMap, fetch_map: MapSource, min_interval_s: float = 0.1, **kwargs) -> None:
+    def __init__(self, shard_map: ShardMap, fetch_map: MapSource, min_interval_s: float = 0.1,
+                 ride_through_s: float | None = None, **kwargs) -> None:
         super().__init__(shard_map, **kwargs)
+        self.ride_through_s = (ride_through_s if ride_through_s is not None
+                               else 0.0 if self.history is not None else RIDE_THROUGH_S)
         self.fetch_map = fetch_map
         self.min_interval_s = min_interval_s
         self.last_fetch = -1e9
@@ -57,17 +65,22 @@ class FollowingClient(SmartClient):
         else:
             super()._record(kind, f, key, value, node)
 
+    async def _riding(self, call: Callable[[], Awaitable], idempotent: bool):
+        if self.ride_through_s <= 0:
+            return await self._following(call())
+        return await retrying(lambda: self._following(call()), idempotent, within_s=self.ride_through_s)
+
     async def get(self, key: bytes) -> bytes | None:
-        return await self._following(super().get(key))
+        return await self._riding(lambda: SmartClient.get(self, key), True)
 
     async def put(self, key: bytes, value: bytes) -> None:
-        await self._following(super().put(key, value))
+        await self._riding(lambda: SmartClient.put(self, key, value), True)
 
     async def delete(self, key: bytes) -> bool:
-        return await self._following(super().delete(key))
+        return await self._riding(lambda: SmartClient.delete(self, key), False)
 
     async def exists(self, key: bytes) -> bool:
-        return await self._following(super().exists(key))
+        return await self._riding(lambda: SmartClient.exists(self, key), True)
 
     async def refresh(self) -> bool:
         """Fetch the map (at most once per min_interval_s); True when a newer one was adopted."""

@@ -30,8 +30,8 @@ from typing import Any
 
 from mlsyskit.core.retry import Backoff, retry_async
 from mlsyskit.tools.kv.node.requests import Request, relay_answer, worth_retrying
+from mlsyskit.tools.kv.shardmap import RIDE_THROUGH_S
 
-RIDE_THROUGH_S = 10.0
 RETRY_INITIAL_S, RETRY_CAP_S = 0.05, 0.5
 
 
