@@ -77,6 +77,9 @@ class FaultyDatalet(Datalet):
     def scan(self, start: bytes = b"", limit: int = 100) -> list[tuple[bytes, bytes]]:
         return self.inner.scan(start, limit)
 
+    def export_now(self) -> AsyncIterator[tuple[bytes, bytes]]:
+        return self.inner.export_now()
+
     async def export_pairs(self) -> AsyncIterator[tuple[bytes, bytes]]:
         async for pair in self.inner.export_pairs():
             yield pair

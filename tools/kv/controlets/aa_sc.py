@@ -75,8 +75,8 @@ from mlsyskit.tools.kv.controlets.base import (
     Reply,
     Send,
     StreamFailure,
-    op_code,
     stored,
+    wire_write,
 )
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
 from mlsyskit.tools.kv.controlets.undo import failed_message
@@ -220,12 +220,13 @@ class SequencedActiveActive(OrderedStream):
         if len(self.writes) + len(self.reads) + len(self.held) >= self.options.max_pending:
             return [Fail(req, OVERLOADED)]
         op = req.op
+        delta = None
         if op is RMW:  # computed where the shard's order is decided
             if self.is_sequencer:
                 refused = self.resolve(req)
                 if refused:
                     return refused
-                op = req.op
+                op, delta = req.op, rmw.delta_of(req.rmw)  # a collection write goes out as its command
             elif self.read_local is None:
                 return [Fail(req, RMW_NEEDS_LOCAL)]
         self.next_rid += 1
@@ -240,7 +241,8 @@ class SequencedActiveActive(OrderedStream):
         if op is RMW:  # at a replica: the sequencer computes it, this replica keeps the deadline
             return [Send(self.sequencer, b"SUBMITRMW", (rid, req.key, getattr(req.rmw, "now_ms", 0),
                                                          getattr(req.rmw, "max_bytes", rmw.MAX_VALUE_BYTES), *req.rmw))]
-        fields = (rid, op_code(op), req.key, req.value if op is PUT else b"")  # FLUSH: code F
+        code, value = wire_write(req, op, delta)  # FLUSH: code F
+        fields = (rid, code, req.key, value if op is PUT or delta is not None else b"")
         if self.is_sequencer:
             return self._sequence(self.node_id, *fields)
         return [Send(self.sequencer, b"SUBMIT", fields)]
@@ -263,8 +265,10 @@ class SequencedActiveActive(OrderedStream):
     def _sequence_rmw(self, origin: str, fields: Sequence[Any]) -> list[Action]:
         """Sequencer: compute a replica's read-modify-write here, answer it to the origin, sequence it."""
         rid, key, now_ms, max_bytes = fields[0], fields[1], int(fields[2]), int(fields[3])
-        after, answer = rmw.apply(rmw.Command(list(fields[4:]), now_ms, max_bytes), self.read_local(key))
-        code, value = (b"P", after) if after is not None else (b"D", b"")
+        command = rmw.Command(list(fields[4:]), now_ms, max_bytes)
+        after, answer = rmw.apply(command, self.read_local(key))
+        delta = rmw.delta_of(command)  # every replica computes a collection write from its command
+        code, value = (b"R", delta) if delta is not None else (b"P", after) if after is not None else (b"D", b"")
         return [Send(origin, b"RMWAT", (rid, answer))] + self._sequence(origin, rid, code, key, value)
 
     def _applied(self, origin: str, rid: int, code: bytes, key: bytes, value: bytes, slot: int) -> list[Action]:

@@ -56,6 +56,7 @@ class Apply(NamedTuple):
     value: bytes | None
     req: Any = None
     seq: int = 0  # > 0: the stream number of a write that may be undone (its before-image is kept)
+    op: Any = None  # a delta (rmw.Command): the value is what it makes of the key, computed when applied
 
 
 class Undo(NamedTuple):
@@ -148,6 +149,12 @@ def op_code(op: str) -> bytes:
     return b"P" if op == PUT else b"F" if op == FLUSH else b"D"
 
 
+def wire_write(req: Any, op: str, delta: bytes | None) -> tuple[bytes, bytes]:
+    """(code, value) of a write in a stream message: R and the command for a delta (rmw.DELTAS),
+    else P with the value, D or F with nothing."""
+    return (b"R", delta) if delta is not None else (op_code(op), req.value or b"")
+
+
 def value_of(code: bytes, value: bytes) -> bytes | None:
     """Wire form of a write: op code P carries a value, D (delete) carries an empty one."""
     return value if code == b"P" else None
@@ -157,6 +164,8 @@ def stored(code: bytes, key: bytes, value: bytes, req: Any = None, seq: int = 0)
     """The datalet action of a replicated write: P put, D delete, F empty the datalet."""
     if code == b"F":
         return Reset()
+    if code == b"R":
+        return Apply(key, None, req, seq, rmw.from_delta(value))
     return Apply(key, value if code == b"P" else None, req, seq)
 
 

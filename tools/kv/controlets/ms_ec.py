@@ -23,8 +23,10 @@ from mlsyskit.tools.kv.controlets.base import (
     Send,
     op_code,
     stored,
+    wire_write,
 )
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
+from mlsyskit.tools.kv.redis import rmw
 
 
 class AsyncPrimaryBackup(OrderedStream):
@@ -72,11 +74,12 @@ class AsyncPrimaryBackup(OrderedStream):
         refused = self.refuse_if_catching_up(req) or (self.resolve(req) if op is RMW else None)
         if refused:
             return refused
+        delta = rmw.delta_of(req.rmw) if op is RMW else None  # a collection write goes out as its command
         op = req.op
         self.applied += 1
-        code = op_code(op)
-        out: list[Action] = [stored(code, req.key, req.value, req), Reply(req)]
-        fields = (self.applied, code, req.key, req.value or b"")
+        out: list[Action] = [stored(op_code(op), req.key, req.value, req), Reply(req)]
+        wire_code, wire_value = wire_write(req, op, delta)
+        fields = (self.applied, wire_code, req.key, wire_value)
         self.record(fields)
         out.extend(Send(n, b"REPL", fields) for n in self.others)
         return out

@@ -40,9 +40,11 @@ from mlsyskit.tools.kv.controlets.base import (
     StreamFailure,
     op_code,
     stored,
+    wire_write,
 )
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
 from mlsyskit.tools.kv.controlets.undo import failed_message
+from mlsyskit.tools.kv.redis import rmw
 
 TIMED_OUT = f"{TRYAGAIN} write not acknowledged by the chain tail in time; it may still be applied"
 LINK_LOST = f"{TRYAGAIN} the link down the chain failed; the write may still be applied"
@@ -106,11 +108,12 @@ class ChainReplication(OrderedStream):
             return self.refuse_if_catching_up(req) or [Read(req)]
         if self.node_id != self.head:
             return [Forward(req, self.head)]
+        delta = None
         if op is RMW:
             refused = self.refuse_if_catching_up(req) or self.resolve(req)
             if refused:
                 return refused
-            op = req.op
+            op, delta = req.op, rmw.delta_of(req.rmw)  # a collection write goes down as its command
         code = op_code(op)
         if self.successor is None:  # a chain of one
             return [stored(code, req.key, req.value, req), Reply(req)]
@@ -122,7 +125,8 @@ class ChainReplication(OrderedStream):
         self.applied += 1
         write = stored(code, req.key, req.value, req, self.applied)
         self.in_flight.append((self.applied, req, self.now + self.options.write_timeout))
-        fields = (self.applied, code, req.key, req.value or b"")
+        wire_code, wire_value = wire_write(req, op, delta)
+        fields = (self.applied, wire_code, req.key, wire_value)
         self.record(fields)
         return [write, Send(self.successor, b"CHAIN", fields)]
 

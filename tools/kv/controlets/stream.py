@@ -13,8 +13,8 @@ It stops applying, asks a live replica for its whole state and resumes from ther
 
 On SNAPBEGIN the receiver empties its datalet (Reset); after SNAPEND it holds the source's
 state as of `seq`, plus the stream messages it buffered meanwhile (FIFO link: every stream
-message after SNAPBEGIN is newer than `seq`). A remote datalet's export is not atomic, but
-every write overwrites a whole key, so replaying the buffered suffix makes the state exact.
+message after SNAPBEGIN is newer than `seq`). A local datalet exports its state at SNAPBEGIN, so one
+replay is exact, deltas (rmw.DELTAS) too; a remote one only gets whole-value writes (idempotent).
 
 A replica that (re)starts catches up the same way before it serves reads or acknowledges
 writes (on_start). Sources are tried in preference order; one that answers SYNCBUSY or

@@ -66,6 +66,13 @@ class Datalet(ABC):
     def export_pairs(self) -> AsyncIterator[tuple[bytes, bytes]]:
         """Every (key, value) pair, in batches under the hood (for recovery and moves)."""
 
+    def export_now(self) -> AsyncIterator[tuple[bytes, bytes]]:
+        """Every pair as it is at this call, read as the caller iterates. A local datalet takes its
+        view now (a catch-up replays the stream messages sent after it, and a message carrying a
+        command -- a delta -- must not be in the snapshot too); a remote one exports from when it
+        runs (no deltas reach it: it has no read-modify-write)."""
+        return self.export_pairs()
+
     async def import_pairs(self, pairs: Iterable[tuple[bytes, bytes]]) -> int:
         """Write every pair; returns how many. Remote datalets pipeline the writes."""
         count = 0

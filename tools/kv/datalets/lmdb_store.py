@@ -59,6 +59,17 @@ class LmdbDatalet(Datalet):
     def size(self) -> int:
         return self.env.stat()["entries"] if self.env is not None else 0
 
+    def export_now(self) -> AsyncIterator[tuple[bytes, bytes]]:
+        txn = self.env.begin(buffers=False)  # a read view of this instant (MVCC), held until the export ends
+
+        async def pairs() -> AsyncIterator[tuple[bytes, bytes]]:
+            try:
+                for pair in txn.cursor():
+                    yield pair
+            finally:
+                txn.abort()
+        return pairs()
+
     async def export_pairs(self) -> AsyncIterator[tuple[bytes, bytes]]:
         start = b""
         while True:

@@ -38,6 +38,14 @@ class MemoryDatalet(Datalet):
         for item in list(self.data.items()):
             yield item
 
+    def export_now(self) -> AsyncIterator[tuple[bytes, bytes]]:
+        items = list(self.data.items())
+
+        async def pairs() -> AsyncIterator[tuple[bytes, bytes]]:
+            for item in items:
+                yield item
+        return pairs()
+
     def scan(self, start: bytes = b"", limit: int = 100) -> list[tuple[bytes, bytes]]:
         keys = sorted(k for k in self.data if k >= start)[:limit]
         return [(k, self.data[k]) for k in keys]

@@ -44,6 +44,7 @@ from mlsyskit.tools.kv.controlets.base import (
 from mlsyskit.tools.kv.datalets.base import Datalet
 from mlsyskit.tools.kv.node.snapshot import stream_snapshot
 from mlsyskit.tools.kv.node.undolog import UndoLog
+from mlsyskit.tools.kv.redis import rmw
 
 DATALET_KINDS = frozenset((Apply, Reset, Read, SendStored, Undo))  # actions that start a datalet operation
 UNISSUED = object()  # a datalet action of a batch waiting behind an Undo: issued when the batch is first
@@ -131,9 +132,10 @@ class Interpreter:
         try:
             kind = type(a)
             if kind is Apply:
+                value = a.value if a.op is None else self._delta(a)
                 if a.seq:
-                    return self.datalet.swap(a.key, a.value)  # the before-image, kept by _finish
-                return self.datalet.delete(a.key) if a.value is None else self.datalet.put(a.key, a.value)
+                    return self.datalet.swap(a.key, value)  # the before-image, kept by _finish
+                return self.datalet.delete(a.key) if value is None else self.datalet.put(a.key, value)
             if kind is Reset:
                 self.resets += 1
                 self.undo.reset()
@@ -145,6 +147,12 @@ class Interpreter:
             return self.datalet.get(a.req.key)  # every read needs the bytes: deadlines, types, versions
         except Exception as e:  # noqa: BLE001 - a datalet error fails the request, never the node
             return Failed(e)
+
+    def _delta(self, a: Apply) -> bytes | None:
+        """A write replicated as its command: the key's bytes it makes here (now, in apply order)."""
+        if not self.sync:
+            raise RuntimeError("a write replicated as a command needs a local datalet (memory or lmdb)")
+        return rmw.apply(a.op, self.datalet.get(a.key))[0]
 
     def _undo(self, seq: int) -> Any:
         """Restore the before-images of every write numbered >= seq (the last operation's result)."""

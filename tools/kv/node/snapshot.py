@@ -3,8 +3,9 @@
 SNAPBEGIN token seq, then SNAPDATA token k v k v ... (at most CHUNK_BYTES of keys and values
 each, controlets/streamparts.py; a larger value as SNAPPART token key piece messages of CHUNK_BYTES
 and a SNAPDATA with its last piece), then SNAPEND token seq, all on the same FIFO link as every
-later Send (controlets/stream.py explains why a non-atomic export is still exact: every stream message sent after SNAPBEGIN is
-replayed by the receiver after SNAPEND, and every write overwrites a whole key). So the export
+later Send (controlets/stream.py: every stream message sent after SNAPBEGIN is replayed by the
+receiver after SNAPEND; a local datalet's export is its state at SNAPBEGIN, Datalet.export_now,
+so a delta is never applied twice; a remote one has only whole-key writes). So the export
 yields to the event loop after each chunk, a local datalet's too: a large shard's copy no longer
 blocks the source's heartbeats (a 64 MB copy made it miss enough of them to be failed over).
 A source that empties its own datalet meanwhile (it began a catch-up) stops without SNAPEND, so a
@@ -36,11 +37,12 @@ def stream_snapshot(source: SnapshotSource, a: Snapshot, chunk_bytes: int = CHUN
     """SNAPBEGIN now (in order with the Sends around it), then the export as a task the host runs."""
     source.send_message(a.node, b"SNAPBEGIN", (a.token, a.seq))
     resets = source.resets
+    exported = source.datalet.export_now()  # a local datalet's view as of SNAPBEGIN (base.export_now)
 
     async def stream() -> None:
         batch: list[bytes] = []
         size = 0
-        async for key, value in source.datalet.export_pairs():
+        async for key, value in exported:
             if batch and size + len(key) + len(value) > chunk_bytes:
                 if source.resets != resets:
                     return  # this replica emptied its datalet meanwhile: no SNAPEND, the receiver asks again

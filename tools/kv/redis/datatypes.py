@@ -7,9 +7,9 @@ point and replicates the whole resulting value. Reads (`READS`) turn the entry a
 replica holds into the answer. A key holding another kind raises values.WrongType
 (-WRONGTYPE, nothing changes); an emptied collection is removed (values.encode), as in Redis.
 
-Cost: a collection is one stored value, so every write decodes and re-encodes it and the
-controlets replicate all of it -- O(size) per command, fine for the small collections
-redis-benchmark and typical caches use, not for a million-element list.
+Cost: a collection is one stored value, so a write decodes and re-encodes it -- O(size) per
+command -- except a push (listpush.py: one copy of the bytes, no decode). The controlets replicate
+the command, not the value (rmw.DELTAS), and refuse a value past the limit (rmw.too_large).
 """
 from __future__ import annotations
 

@@ -2,10 +2,11 @@
 datatypes.py) lists, sets, hashes and sorted sets.
 
 They run where a shard's writes are ordered -- the chain head (ms-sc), the master (ms-ec),
-the sequencer (aa-sc) -- and are replicated by their effect, not by the operation: the
-serialization point reads the key from its own datalet (every earlier write of the shard is
-already applied there), computes the key's new stored bytes (values.py) and the controlet
-replicates an ordinary PUT or DEL of the whole value. The answer is held until the write is
+the sequencer (aa-sc): the serialization point reads the key from its own datalet (every
+earlier write of the shard is already applied there) and computes the key's new stored bytes
+(values.py) and the answer. Strings and expiry are replicated by their effect (a PUT or DEL of
+the whole value); collections and APPEND, whose values grow, by the command (DELTAS below: each
+replica computes the same bytes from its identical state). The answer is held until the write is
 acknowledged like any other, so no client sees a result that depends on a write the shard
 has not committed. A command that changes nothing (SET NX on an existing key, INCR on a
 non-number) still writes the key's current state back, for the same reason.
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mlsyskit.tools.kv.redis import datatypes, resp, values
+import msgpack
+
+from mlsyskit.tools.kv.redis import datatypes, listpush, resp, values
 from mlsyskit.tools.kv.redis.values import STRING, Entry, WrongType
 
 INT64 = (-(2 ** 63), 2 ** 63 - 1)
@@ -202,6 +205,11 @@ def parse(cmd: list[bytes], now_ms: int = 0, max_bytes: int = MAX_VALUE_BYTES) -
 def apply(cmd: list[bytes], current: bytes | None) -> tuple[bytes | None, bytes]:
     """(the key's stored bytes afterwards -- None: absent --, the RESP answer) for one command."""
     now = getattr(cmd, "now_ms", 0)
+    limit = getattr(cmd, "max_bytes", MAX_VALUE_BYTES)
+    if cmd[0] in listpush.PUSHES:
+        fast = listpush.push(cmd, current, now, limit)  # no decode: a push costs the same at any length
+        if fast is not None:
+            return fast
     if cmd[0] == REAP and values.expired(current, now):
         return None, resp.ONE  # by its header alone: even a damaged record goes once expired
     try:
@@ -215,7 +223,7 @@ def apply(cmd: list[bytes], current: bytes | None) -> tuple[bytes | None, bytes]
     except (RmwSyntaxError, datatypes.CommandError) as e:
         after, answer = entry, resp.error(f"ERR {e}")
     stored = values.encode(after)
-    refused = too_large(after, stored, current, getattr(cmd, "max_bytes", MAX_VALUE_BYTES))
+    refused = too_large(after, stored, current, limit)
     return (current, refused) if refused else (stored, answer)
 
 
@@ -234,6 +242,26 @@ def too_large(after: Entry | None, stored: bytes | None, current: bytes | None, 
         return None
     return (b"-ERR the %b would exceed the maximum size of a value (proto-max-bulk-len %d bytes as stored); "
             b"nothing was changed\r\n" % (values.TYPE_NAMES[after.kind], limit))
+
+
+# Replicated as the command (a delta), not as the key's new value: collections and APPEND, whose
+# values grow. Every replica holds the same bytes before it, and apply() is deterministic in the
+# command, its instant and its limit (SPOP's draw is seeded by key and instant), so each replica
+# computes the same bytes the write point did, from a message the size of the command.
+DELTAS = frozenset((*datatypes.WRITES, b"APPEND"))
+
+
+def delta_of(cmd: list[bytes] | None) -> bytes | None:
+    """The wire form of a command replicated as a delta, or None (replicate its whole value)."""
+    if cmd is None or cmd[0] not in DELTAS:
+        return None
+    return msgpack.packb([getattr(cmd, "now_ms", 0), getattr(cmd, "max_bytes", MAX_VALUE_BYTES), *cmd],
+                         use_bin_type=True)
+
+
+def from_delta(raw: bytes) -> Command:
+    now_ms, max_bytes, *parts = msgpack.unpackb(raw, raw=True)
+    return Command(parts, now_ms, max_bytes)
 
 
 STATUS_ANSWERS = {b"SET", b"SETEX", b"PSETEX", b"LSET", b"LTRIM", b"HMSET", b"TYPE"}  # +simple strings

@@ -17,9 +17,9 @@ readable after a live switch to another controlet, and bytes stored without a ve
 before a switch to aa-ec) read as version (0, 0) under aa-ec: no rewrite either way. A plain
 string never begins with MAGIC (it is escaped), so the two cannot be confused.
 
-The record is computed once,
-at the shard's write point, and replicated as it is (whole-value writes through the
-controlets), so every replica holds the same bytes. Deadlines are absolute wall-clock
+The record is computed at the shard's write point and replicated as it is (whole-value writes),
+or, for a collection, recomputed by each replica from the same command on the same bytes
+(rmw.DELTAS), so every replica holds the same bytes. Deadlines are absolute wall-clock
 instants, never relative: replicas that apply the record later still agree on when it
 expires (the clock assumption is in docs/bespokv.md).
 """
