@@ -149,6 +149,24 @@ def pytest_configure(config) -> None:
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if worker.startswith("gw") and count > 0:
         os.environ[net.WINDOW_ENV] = net.split_window(int(worker[2:]), count)
+    _one_compute_thread()
+
+
+def _one_compute_thread() -> None:
+    """One torch and one BLAS thread in the test process, as FL processes run (tools/fl/threads.py): the
+    tests' tensors are tiny, and with several workers on two cores multithreaded kernels spin-wait for
+    each other (a tiny MLP's backward took 0.5 s at load 20; tests/fl/test_pay_verified.py fell from 60
+    to 14 CPU seconds). Processes the slow tests start keep their own settings."""
+    import importlib.util
+
+    if importlib.util.find_spec("threadpoolctl") is not None:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1)
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        torch.set_num_threads(1)
 
 
 class StartsProcessesError(RuntimeError):
