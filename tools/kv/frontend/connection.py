@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hiredis
 
-from mlsyskit.tools.kv.controlets.base import PUT
+from mlsyskit.tools.kv.controlets.base import GET, PUT
 from mlsyskit.tools.kv.frontend import admin
 from mlsyskit.tools.kv.frontend.commands import HANDLERS
 from mlsyskit.tools.kv.frontend.session import Session
@@ -89,10 +89,20 @@ class ClientConnection(Session):
                                 continue
                             out.append(ok)
                             continue
-                if not gated and type(cmd) is list and len(cmd) == 3 and cmd[0] == b"SET":
-                    key, value = cmd[1], cmd[2]  # a SET to replicate or forward: its request at once, no dispatch
-                    if type(key) is bytes and type(value) is bytes and as_is(key, value):
-                        self.single(PUT, key, value)
+                if not gated and type(cmd) is list and 2 <= len(cmd) <= 3:
+                    # a GET or SET to replicate or forward (a proxy's, a chain head's reads): its request at
+                    # once, no dispatch; anything else, or a key or value over the limits, takes dispatch
+                    key = cmd[1]
+                    if len(cmd) == 3:
+                        value = cmd[2]
+                        if cmd[0] == b"SET" and type(key) is bytes and type(value) is bytes and as_is(key, value):
+                            self.single(PUT, key, value)
+                            if self.transport is None:
+                                return
+                            fast_get, fast_put = node.fast_get, node.fast_put
+                            continue
+                    elif cmd[0] == b"GET" and type(key) is bytes and fits(key):
+                        self.single(GET, key, None)
                         if self.transport is None:
                             return
                         fast_get, fast_put = node.fast_get, node.fast_put

@@ -215,10 +215,12 @@ class Node(ControlledNode):
     def submit(self, req: Request) -> None:
         if self.lease_until is not None or self.deposed:
             refusal = self.fenced()
-            if refusal is not None:
-                req.complete(resp.error(refusal))
+            if refusal is not None:  # a node out of the map sends a cluster client to the key's write point
+                req.complete(moved(self.map, self.controlet_cls, req.key) if self.redirect and self.deposed
+                             else resp.error(refusal))
                 return
-        if self.only_shard or self.map.shard_for(req.key) == self.shard:  # ours: no ring lookup for one shard
+        shard = self.shard if self.only_shard else self.map.shard_for(req.key)  # one slot lookup per request
+        if shard == self.shard:  # ours
             if self.time_per_op:
                 self.controlet.now = self.clock.now()
             self.execute(self.controlet.on_client(req))
@@ -227,7 +229,6 @@ class Node(ControlledNode):
             # a single-key command for another shard's key (multi-key parts and FLUSHALL's are forwarded)
             req.complete(moved(self.map, self.controlet_cls, req.key))
             return
-        shard = self.map.shard_for(req.key)
         replicas = self.map.shards[shard]
         targets = (self.controlet_cls.read_targets(replicas) if req.op is GET or req.op is EXISTS
                    else self.controlet_cls.write_targets(replicas))
