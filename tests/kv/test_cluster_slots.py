@@ -8,7 +8,9 @@ import pytest
 
 from mlsyskit.core.clock import VirtualClock
 from mlsyskit.core.config import ConfigError
+from mlsyskit.tools.kv.client.mapfollow import retriable
 from mlsyskit.tools.kv.client.pipeline import ConnectionLost
+from mlsyskit.tools.kv.client.smart import KVError, certainly_not_applied
 from mlsyskit.tools.kv.controlets import controlet_class
 from mlsyskit.tools.kv.controlets.base import DEL, GET, PUT, RMW
 from mlsyskit.tools.kv.frontend.cluster import hex_id, nodes_reply, shards_reply, slots_reply
@@ -76,6 +78,9 @@ def test_what_may_be_sent_again() -> None:
         assert not worth_retrying(req, b"+OK\r\n") and not worth_retrying(req, b"-ERR wrong type\r\n")
     assert worth_retrying(get, unknown) and worth_retrying(put, unknown)  # idempotent: again is harmless
     assert not worth_retrying(incr, unknown) and not worth_retrying(dele, unknown)  # may have happened
+    moved_away = b"-MOVED 5061 127.0.0.1:7001\r\n"  # a node out of the map: refused, never ran
+    assert worth_retrying(incr, moved_away) and certainly_not_applied(moved_away[1:-2].decode())
+    assert retriable(KVError(moved_away[1:-2].decode()), idempotent=False)  # the smart client's view too
 
 
 def test_cluster_replies_name_the_write_point_or_its_successor_when_it_refuses() -> None:
@@ -101,10 +106,10 @@ class FakeLink:
     def __init__(self, message: str) -> None:
         self.message = message
 
-    def call_frame(self, frame: bytes) -> asyncio.Future:
+    def call_back(self, frame: bytes, fn) -> None:
         fut = asyncio.get_running_loop().create_future()
-        fut.get_loop().call_soon(fut.set_exception, ConnectionLost(self.message))
-        return fut
+        fut.set_exception(ConnectionLost(self.message))
+        fut.get_loop().call_soon(fn, fut)
 
 
 class FakeNode:

@@ -25,7 +25,7 @@ from mlsyskit.tools.kv.controlets.base import FENCED
 from mlsyskit.tools.kv.shardmap import RIDE_THROUGH_S, ShardMap
 
 MapSource = Callable[[], Awaitable[ShardMap | None]]
-HINTS = ("fenced:", "reconfigured", "catching up", "link", "forward", "CLUSTERDOWN")
+HINTS = ("fenced:", "reconfigured", "catching up", "link", "forward", "CLUSTERDOWN", "MOVED")
 
 
 def means_new_map(error: BaseException) -> bool:
@@ -111,7 +111,7 @@ class FollowingClient(SmartClient):
 RETRY_INITIAL_S, RETRY_CAP_S = 0.05, 0.5
 
 # Refused before anything ran, and over once the map settles: always worth another try.
-TRANSIENT_REFUSALS = ("CLUSTERDOWN", FENCED, "TRYAGAIN not serving yet:")
+TRANSIENT_REFUSALS = ("CLUSTERDOWN", FENCED, "TRYAGAIN not serving yet:", "MOVED")
 
 
 def retriable(error: BaseException, idempotent: bool) -> bool:

@@ -32,11 +32,12 @@ class KVError(RuntimeError):
 # one of these certainly did not happen. Any other error after a send is ambiguous.
 # A node fenced by a newer epoch refuses before it executes anything ("TRYAGAIN fenced: ..."),
 # so that refusal is a definite fail too, as is a replica's "not serving yet" (catching up or aligning:
-# controlets/base.NOT_SERVING) for a new operation; a plain TRYAGAIN (a write timed out waiting for a
-# replica) is not: the write may have been applied.
+# controlets/base.NOT_SERVING) for a new operation, and a -MOVED (a node that left the map, or a key of
+# another shard: frontend/cluster.py); a plain TRYAGAIN (a write timed out waiting for a replica) is
+# not: the write may have been applied.
 REFUSED_BEFORE_EXECUTION = ("wrong number of arguments", "syntax error", "key too long", "value too large",
                             "unknown command", "too many arguments", "Protocol error", "only database 0",
-                            "TRYAGAIN fenced:", "TRYAGAIN not serving yet:")
+                            "TRYAGAIN fenced:", "TRYAGAIN not serving yet:", "MOVED")
 
 
 def certainly_not_applied(message: str) -> bool:

@@ -138,7 +138,7 @@ def relay_answer(req: Request, fut: asyncio.Future) -> bytes:
 
 # -- riding through a failover and redirecting cluster clients (issue 22) -------------------------
 # Answers that say the operation was refused before anything ran: safe to send again, whatever it is.
-NOT_APPLIED = (b"-CLUSTERDOWN", b"-TRYAGAIN fenced:", b"-TRYAGAIN not serving yet:")
+NOT_APPLIED = (b"-CLUSTERDOWN", b"-TRYAGAIN fenced:", b"-TRYAGAIN not serving yet:", b"-MOVED")
 
 
 def idempotent(req: Request) -> bool:
