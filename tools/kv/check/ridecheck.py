@@ -13,7 +13,8 @@ Once every load has written, the write point of shard 0 (the chain head, the mas
 replica of an active-active shard) is killed with SIGKILL; the loads go on until the coordinator's
 new map has been served for `after_s`; then every acknowledged key of the three key-recording
 loads is read back through the proxy. Errors are counted per load, with the first one kept; the
-longest single operation shows how long a client was held.
+longest single operation shows how long a client was held; a lost key comes with when it had been
+acknowledged, in seconds after the kill (negative: before it).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from mlsyskit.tools.kv.shardmap import ShardMap
 @dataclass
 class Load:
     name: str
-    acked: list[tuple[str, str]] = field(default_factory=list)
+    acked: list[tuple[str, str, float]] = field(default_factory=list)  # key, value, when acknowledged
     errors: list[str] = field(default_factory=list)
     longest_s: float = 0.0
 
@@ -51,7 +52,7 @@ class Load:
         except Exception as e:  # noqa: BLE001 - every client-visible error is what is counted
             self.errors.append(f"{type(e).__name__}: {e}")
         else:
-            self.acked.append((key, value))
+            self.acked.append((key, value, time.monotonic()))
         self.longest_s = max(self.longest_s, time.monotonic() - start)
 
 
@@ -82,7 +83,7 @@ def _smart_writer(load: Load, host: str, port: int, stop: threading.Event) -> No
                 except Exception as e:  # noqa: BLE001 - counted
                     load.errors.append(f"{type(e).__name__}: {e}")
                 else:
-                    load.acked.append((key, value))
+                    load.acked.append((key, value, time.monotonic()))
                 load.longest_s = max(load.longest_s, time.monotonic() - start)
                 i += 1
         finally:
@@ -105,8 +106,20 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
+def _missing(client: redis.Redis, acked: list[tuple[str, str, float]], settle_s: float) -> list:
+    """The acknowledged writes not readable with their value, asked again for up to `settle_s` (an
+    eventual controlet's surviving replicas may still be exchanging what each accepted)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        got = client.mget([k for k, _, _ in acked]) if acked else []
+        acked = [a for a, v in zip(acked, got, strict=True) if v is None or v.decode() != a[1]]
+        if not acked or time.monotonic() > deadline:
+            return acked
+        time.sleep(0.2)
+
+
 def run(record: dict[str, Any], after_s: float = 2.0, bench_clients: int = 10,
-        timeout: float = 40.0) -> dict[str, Any]:
+        timeout: float = 40.0, settle_s: float = 5.0) -> dict[str, Any]:
     """Kill shard 0's write point of the recorded cluster under the four loads; the verdict as a dict."""
     host, port = record["proxy"]["host"], record["proxy"]["port"]
     smap = _shard_map(host, port)
@@ -124,6 +137,7 @@ def run(record: dict[str, Any], after_s: float = 2.0, bench_clients: int = 10,
     for t in threads:
         t.start()
     out: dict[str, Any] = {"controlet": smap.controlet, "killed": victim, "epoch_before": smap.epoch}
+    killed_at = float("inf")
     try:
         _wait(lambda: all(len(x.acked) >= 20 for x in loads.values()), timeout, "no load wrote 20 keys")
         before = {n: len(x.acked) for n, x in loads.items()}
@@ -151,10 +165,10 @@ def run(record: dict[str, Any], after_s: float = 2.0, bench_clients: int = 10,
     out["bench_errors"] = [line for line in lines if "rror" in line][:3]
     out["bench_last"] = next((line.strip() for line in reversed(lines) if "rps=" in line or "per second" in line), "")
     for name, load in loads.items():
-        got = plain.mget([k for k, _ in load.acked]) if load.acked else []
-        lost = sum(v is None or v.decode() != want for (_, want), v in zip(load.acked, got, strict=True))
+        lost = _missing(plain, load.acked, settle_s)
+        lost = [(k, round(t - killed_at, 3)) for k, _, t in lost]
         out[name] = {"acked": len(load.acked), "errors": len(load.errors), "first_error": load.errors[:1],
-                     "lost": lost, "longest_op_s": round(load.longest_s, 3)}
+                     "lost": len(lost), "lost_acked_s_after_kill": lost[:5], "longest_op_s": round(load.longest_s, 3)}
     plain.close()
     out["loadavg"] = [round(x, 2) for x in os.getloadavg()]
     return out
