@@ -53,10 +53,14 @@ from marblebench.speed import daemon_part, latency_part, scale_child, scale_part
 
 POLICIES = ["fifo", "backfill", "optimus", "tiresias", "marble-las", "marble"]
 CLUSTERS = ["16x4", "16x6"]
-TUNING = [f"workload-{i}" for i in range(1, 5)]
-TUNE_GRID = [{}, {"admit_threshold": 0.5}, {"admit_threshold": 0.2}, {"grow_threshold": 0.5}, {"grow_min_gain": 4.0},
-             {"elastic_max_scale": 2.0}, {"resize_interval": 3600.0, "grow_period": 900.0},
-             {"starvation_s": 43200.0}]
+# The four shipped workloads, at their own arrival times and with arrivals compressed to load 8
+# (the held-out workloads run at loads 4-24; the shipped ones at 1.3-4.9): the only tuning data.
+TUNING_LOAD = 8
+TUNING = [f"workload-{i}" for i in range(1, 5)] + [f"workload-{i}@{TUNING_LOAD}" for i in range(1, 5)]
+TUNE_GRID = [{}, {"marble_thresholds": ()}, {"marble_thresholds": (3600.0,)}, {"marble_thresholds": (1800.0, 18000.0)},
+             {"marble_thresholds": (7200.0, 72000.0)}, {"rank_by_estimate": False}, {"admit_threshold": 0.5},
+             {"admit_threshold": 0.2}, {"grow_threshold": 0.5}, {"marble_grow_gain": 1.0}, {"marble_grow_gain": 8.0},
+             {"elastic_max_scale": 2.0}, {"resize_interval": 3600.0, "grow_period": 900.0}, {"starvation_s": 43200.0}]
 def floor_alone(jobs, model: ThroughputModel, spec: ClusterSpec) -> float:
     """Mean JCT if every job ran alone on the whole cluster at its fastest GPU count (no queueing)."""
     best = {}

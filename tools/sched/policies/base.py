@@ -51,16 +51,21 @@ class PolicyOptions:
     resize_interval: float = 1800.0       # seconds between two growths of one running job (bounded restarts)
     grow_period: float = 300.0            # seconds between passes that grow running jobs onto idle GPUs
     starvation_s: float = 24 * 3600.0     # a job waiting this long goes ahead of every other (starvation guard)
-    rank_by_estimate: bool = True         # inside a LAS queue, least estimated remaining service first (else FIFO)
+    rank_by_estimate: bool = True         # inside a LAS queue, least estimated remaining time on one GPU first (else FIFO)
+    # marble's own attained-service queues (GPU-seconds; tiresias keeps tiresias_thresholds):
+    # () = one queue, ordered by the estimate alone (shortest estimated remaining time first)
+    marble_thresholds: tuple[float, ...] = (3600.0, 36000.0)
+    marble_grow_gain: float = 4.0         # marble: grow a running job only if it saves this many restart costs
 
     def __post_init__(self) -> None:
         require(0.0 <= self.efficiency_threshold <= 1.5, "efficiency_threshold must be in [0, 1.5]")
         require(0.0 <= self.pressure_threshold <= 1.5, "pressure_threshold must be in [0, 1.5]")
         require(self.backfill_depth >= 1, "backfill_depth must be >= 1")
-        require(list(self.tiresias_thresholds) == sorted(self.tiresias_thresholds)
-                and all(t > 0 for t in self.tiresias_thresholds), "tiresias_thresholds must be positive and rising")
+        for name in ("tiresias_thresholds", "marble_thresholds"):
+            values = getattr(self, name)
+            require(list(values) == sorted(values) and all(t > 0 for t in values), f"{name} must be positive and rising")
         require(self.optimus_interval > 0, "optimus_interval must be > 0")
-        require(self.grow_min_gain >= 0, "grow_min_gain must be >= 0")
+        require(self.grow_min_gain >= 0 and self.marble_grow_gain >= 0, "grow_min_gain, marble_grow_gain must be >= 0")
         require(0.0 <= self.las_pressure_threshold <= 1.5, "las_pressure_threshold must be in [0, 1.5]")
         require(0.0 < self.grow_threshold <= 1.5, "grow_threshold must be in (0, 1.5]")
         require(0.0 <= self.admit_threshold <= 1.5, "admit_threshold must be in [0, 1.5]")

@@ -1,8 +1,10 @@
 """marble (ours; the default): elastic, goodput-aware GPU counts from measured scaling curves.
 
 Who runs: Tiresias' discretised least-attained-service order with preemption (tiresias.py, the
-incremental index), plus a starvation guard: a job that has waited `starvation_s` since it
-(re)entered the queue goes ahead of every other until its next queue crossing.
+incremental index) on marble's own queues (`marble_thresholds`), inside a queue the least
+estimated remaining time on one GPU first (`rank`), plus a starvation guard: a job that has
+waited `starvation_s` since it (re)entered the queue goes ahead of every other until its next
+queue crossing.
 
 How many GPUs (MARBLE's insight, Pollux's use of it): training throughput grows sublinearly with
 GPUs, and each job's curve T(k) is known from measurements (policies.learned: a fitted prior
@@ -16,7 +18,7 @@ corrected by the throughput the cluster reports; never the simulator's truth).
   curve and the job holds at most `elastic_max_scale` x its request. An idle cluster thus gives
   jobs more than they asked for.
 - Newly admitted jobs start on their share at once. Running jobs grow by checkpoint-restart only
-  when that saves more than `grow_min_gain` restart costs, at most once per `resize_interval`
+  when that saves more than `marble_grow_gain` restart costs, at most once per `resize_interval`
   each, in passes at most every `grow_period` (bounded restarts). When admitted jobs need GPUs
   that grown jobs hold, the lowest-priority grown jobs shrink back to p* (one restart each)
   before anything else happens.
@@ -52,6 +54,7 @@ class Marble(Tiresias):
 
     def __init__(self, model, options=None) -> None:
         super().__init__(model, options)
+        self.thresholds = self.options.marble_thresholds
         self._curves: dict[tuple[str, int, int], tuple[int, tuple[int, int], Curve]] = {}
         self._spec, self._spec_key = None, (0, 0)
         self._base: dict[int, int] = {}        # running job -> its p* when it last started or changed
@@ -93,14 +96,15 @@ class Marble(Tiresias):
 
     # ---- index upkeep ----------------------------------------------------------------------------
     def rank(self, job: JobView) -> float:
-        """Order inside a queue: the least estimated remaining service first (GPU-seconds on p*:
-        the history of finished jobs of its application, policies.common.remaining_work), as the
-        state stood when the job entered the queue; a guess, so the LAS levels still come first."""
+        """Order inside a queue: the least estimated remaining time on one GPU first (samples left
+        by the history of finished jobs of its application, policies.common.remaining_work, over
+        the single-GPU rate), as the state stood when the job entered the queue. One GPU, not p*:
+        GPU-seconds on p* would rank a job that asked for many GPUs (and scales less than
+        linearly on them) behind an equal job that asked for few."""
         if not self.options.rank_by_estimate:
             return job.arrival
         state = self._state
-        base, _, _, rates = self.curve(state, job)
-        return remaining_work(self.model, state, job) / rates[base] * base
+        return remaining_work(self.model, state, job) / self.curve(state, job)[3][1]
 
     def _rebuild(self, state: ClusterState) -> None:
         super()._rebuild(state)
@@ -280,7 +284,7 @@ class Marble(Tiresias):
             left = remaining_work(self.model, state, job)
             grown = job.measured_rate * self.model.rate(job.app, shapes[k - 1], job.batch_size) / model_now
             saves = left / job.measured_rate - (cost + left / grown)
-            if saves <= self.options.grow_min_gain * cost:
+            if saves <= self.options.marble_grow_gain * cost:
                 free.take(job.placement)
                 continue
             free.take(placement)

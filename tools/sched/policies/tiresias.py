@@ -38,10 +38,11 @@ class Tiresias(Policy):
     def __init__(self, model, options=None) -> None:
         super().__init__(model, options)
         self._state: ClusterState | None = None
+        self.thresholds = self.options.tiresias_thresholds   # attained GPU-seconds between queues
 
     def level(self, attained: float) -> int:
         # A job woken at its crossing time may fall short of the threshold by float rounding.
-        return bisect.bisect_right(self.options.tiresias_thresholds, attained + CROSSING_SLACK)
+        return bisect.bisect_right(self.thresholds, attained + CROSSING_SLACK)
 
     # ---- the index ------------------------------------------------------------------------------
     def _rebuild(self, state: ClusterState) -> None:
@@ -66,7 +67,7 @@ class Tiresias(Policy):
         index.add(key)
 
     def _push_crossing(self, job: JobView, now: float, attained: float, gpus: int) -> None:
-        thresholds = self.options.tiresias_thresholds
+        thresholds = self.thresholds
         i = self.level(attained)
         if i < len(thresholds) and gpus > 0:
             heapq.heappush(self._cross, (now + (thresholds[i] - attained) / gpus, job.job_id))
