@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xdist_plan
 
 from mlsyskit.core import net
 
@@ -167,6 +168,11 @@ def _one_compute_thread() -> None:
         import torch
 
         torch.set_num_threads(1)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile with the costliest files first (tests/xdist_plan.py)."""
+    return xdist_plan.make_scheduler(config, log)
 
 
 class StartsProcessesError(RuntimeError):

@@ -1,0 +1,63 @@
+"""How ./scripts/test spreads the suite over pytest-xdist workers (`--dist loadfile`, refined).
+
+A worker gets whole files (a module-scoped cluster or daemon is started once per file), but:
+- the costliest work goes first (longest processing time first): a 3-minute file started last is
+  the run's tail while the other workers idle. COST_S holds measured seconds for the files that
+  take long; any other test is estimated at PER_TEST_S.
+- a file in SPREAD gives each of its tests to any worker (tests that share nothing and each run
+  long: the demo's sections);
+- the files of one SHARE_A_WORKER group run on one worker, one after the other (tests that must not
+  overlap: each Ray test starts a Ray, and the local-Ray test skips when another Ray is running).
+Outside xdist, or with another --dist, nothing here is used.
+"""
+from __future__ import annotations
+
+from xdist.scheduler import LoadFileScheduling
+
+# Seconds one file takes alone (summed over its tests, -n 0), measured on the 2-core CI machine.
+# Only the order depends on these: a wrong figure makes the run slower, never wrong.
+COST_S: dict[str, float] = {}
+SPREAD = frozenset({"tests/demo/test_demo.py"})
+SHARE_A_WORKER = {"tests/fl/test_ray_backend.py": "ray", "tests/fl/test_ray_local.py": "ray"}
+PER_TEST_S = 0.5  # the estimate for a test of a file not in COST_S
+
+
+def _file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+class CostFirstScheduling(LoadFileScheduling):
+    """loadfile, with the costliest work unit handed out first, SPREAD files split per test and
+    SHARE_A_WORKER groups kept together."""
+
+    def __init__(self, config, log=None) -> None:
+        super().__init__(config, log)
+        self._unit_cost: dict[str, float] | None = None
+
+    def _split_scope(self, nodeid: str) -> str:
+        file = _file(nodeid)
+        if file in SPREAD:
+            return nodeid
+        return SHARE_A_WORKER.get(file, file)
+
+    def _assign_work_unit(self, node) -> None:
+        if self._unit_cost is None:     # the first assignment: the collection is complete
+            in_file: dict[str, int] = {}
+            for nodeid in self.collection or ():
+                in_file[_file(nodeid)] = in_file.get(_file(nodeid), 0) + 1
+
+            def test_cost(nodeid: str) -> float:
+                file = _file(nodeid)
+                return COST_S[file] / in_file[file] if file in COST_S else PER_TEST_S
+
+            self._unit_cost = {scope: sum(map(test_cost, unit)) for scope, unit in self.workqueue.items()}
+        costliest = max(self.workqueue, key=self._unit_cost.__getitem__)
+        self.workqueue.move_to_end(costliest, last=False)
+        super()._assign_work_unit(node)
+
+
+def make_scheduler(config, log):
+    """The scheduler for --dist loadfile; None leaves any other --dist to xdist."""
+    if config.getvalue("dist") == "loadfile":
+        return CostFirstScheduling(config, log)
+    return None
