@@ -29,8 +29,9 @@ def test_dry_run_prints_the_plan_within_eight_minutes_and_runs_nothing(tmp_path)
     plan = json.loads(r.stdout)
     assert plan["dry_run"] and plan["out"] == str(out) and plan["budget_s"] == 480
     names = [s["name"] for s in plan["steps"]]
-    assert names == ["gpu-tests", "copies", "offload-bench", "bigmodel"]
-    tests, _, bench, big = (s["cmd"] for s in plan["steps"])
+    assert names == ["gpu-tests", "copies", "offload-bench", "bigmodel", "ranks"]
+    tests, _, bench, big, ranks = (s["cmd"] for s in plan["steps"])
+    assert "tests/offload/test_tencache_ranks_gpu.py" in ranks and ranks[ranks.index("-m", 2) + 1] == "gpu"
     assert tests[tests.index("-m", 2) + 1] == "gpu" and f"--junitxml={out / 'gpu-tests.xml'}" in tests
     # the offload benchmark's states exceed the device budget: gpt-350m (608 MB bf16) on 160 MiB
     assert bench[bench.index("--model") + 1] == "gpt-350m" and bench[bench.index("--device-mem") + 1] == "160MiB"
@@ -46,7 +47,7 @@ def test_skip_and_out_flags_shape_the_plan(tmp_path):
     r = gpu_check("--dry-run", "--skip", "offload-bench", "--skip", "copies", "--out", str(tmp_path), "--budget-s", "300")
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
-    assert [s["name"] for s in plan["steps"]] == ["gpu-tests", "bigmodel"] and plan["budget_s"] == 300
+    assert [s["name"] for s in plan["steps"]] == ["gpu-tests", "bigmodel", "ranks"] and plan["budget_s"] == 300
     assert plan["out"] == str(tmp_path)
 
 

@@ -38,6 +38,7 @@ from mlsyskit.tools.offload.memory_accounting import pin_mmap_threshold, release
 from mlsyskit.tools.offload.optimizer import HyperParams
 from mlsyskit.tools.offload.profiler import Profile, named_tensors, profile_model
 from mlsyskit.tools.offload.progress import ProgressNote
+from mlsyskit.tools.offload.ranks import RankGroup
 
 
 def to_compute_dtype(model: nn.Module, dtype: torch.dtype, device: torch.device | None = None, *,
@@ -146,13 +147,17 @@ def offload(model: nn.Module, optimizer: torch.optim.Optimizer | None, budgets: 
             profile: Profile | None = None, *, policy: str = "tencache", device: torch.device | None = None,
             dtype: torch.dtype = torch.bfloat16, accumulate: int = 1, clip_norm: float | None = None,
             init: Mapping[str, torch.Tensor] | None = None,
-            progress: ProgressNote | None = None) -> Iterator[OffloadEngine]:
+            progress: ProgressNote | None = None, ranks: RankGroup | None = None) -> Iterator[OffloadEngine]:
     """Place `model`'s parameters and AdamW state across device, CPU and NVMe for the `with` block.
     `accumulate`: backward passes per optimizer step (one more raises); `clip_norm`: global-norm clipping.
     `init`: fp32 initial values by parameter name for a model built on the meta device (`LazyInit.weights`),
     generated one tensor at a time straight into its tier; such a model is left on the meta device at exit
     (write its weights with `engine.export(path)` inside the block). If entering fails, the model is left
-    exactly as it was (same tensors, same dtypes, same values) and a retry may follow."""
+    exactly as it was (same tensors, same dtypes, same values) and a retry may follow.
+    `ranks` (under torchrun, `RankGroup.from_env(device.type)`): each rank keeps only its shard of the
+    parameters and optimizer states (shards.py) and feeds its own micro-batches; `engine.backward` sums the
+    gradients of every rank (as `accumulate` sums micro-batches); every rank must run the same model and
+    steps, and export together (rank 0 writes); at exit every rank gets the whole model back."""
     check_optimizer(model, optimizer)
     lazy = any(p.is_meta for _, p in named_tensors(model))
     if lazy and init is None:
@@ -169,7 +174,7 @@ def offload(model: nn.Module, optimizer: torch.optim.Optimizer | None, budgets: 
         masters, dtypes = to_compute_dtype(model, dtype, device, keep_masters=not lazy)
         engine = OffloadEngine(model, init if lazy else masters, policy=policy, budgets=budgets, profile=profile,
                                hyper=hyper, device=device, accumulate=accumulate, clip_norm=clip_norm,
-                               progress=progress)
+                               progress=progress, ranks=ranks)
     except BaseException:
         snapshot.restore()
         raise

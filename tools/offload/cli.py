@@ -143,6 +143,10 @@ def train(model: str = typer.Option(None, help="Model preset (gpt-tiny, gpt-smal
                                       "--checkpoint-dir (a corrupt one is skipped with a warning). --model, --seed, "
                                       "--batch and --seq must equal the checkpoint's; --steps, --lr, the budgets, "
                                       "--nvme-dir, --policy and --checkpoint-every may change."),
+          export: Path | None = typer.Option(None, "--export", help="Write the final weights to this .safetensors file "
+                                             "(consolidated: under torchrun, rank 0 writes every rank's tensors)."),
+          rank_timeout: float = typer.Option(None, help="Under torchrun: seconds a rank waits for the others in a "
+                                             "collective before failing with a clear error (default 300)."),
           config: Path | None = config_option(),
           out: Path | None = out_option(f"{STEPS_FILE} (one JSON line per step, then the summary) and {SUMMARY_FILE}"),
           as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
@@ -160,7 +164,8 @@ def train(model: str = typer.Option(None, help="Model preset (gpt-tiny, gpt-smal
                      "seq": seq or (prof.seq if prof and prof.seq else None), "seed": seed, "lr": lr,
                      "policy": policy, "checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every,
                      "keep_checkpoints": keep_checkpoints, "resume": resume or None, "data": data,
-                     "accumulate": accumulate, "clip": clip, "weight_decay": weight_decay, "lr_warmup": warmup}
+                     "accumulate": accumulate, "clip": clip, "weight_decay": weight_decay, "lr_warmup": warmup,
+                     "export": export, "rank_timeout": rank_timeout}
         cfg = load_command_config(trainer.TrainConfig, config, overrides)
         if cfg.checkpoint_dir is not None and not cfg.checkpoint_every:
             cfg = load_command_config(trainer.TrainConfig, config, {**overrides, "checkpoint_every": cfg.steps})

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from mlsyskit.core.errors import UsageError
-from mlsyskit.tools.offload.export import export_engine
 from mlsyskit.tools.offload.filetier import FileTier
+from mlsyskit.tools.offload.gather import Gatherer
 from mlsyskit.tools.offload.gpu_stats import DeviceFigures
 from mlsyskit.tools.offload.grad_pipeline import GradStager, OptimizerWorker
 from mlsyskit.tools.offload.lazy import set_data
@@ -39,10 +39,12 @@ from mlsyskit.tools.offload.policies.base import PlanContext
 from mlsyskit.tools.offload.pools import BudgetError
 from mlsyskit.tools.offload.profiler import Profile, model_signature, named_tensors
 from mlsyskit.tools.offload.progress import ProgressNote
-from mlsyskit.tools.offload.ranks import RankGroup
+from mlsyskit.tools.offload.ranks import RankError, RankGroup
+from mlsyskit.tools.offload.shards import Shards, own_profile, tensor_cost
 from mlsyskit.tools.offload.sizing import check_swap_room, concurrent_by_class
+from mlsyskit.tools.offload.state_io import StateIO
 from mlsyskit.tools.offload.streams import StreamOps
-from mlsyskit.tools.offload.tiers import Entry, TierStore
+from mlsyskit.tools.offload.tiers import REMOTE, Entry, TierStore
 from mlsyskit.tools.offload.tracking import BACKWARD, UseTracker
 from mlsyskit.tools.offload.updates import MISUSED_BACKWARD, GradientUpdates
 
@@ -73,7 +75,7 @@ def pick_device(requested: str | None = None) -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-class OffloadEngine(GradientUpdates):
+class OffloadEngine(GradientUpdates, StateIO):
     """Owns the tiers for one model: `begin_step()`, then forward and `backward(loss)` `accumulate` times."""
 
     def __init__(self, model: nn.Module, masters: Mapping[str, torch.Tensor], *, policy: str | Policy,
@@ -102,7 +104,9 @@ class OffloadEngine(GradientUpdates):
         self.accumulate = accumulate
         self.clip_norm = clip_norm
         self.progress = progress
-        self.ranks = ranks  # several ranks: gradients summed across them before a sweep of updates (ranks.py)
+        self.ranks = ranks  # several ranks: each owns a shard of the tensors (shards.py, gather.py)
+        self.shards: Shards | None = None
+        self.gatherer: Gatherer | None = None
         self._in_backward = self._stepping = False
         self._step_hook: Any = None
         self._own_run = nvme_run is None and budgets.nvme_dir is not None
@@ -113,7 +117,11 @@ class OffloadEngine(GradientUpdates):
             self.nvme = FileTier(self.nvme_run.path) if self.nvme_run is not None else None
             self._build(model, masters, budgets, profile, states, accumulate, clip_norm, adam_step, streams,
                         optimizer_depth)
-        except BaseException:
+            if self.ranks is not None:  # every rank built, or all fail now naming the rank that did not
+                self.ranks.agree(None, "building the engine")
+        except BaseException as exc:
+            if self.ranks is not None and not isinstance(exc, RankError):
+                self.ranks.agree(exc, "building the engine")
             self.close()  # releases whatever the build took (threads, pools, hooks, this run's NVMe blocks)
             raise
 
@@ -123,28 +131,35 @@ class OffloadEngine(GradientUpdates):
                    for i, (n, p) in enumerate(named_tensors(model))]
         self.by_name = {e.name: e for e in entries}
         self.trainable = [e for e in entries if e.trainable]
+        if self.ranks is not None:  # ZeRO-3 style: this rank's tiers and optimizer hold only its own tensors
+            costs = {e.idx: tensor_cost(e.nbytes, e.shape.numel(), e.trainable) for e in entries}
+            self.shards = Shards.of(costs, self.ranks.rank, self.ranks.world)
+            profile = own_profile(profile, self.shards) if profile is not None else None
+        own = [e for e in entries if self.owns(e)]
+        own_trainable = [e for e in self.trainable if self.owns(e)]
         lazy = [e.name for e in entries if e.param.is_meta and e.name not in masters]
         if lazy:
             raise UsageError(f"{len(lazy)} parameters are on the meta device without an initial value (e.g. "
                              f"{lazy[0]}): pass init= (see tencache.init) or build the model on the CPU")
-        ctx = PlanContext(sizes={e.idx: e.nbytes for e in entries}, model_order=[e.idx for e in entries],
+        ctx = PlanContext(sizes={e.idx: e.nbytes for e in own}, model_order=[e.idx for e in own],
                           profile=profile, device_budget=budgets.device, cpu_budget=budgets.cpu,
-                          has_nvme=self.nvme is not None, concurrent=concurrent_by_class(model, entries))
+                          has_nvme=self.nvme is not None,
+                          concurrent=concurrent_by_class(model, entries, {e.idx for e in own}))
         plan = self.policy.plan(ctx)
         if plan.placement.nvme and self.nvme is None:
             raise BudgetError(f"{len(plan.placement.nvme)} parameter tensors do not fit the device and CPU budgets "
                               f"and no --nvme-dir was given")
         if self.nvme is None and plan.device_slots is not None:
             check_swap_room(ctx.distribution, plan.device_slots, plan.cpu_slots)
-        trainable_ids = {e.idx for e in self.trainable}
+        trainable_ids = {e.idx for e in own_trainable}
         order = ([i for i in profile.optimizer_order if i in trainable_ids] if profile is not None
-                 else [e.idx for e in reversed(self.trainable)])
+                 else [e.idx for e in reversed(own_trainable)])
         # every policy reads NVMe-homed optimizer states ahead in gradient order (baselines: reverse model
         # order), so the policies differ only in how they place and move parameters. Built (its budget
         # checked) before any parameter moves
-        self.states = OptimizerStateCache({e.idx: e.shape.numel() for e in self.trainable},
+        self.states = OptimizerStateCache({e.idx: e.shape.numel() for e in own_trainable},
                                           order, budgets.optimizer, self.nvme, read_ahead=True,
-                                          persist_grad=accumulate > 1 or clip_norm is not None or self.ranks is not None)
+                                          persist_grad=accumulate > 1 or clip_norm is not None)
         self.store = TierStore(entries, device=self.device, device_slots=plan.device_slots,
                                cpu_slots=plan.cpu_slots, nvme=self.nvme, streams=streams)
         self.param_steps = {e.idx: adam_step for e in self.trainable}
@@ -158,14 +173,15 @@ class OffloadEngine(GradientUpdates):
         self._got: set[int] = set()  # tensors with a gradient in this step (the first pass copies, later add)
         self._configs: dict = {}
         counts: dict[int, int] = {}
-        for e in self.trainable:
-            counts[e.nbytes] = counts.get(e.nbytes, 0) + 1
+        for e in own_trainable:  # several ranks: the owner stages the fp32 sum of the ranks' gradients
+            n = 4 * e.shape.numel() if self.shards is not None else e.nbytes
+            counts[n] = counts.get(n, 0) + 1
         # the new compute copy goes back into its tier from the staging slot (its own NVMe staging too)
-        self.stager = GradStager(self.store.mover.streams, counts, STAGING_DEPTH,
-                                 write=lambda e, values, non_blocking: self.store.write_home(
-                                     e, values, values, non_blocking=non_blocking))
+        self.stager = GradStager(self.store.mover.streams, counts, STAGING_DEPTH, write=self._write_back)
         self._worker_s = 0.0  # written by the worker only; merged into stats when it is idle
         self._populate(plan, masters, states)
+        if self.shards is not None:
+            self.gatherer = Gatherer(self.ranks, self.shards, self.store)
         self.policy.attach(self.store, ctx)
         self.tracker = UseTracker(model, entries, self)
         if self.store.dev_pool is not None:
@@ -184,6 +200,12 @@ class OffloadEngine(GradientUpdates):
             if self.progress is not None:
                 self.progress.set("populating tiers: {} of {} tensors", k, n)
             lazy = e.param.is_meta
+            if not self.owns(e):  # another rank's: never generated or held here, gathered for each use
+                e.where = REMOTE
+                if lazy:
+                    set_data(e.param, st.placeholders[e.dtype])
+                st.unbind(e)
+                continue
             master = masters[e.name] if e.trainable or lazy else None
             if e.trainable:
                 m, v = states[e.name] if states is not None else (None, None)
@@ -198,6 +220,13 @@ class OffloadEngine(GradientUpdates):
             if lazy:
                 set_data(e.param, st.placeholders[e.dtype])  # off the meta device, the same Parameter object
             st.unbind(e)  # the engine drops its reference: parameters live in the tiers now
+
+    def _write_back(self, e: Entry, values: torch.Tensor, non_blocking: bool) -> Any:
+        """The new compute copy from a staging buffer into e's tier (the buffer stages an NVMe write's cast;
+        several ranks stage fp32 sums: cast to the compute dtype first, the same rounding)."""
+        if values.dtype != e.dtype:
+            values = values.to(e.dtype)
+        return self.store.write_home(e, values, values, non_blocking=non_blocking)
 
     def _guard_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._stepping:
@@ -229,20 +258,26 @@ class OffloadEngine(GradientUpdates):
         if self.progress is not None and self._uses:
             self.progress.set("step {}: {:.0%} of modules ({})", self.adam_step + 1, self._cursor / len(self._uses),
                               phase)
-        hits = sum(1 for e in entries if self.store.ready_on_device(e))
+        own = entries if self.gatherer is None else [e for e in entries if self.owns(e)]
+        hits = sum(1 for e in own if self.store.ready_on_device(e))
         t0 = time.perf_counter()
         # a prefetch still in flight is consumed on the compute stream by its own copy's event (the policy
         # calls TierStore.ready_for_compute): no wait on the whole copy stream, which would serialise every
         # queued prefetch behind this module
-        self.policy.acquire(pos, entries)
+        self.policy.acquire(pos, own)
+        if self.gatherer is not None:
+            self.gatherer.gather(entries)  # the same entries in the same order on every rank
         waited = time.perf_counter() - t0
         s = self.stats
-        s.tensor_uses += len(entries)
+        s.tensor_uses += len(own)
         s.device_hits += hits
         s.fetch_wait_s += waited
         s.fetch_waits.append(waited)
 
     def release(self, entries: list[Entry]) -> None:
+        if self.gatherer is not None:
+            self.gatherer.drop(entries)
+            entries = [e for e in entries if self.owns(e)]
         self.policy.release(self._pos, entries, updated=any(e.idx in self._updated for e in entries))
 
     def updated(self, e: Entry) -> bool:
@@ -293,8 +328,8 @@ class OffloadEngine(GradientUpdates):
             self.states.begin_step()
             return
         if self.ranks is not None:
-            self._reduce_ranks()
-        if self.clip_norm is not None or self.ranks is not None:
+            self._share_norms()  # every rank's squared norms: the global norm for clipping and grad_norm
+        if self.clip_norm is not None:
             self._clip_and_update()
         self.adam_step += 1
         self._stepping = True
@@ -311,45 +346,7 @@ class OffloadEngine(GradientUpdates):
             self._step_hook.remove()
             self._step_hook = None
 
-    # -- inspection and export ------------------------------------------------------------------------
-    def iter_states(self):
-        """(name, fp32 master|m|v view) per trainable tensor, streamed through the state cache one at a time
-        (the view is valid until the next item): checkpoints never hold all states in memory."""
-        self.states.flush()
-        for e in self.trainable:
-            yield e.name, self.states.peek(e.idx)
-
-    def load_states(self, items, adam_step: int) -> None:
-        """Stream (name, fp32 master, m, v) items (a checkpoint, read one tensor at a time) into the
-        optimizer-state cache and the compute copies; training continues from `adam_step`."""
-        for name, master, m, v in items:
-            e = self.by_name[name]
-            self.states.initialize(e.idx, master, m, v)
-            self.store.write_home(e, master.reshape(-1), m)  # m is copied: its buffer stages the cast
-        self.states.flush()
-        self.adam_step = adam_step
-        self.param_steps = dict.fromkeys(self.param_steps, adam_step)
-
-    def export(self, path: Path, dtypes: dict[str, torch.dtype] | None = None) -> Path:
-        """Write the weights to one safetensors file, one tensor at a time (export.export_engine)."""
-        return export_engine(self, path, dtypes)
-
-    def materialize(self, dtypes: dict[str, torch.dtype] | None = None) -> None:
-        """Give every parameter ordinary storage again (in `dtypes[name]`, default its compute dtype):
-        trainable ones from their fp32 master weight, frozen ones from their compute copy."""
-        dtypes = dtypes or {}
-        values = {}
-        for name, state in self.iter_states():
-            e = self.by_name[name]
-            values[name] = state[:e.shape.numel()].view(e.shape).to(dtypes.get(name, e.dtype), copy=True)
-        for e in self.store.entries:
-            if not e.trainable:
-                values[e.name] = self.store.read_home(e).to(dtypes.get(e.name, e.dtype))
-        self.remove_hooks()
-        for e in self.store.entries:
-            e.param.data = values.pop(e.name)
-            e.bound = False
-
+    # -- inspection ---------------------------------------------------------------------------------------
     def occupancy(self) -> dict[str, Any]:
         st = self.store
         dev_cap = st.dev_pool.capacity_bytes if st.dev_pool is not None else 0
@@ -358,7 +355,20 @@ class OffloadEngine(GradientUpdates):
                 "optimizer_nvme_tensors": self.states.nvme_homed,
                 "device_pool_in_use": st.dev_pool.stats.bytes_in_use if st.dev_pool is not None else 0,
                 "grad_staging_capacity": self.stager.capacity_bytes,
-                "cpu_pool_in_use": st.cpu_pool.stats.bytes_in_use}
+                "cpu_pool_in_use": st.cpu_pool.stats.bytes_in_use, "held": self.held_bytes(),
+                **({"shard": {"rank": self.shards.rank, "world": self.shards.world, "load": self.shards.load(),
+                              "imbalance": self.shards.imbalance, "gather_peak_bytes": self.gatherer.peak_bytes}}
+                   if self.shards is not None else {})}
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes this process holds in its tiers, measured: pool slots in use (device, CPU parameter cache,
+        optimizer states) and the NVMe files of this run (parameter and optimizer-state blocks)."""
+        st = self.store
+        nvme = self.nvme_run.path if self.nvme_run is not None else None
+        on_disk = sum(f.stat().st_size for f in nvme.iterdir() if f.is_file()) if nvme is not None else 0
+        return {"device": st.dev_pool.stats.bytes_in_use if st.dev_pool is not None else 0,
+                "cpu": st.cpu_pool.stats.bytes_in_use, "optimizer": self.states.pool.stats.bytes_in_use,
+                "nvme": on_disk}
 
     def device_figures(self) -> dict[str, float]:
         """NVML columns for the step table on a GPU (device memory used vs the device budget, utilisation,
@@ -368,7 +378,8 @@ class OffloadEngine(GradientUpdates):
     def allocations(self) -> int:
         st = self.store
         pools = [st.cpu_pool, self.states.pool] + [p for p in (st.dev_pool, self.stager.pool) if p is not None]
-        return st.stats.allocations + sum(p.stats.allocations for p in pools)
+        gathered = self.gatherer.allocations if self.gatherer is not None else 0
+        return st.stats.allocations + sum(p.stats.allocations for p in pools) + gathered
 
     def close(self) -> None:
         """Release everything; also what a failed build had taken so far."""
@@ -376,6 +387,8 @@ class OffloadEngine(GradientUpdates):
         if getattr(self, "worker", None) is not None:
             self._join_optimizer()
             self.worker.close()
+        if self.gatherer is not None:
+            self.gatherer.close()
         for part in ("store", "states"):
             if getattr(self, part, None) is not None:
                 getattr(self, part).close()

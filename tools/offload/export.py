@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -51,19 +51,16 @@ def write_safetensors(path: Path, specs: list[tuple[str, torch.dtype, tuple[int,
 
 
 def export_engine(engine: Any, path: Path, dtypes: dict[str, torch.dtype] | None = None) -> Path:
-    """An `engine.OffloadEngine`'s weights: trainable ones from their fp32 master (streamed through the
-    optimizer-state cache), frozen ones from their compute copy; in `dtypes[name]`, default fp32 for
-    trainable and the compute dtype for frozen tensors."""
+    """An `engine.OffloadEngine`'s weights (`engine.weights()`): trainable ones from their fp32 master (streamed
+    through the optimizer-state cache), frozen ones from their compute copy; in `dtypes[name]`, default fp32
+    for trainable and the compute dtype for frozen tensors. With several ranks every rank streams and rank 0
+    (`engine.writes_files`) writes the one consolidated file."""
     dtypes = dtypes or {}
     entries = engine.store.entries
     specs = [(e.name, dtypes.get(e.name, torch.float32 if e.trainable else e.dtype), tuple(e.shape)) for e in entries]
-    engine.states.flush()
-
-    def values() -> Iterator[torch.Tensor]:
-        for e in entries:
-            if e.trainable:
-                yield engine.states.peek(e.idx)[:e.shape.numel()]
-            else:
-                yield engine.store.read_home(e)
-
-    return write_safetensors(path, specs, values(), {"format": "pt", "producer": "tencache"})
+    values = (value for _, value in engine.weights())
+    if not engine.writes_files:
+        for _ in values:  # each tensor goes from its owner to rank 0
+            pass
+        return Path(path)
+    return write_safetensors(path, specs, values, {"format": "pt", "producer": "tencache"})

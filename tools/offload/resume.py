@@ -17,11 +17,17 @@ from mlsyskit.tools.offload.progress import ProgressNote
 
 def check_space(engine: OffloadEngine, cfg: Any) -> None:
     """Before training starts: the checkpoint folder has room for one checkpoint (DiskFullError otherwise)."""
-    if cfg.checkpoint_dir is not None:
+    if cfg.checkpoint_dir is not None and engine.writes_files:
         checkpoint.check_space(cfg.checkpoint_dir, engine.adam_step, {e.name: tuple(e.shape) for e in engine.trainable})
 
 
-def save_checkpoint(engine: OffloadEngine, cfg: Any, step: int, progress: ProgressNote | None = None) -> Path:
+def save_checkpoint(engine: OffloadEngine, cfg: Any, step: int, progress: ProgressNote | None = None) -> Path | None:
+    """One consolidated checkpoint of every trainable tensor. With several ranks every rank calls it (each
+    tensor's state comes from its owner) and rank 0 writes it; the others return None."""
+    if not engine.writes_files:
+        for _ in engine.iter_states():
+            pass
+        return None
     manifest = {"model": cfg.model, "signature": engine.signature, "adam_step": engine.adam_step,
                 "seed": cfg.seed, "batch": cfg.batch, "seq": cfg.seq, "lr": cfg.lr, "data": cfg.data,
                 "accumulate": cfg.accumulate}

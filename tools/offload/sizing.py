@@ -11,12 +11,15 @@ from mlsyskit.tools.offload.tiers import Entry
 from mlsyskit.tools.offload.tracking import owning_modules
 
 
-def concurrent_by_class(model: nn.Module, entries: list[Entry]) -> dict[int, int]:
-    """Size class -> the most tensors of that class one module holds (all resident while it runs)."""
+def concurrent_by_class(model: nn.Module, entries: list[Entry], only: set[int] | None = None) -> dict[int, int]:
+    """Size class -> the most tensors of that class one module holds (all resident while it runs); with
+    `only`, counting only those tensors (a rank's own, shards.py)."""
     most: dict[int, int] = {}
     for _, _, owned in owning_modules(model, {id(e.param): e for e in entries}):
         counts: dict[int, int] = {}
         for e in owned:
+            if only is not None and e.idx not in only:
+                continue
             n = e.nbytes
             counts[n] = counts.get(n, 0) + 1
         for n, c in counts.items():

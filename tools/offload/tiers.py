@@ -36,6 +36,7 @@ from mlsyskit.tools.offload.streams import Mover, QueuedCopy, StreamOps, ThreadC
 from mlsyskit.tools.offload.tier_blocks import BlockIO
 
 DEVICE, CPU, NVME = "device", "cpu", "nvme"
+REMOTE = "remote"  # another rank owns the tensor (shards.py): no slot or block here
 SMALL_COPY = 64 * 1024  # bytes: device copies up to this size are batched
 BATCH_SEGMENTS = 256  # most tensors in one batched launch
 BATCH_BYTES = 4 << 20  # most bytes in one batched launch

@@ -69,6 +69,8 @@ class TrainConfig:
     clip: float | None = None  # global gradient-norm clipping
     weight_decay: float = 0.0  # AdamW's decoupled weight decay
     lr_warmup: int = 0  # steps of linear lr warm-up (lr * (step + 1) / lr_warmup until then)
+    export: Path | None = None  # write the final weights here (consolidated safetensors; rank 0 with several)
+    rank_timeout: float = 300.0  # seconds a collective waits for the other ranks (torchrun runs) before failing
 
     def __post_init__(self) -> None:
         for name in ("device_mem", "cpu_mem", "opt_mem"):
@@ -90,6 +92,8 @@ class TrainConfig:
         require(self.accumulate >= 1 and self.lr_warmup >= 0, "accumulate must be >= 1 and lr_warmup >= 0")
         require(self.clip is None or (math.isfinite(self.clip) and self.clip > 0),
                 f"clip must be a positive finite number, got {self.clip}")
+        require(math.isfinite(self.rank_timeout) and self.rank_timeout > 0,
+                f"rank_timeout must be a positive number of seconds, got {self.rank_timeout}")
         require(math.isfinite(self.weight_decay) and 0 <= self.weight_decay and self.lr * self.weight_decay < 1,
                 f"weight_decay must be finite, >= 0 and below 1/lr, got {self.weight_decay}")
 
@@ -175,6 +179,8 @@ def preflight(cfg: TrainConfig, profile: Profile | None, ranks: RankGroup | None
         return None
     if ranks is None:
         return NvmeRun.open(cfg.nvme_dir)
+    if not Path(cfg.nvme_dir).is_dir():
+        raise MissingDirectoryError(f"--nvme-dir {cfg.nvme_dir} does not exist on rank {ranks.rank} (create it first)")
     own = Path(cfg.nvme_dir) / f"rank{ranks.rank}"  # each rank its own locked share
     own.mkdir(exist_ok=True)
     return NvmeRun.open(own)
@@ -188,6 +194,8 @@ def build_engine(cfg: TrainConfig, profile: Profile | None = None, nvme_run: Nvm
     A preset is never materialised: built on the meta device, each tensor generated into its tier."""
     lazy = cfg.model in PRESETS
     device = pick_device(cfg.device)
+    if ranks is not None and device.type == "cuda":
+        device = torch.device("cuda", ranks.local_rank)  # torchrun: one GPU per rank on each machine
     model, masters = sources.build(cfg.model, cfg.seed, lazy=lazy)
     if cfg.policy == "tencache" and profile is None:
         on_phase("profiling")
@@ -222,8 +230,23 @@ def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Teleme
     pin_mmap_threshold()  # freed weights and gradients go back to the kernel (see memory_accounting)
     # the runtime before any model or pool: interpreter, torch and what it imports on first use, allocator
     overhead = warm_up_runtime(lambda: run_profile(TrainConfig(model="gpt-tiny", batch=1, seq=8)))
-    ranks = RankGroup.from_env()  # under torchrun: this rank's share of each step (ranks.py)
-    nvme_run = preflight(cfg, profile, ranks)  # fail before the model is built, not when the first I/O is due
+    # under torchrun: this rank's share of the tensors and of each step's micro-batches (shards.py, ranks.py)
+    ranks = RankGroup.from_env(pick_device(cfg.device).type, cfg.rank_timeout)
+    try:
+        nvme_run = preflight(cfg, profile, ranks)  # fail before the model is built, not when the first I/O is due
+    except BaseException as exc:
+        if ranks is not None:
+            ranks.agree(exc, "the checks before training")  # the other ranks fail now too, naming this one
+            ranks.close()
+        raise
+    try:
+        if ranks is not None:
+            ranks.agree(None, "the checks before training")
+    except BaseException:
+        if nvme_run is not None:
+            nvme_run.close()
+        ranks.close()
+        raise
     try:
         engine = build_engine(cfg, profile, nvme_run, on_phase, progress, ranks)
         tel = telemetry or Telemetry(clock=RealClock())
@@ -238,9 +261,12 @@ def train(cfg: TrainConfig, profile: Profile | None = None, *, telemetry: Teleme
                 tel.event("step", **record)
                 if on_step is not None:
                     on_step(record)
-                if cfg.checkpoint_dir is not None and cfg.checkpoint_every and (ranks is None or ranks.rank == 0) and \
+                if cfg.checkpoint_dir is not None and cfg.checkpoint_every and \
                         ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
-                    save_checkpoint(engine, cfg, step + 1, progress)
+                    save_checkpoint(engine, cfg, step + 1, progress)  # every rank: each sends its own tensors
+            if cfg.export is not None:
+                on_phase("exporting")
+                engine.export(Path(cfg.export))
             result.summary = summarize(result.steps, cfg, engine, overhead)
             tel.event("summary", **result.summary)
         finally:

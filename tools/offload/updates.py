@@ -40,6 +40,7 @@ class GradientUpdates:
     param_steps: dict[int, int]
     progress: Any
     ranks: Any  # ranks.RankGroup or None
+    gatherer: Any  # gather.Gatherer (several ranks) or None
 
     def grad_ready(self, e: Entry) -> None:
         """In the autograd thread: stage e's gradient and hand it to the optimizer worker (`_optimize`)."""
@@ -49,10 +50,17 @@ class GradientUpdates:
         grad = e.param.grad
         e.param.grad = None
         self.stager.apply()
+        last = self._micro == self.accumulate - 1
+        update = last and self.clip_norm is None  # else: a sweep after backward
+        if self.gatherer is not None:  # several ranks: the fp32 sum of every rank's gradient, at its owner
+            grad = self.gatherer.reduce_grad(e, grad)
+            if grad is None:  # another rank owns e: it updates e
+                if update:
+                    self._updated.add(e.idx)
+                self.stats.optimizer_s += time.perf_counter() - t0
+                return
         first = e.idx not in self._got
         self._got.add(e.idx)
-        last = self._micro == self.accumulate - 1
-        update = last and self.clip_norm is None and self.ranks is None  # else: a sweep after backward
         if update:
             self._updated.add(e.idx)  # now, not when the worker gets to it: backward must not read it again
         buf, copy, slot = self.stager.stage(e.idx, grad)
@@ -118,20 +126,13 @@ class GradientUpdates:
             self._update(self.store.entries[idx], coef)
         self.stats.optimizer_s += time.perf_counter() - t0
 
-    def _reduce_ranks(self) -> None:
-        """Several ranks (ranks.py): sum every fp32 gradient across ranks, chunk by chunk in optimizer order
-        (the same order on every rank), and take each tensor's squared norm again."""
-        self.states.begin_step()
-        for idx in self.states.order:
-            if idx not in self._sumsq:
-                continue
-            parts = []
-            for j in range(len(self.states.chunks(idx))):
-                g32 = self.states.get(idx, j)[3]
-                self.ranks.all_reduce(g32)
-                parts.append(float(torch.dot(g32, g32)))
-                self.states.put(idx, j)
-            self._sumsq[idx] = parts[0] if len(parts) == 1 else math.fsum(parts)
+    def _share_norms(self) -> None:
+        """Several ranks: every rank's per-tensor squared gradient norms (each tensor's, from its owner), so
+        the global norm (clipping, `grad_norm`) is the single process's exact sum (math.fsum)."""
+        merged: dict[int, float] = {}
+        for part in self.ranks.gather_objects(self._sumsq, "squared gradient norms"):
+            merged.update(part)
+        self._sumsq = merged
 
     @property
     def grad_norm(self) -> float:

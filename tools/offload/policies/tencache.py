@@ -49,7 +49,8 @@ class TenCachePolicy(SyncFetch):
                 self.positions.setdefault(t, []).append(pos)
         dev = class_slots(ctx.distribution, ctx.device_budget, tier="device", min_slots=ctx.concurrent)
         cpu = class_slots(ctx.distribution, ctx.cpu_budget, tier="CPU", small_first=True, min_one=not ctx.has_nvme)
-        order = first_use_order(self.uses, len(ctx.sizes))
+        # a rank's sizes are its own tensors only (shards.py): ids need not be 0..n-1
+        order = [t for t in first_use_order(self.uses, max(ctx.sizes, default=-1) + 1) if t in ctx.sizes]
         return Plan(dev, cpu, place(order, ctx.sizes, dev, cpu))
 
     # -- profile distances ---------------------------------------------------------------------------
