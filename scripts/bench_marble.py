@@ -48,6 +48,7 @@ from mlsyskit.tools.sched.throughput import ThroughputModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/marblebench
 from marblebench import RESTART_COST  # noqa: E402
+from marblebench.breakdown import breakdown, rows_for_table  # noqa: E402
 from marblebench.heldout import APP_REQUESTS, HELDOUT, heldout_rows, philly_windows, write_csv  # noqa: E402
 from marblebench.speed import daemon_part, latency_part, scale_child, scale_part  # noqa: E402
 
@@ -162,6 +163,18 @@ def heldout_part(args, model: ThroughputModel, folder: Path) -> dict:
     return out
 
 
+def breakdown_part(args, model: ThroughputModel, folder: Path) -> dict:
+    """Per application, where marble's, optimus' and tiresias' mean JCT comes from (first seed)."""
+    out: dict = {}
+    seed = args.first_seed
+    for name in args.heldout:
+        path = write_csv(folder / f"{name}-seed{seed}.csv", heldout_rows(name, seed))
+        for cluster in CLUSTERS:
+            out.setdefault(name, {})[cluster] = breakdown(WorkloadSource(str(path)), ClusterSpec.parse(cluster), seed,
+                                                          model, ["marble", "optimus", "tiresias"], RESTART_COST, folder)
+    return out
+
+
 def realistic_part(args, model: ThroughputModel, folder: Path) -> dict:
     out: dict = {}
     for path in philly_windows(folder, args.windows, args.window):
@@ -192,6 +205,13 @@ def show(doc: dict) -> None:
                           "('x' = missed): marble <= 0.80 tiresias, <= 0.75 optimus, worst slowdown <= 2x tiresias'",
                           ["workload", "cluster", *doc["policies"], "/tiresias", "/optimus", "slowdown/tir",
                            "floor/tir"], rows))
+    if "breakdown" in doc:
+        emit_table(make_table(f"where the mean JCT comes from (held-out, seed {doc['first_seed']}): per application; "
+                              "held/work = GPU-hours held per single-GPU-hour of work",
+                              ["workload", "cluster", "app", "policy", "jobs", "JCT share", "JCT h", "queued h",
+                               "running h", "restarts", "GPU-h held", "held/work"],
+                              [row for name, per in doc["breakdown"].items() for cluster, pol in per.items()
+                               for row in rows_for_table(name, cluster, pol)]))
     emit_table(make_table("held-out targets met (of 4 workloads; needs 3)", ["cluster", "met", "target met"],
                           [[c, v["workloads_met"], v["met"]] for c, v in doc["heldout_summary"].items()]))
     emit_table(make_table("realistic sizes: Philly windows at load 0.8, mean JCT (h); target marble <= 1.02 tiresias",
@@ -234,6 +254,7 @@ def main() -> None:
                     help=f"comma-separated subset of {','.join(HELDOUT)}")
     ap.add_argument("--windows", type=positive, default=3, help="Philly windows for the realistic-size part")
     ap.add_argument("--window", type=positive, default=2000, help="jobs per Philly window")
+    ap.add_argument("--no-breakdown", action="store_true", help="skip the per-application breakdown")
     ap.add_argument("--tune", action="store_true", help="also the tuning grid on the shipped workloads")
     ap.add_argument("--tune-only", action="store_true", help="only the tuning grid")
     ap.add_argument("--scale", action="store_true", help="also the Philly replays, the latency probe and the daemon step")
@@ -280,6 +301,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             doc["heldout"] = heldout_part(args, model, Path(tmp))
             save()
+            if not args.no_breakdown:
+                doc["breakdown"] = breakdown_part(args, model, Path(tmp))
+                save()
             doc["realistic"] = realistic_part(args, model, Path(tmp))
         need = min(3, len(doc["heldout"]))
         doc["heldout_summary"] = {}

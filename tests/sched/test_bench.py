@@ -23,7 +23,10 @@ def test_bench_marble_small(tmp_path):
         capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
-    assert doc["tuning_workloads"] == ["workload-1", "workload-2", "workload-3", "workload-4"]
+    assert {w.split("@")[0] for w in doc["tuning_workloads"]} == {"workload-1", "workload-2", "workload-3", "workload-4"}
+    apps = doc["breakdown"]["heldout-large"]["16x4"]["marble"]["apps"]
+    assert abs(sum(a["jct_share"] for a in apps.values()) - 1) < 1e-9
+    assert all(0 <= a["mean_queued_h"] <= a["mean_jct_h"] and a["held_per_work"] > 0.5 for a in apps.values())
     for cluster in ("16x4", "16x6"):
         res = doc["heldout"]["heldout-large"][cluster]
         assert set(res["policies"]) == {"tiresias", "optimus", "marble"}
