@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from mlsyskit.tools.fl.baseline import local_only_accuracies
 from mlsyskit.tools.fl.config import TrainSpec
 from mlsyskit.tools.fl.model import Weights
 from mlsyskit.tools.fl.task import ClientData
@@ -75,8 +76,13 @@ def run_train_task(job: RoundJob, task: TrainTask) -> LocalResult:
     return train_local(job.weights, task.data, job.spec, job.num_features, job.num_classes, task.seed, task.attack)
 
 
-def run_baseline_task(spec: TrainSpec, num_features: int, num_classes: int, task: BaselineTask) -> float:
-    return local_only_accuracy(task.data, spec, num_features, num_classes, task.seed)
+def run_baseline_tasks(spec: TrainSpec, num_features: int, num_classes: int,
+                       tasks: Sequence[BaselineTask]) -> list[float]:
+    """What every backend runs for a group of baselines: the built-in MLP's all at once (baseline.py; each
+    client's result does not depend on the group), a custom model's one by one in torch."""
+    if not spec.model:
+        return local_only_accuracies([t.data for t in tasks], [t.seed for t in tasks], spec, num_features, num_classes)
+    return [local_only_accuracy(t.data, spec, num_features, num_classes, t.seed) for t in tasks]
 
 
 class InProcessBackend:
@@ -89,7 +95,7 @@ class InProcessBackend:
 
     def local_only(self, spec: TrainSpec, num_features: int, num_classes: int,
                    tasks: Sequence[BaselineTask]) -> list[float]:
-        return [run_baseline_task(spec, num_features, num_classes, task) for task in tasks]
+        return run_baseline_tasks(spec, num_features, num_classes, tasks)
 
     def close(self) -> None:
         pass

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlsyskit.core.errors import RuntimeFailure
-from mlsyskit.tools.fl.backends import BaselineTask, RoundJob, TrainTask, run_baseline_task, run_train_task
+from mlsyskit.tools.fl.backends import BaselineTask, RoundJob, TrainTask, run_baseline_tasks, run_train_task
 from mlsyskit.tools.fl.config import TrainSpec
 from mlsyskit.tools.fl.training import LocalResult
 
@@ -43,7 +43,7 @@ def _baseline_chunk(spec: TrainSpec, num_features: int, num_classes: int, tasks:
     from mlsyskit.tools.fl.threads import single_threaded
 
     single_threaded()
-    return [run_baseline_task(spec, num_features, num_classes, task) for task in tasks]
+    return run_baseline_tasks(spec, num_features, num_classes, tasks)
 
 
 def _chunks(items: Sequence[Any], count: int) -> list[list[Any]]:

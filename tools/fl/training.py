@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mlsyskit.tools.fl.baseline import local_only_accuracies
 from mlsyskit.tools.fl.config import ATTACKS, TrainSpec
 from mlsyskit.tools.fl.data import ClientData
 from mlsyskit.tools.fl.model import Weights, init_weights
@@ -135,7 +136,10 @@ def optimizer_steps(num_samples: int, spec: TrainSpec) -> int:
 
 
 def local_only_accuracy(data: ClientData, spec: TrainSpec, num_features: int, num_classes: int, seed: int) -> float:
-    """Accuracy on the client's own test split of a model trained on its own data alone (the UIR baseline)."""
+    """Accuracy on the client's own test split of a model trained on its own data alone (the UIR baseline);
+    the built-in MLP trains in baseline.py (numpy, the same steps), a custom model here in torch."""
+    if not spec.model:
+        return local_only_accuracies([data], [seed], spec, num_features, num_classes)[0]
     model = build_model(num_features, num_classes, spec.hidden, spec.model)
     set_weights(model, init_weights(num_features, num_classes, spec.hidden, seed, spec.model))
     generator = torch.Generator().manual_seed(seed)
