@@ -1,4 +1,5 @@
-"""Flower peer client: trains the same MLP with the same local-training code as fl-client."""
+"""Flower peer client: trains the same MLP with the same local-training code as fl-client, on the same
+per-client folder (`fl-server partition`'s client-K, read by the same loader as `fl-client --data`)."""
 from __future__ import annotations
 
 import sys
@@ -7,14 +8,15 @@ import flwr as fl
 import torch  # noqa: F401 (imported before single_threaded() so it applies to torch too)
 
 from mlsyskit.core.sim import sub_seed
-from mlsyskit.tools.fl.config import DataSpec, TrainSpec
-from mlsyskit.tools.fl.data import load_client
+from mlsyskit.tools.fl.config import TrainSpec
+from mlsyskit.tools.fl.local_data import load_client_data
 from mlsyskit.tools.fl.threads import single_threaded
 from mlsyskit.tools.fl.training import train_local
 
-address, clients, cid, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+address, folder, cid, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+num_features, num_classes = int(sys.argv[5]), int(sys.argv[6])
 single_threaded()  # the same thread policy as fl-client
-data, num_features, num_classes = load_client(DataSpec(dataset="digits", num_clients=clients, seed=0), cid)
+data = load_client_data(folder, cid)
 spec = TrainSpec(epochs=epochs)
 NAMES = ["0.weight", "0.bias", "2.weight", "2.bias"]
 
@@ -23,8 +25,8 @@ class DigitsClient(fl.client.NumPyClient):
     def fit(self, parameters, config):
         seed = sub_seed(0, f"train:{config['round']}:{cid}") % (2**31)
         result = train_local(dict(zip(NAMES, parameters, strict=True)), data, spec, num_features, num_classes, seed)
-        return list(result.weights.values()), result.num_samples, {"quality": result.quality,
-                                                                     "cpu_time_s": result.cpu_time_s}
+        return list(result.weights.values()), result.num_samples, {
+            "quality": result.quality, "cpu_time_s": result.cpu_time_s, "train_time_s": result.train_time_s}
 
     def evaluate(self, parameters, config):
         return 0.0, 1, {}
