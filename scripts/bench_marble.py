@@ -4,10 +4,11 @@
 Every policy gets what a running cluster reports (policies.learned: a fitted prior with the
 default model error, corrected by measured throughput); the simulator alone holds the truth.
 
-1. Tuning (--tune): marble's constants (efficiency/grow thresholds, restart interval, starvation
-   limit, ...) are chosen on the four shipped Pollux workloads ONLY (workload-1..4, 16x6 and 16x4,
-   seed 0): the grid point with the best geometric mean of marble / tiresias mean JCT whose worst
-   slowdown stays within 2x tiresias' (the target's bound). The shipped PolicyOptions defaults are that choice; the
+1. Tuning (--tune): marble's constants (efficiency/grow thresholds, LAS queues, restart interval,
+   starvation limit, ...) are chosen on the four shipped Pollux workloads ONLY (workload-1..4 at
+   their own arrival times and with arrivals compressed to load 8, 16x6 and 16x4, seed 0): the grid point with the best geometric mean of marble / tiresias mean JCT whose worst
+   slowdown stays within 2x tiresias' (the target's bound), if it beats the shipped defaults by more
+   than TUNE_MARGIN (0.5%, one seed's noise; else they stay). The shipped PolicyOptions defaults are that choice; the
    JSON lists the grid and the workloads used ("tuning_workloads").
 2. Held-out (always): Pollux-format workloads this script generates (`heldout_rows`, documented
    below) with other seeds, arrival processes and application mixes than the shipped ones, on
@@ -15,7 +16,10 @@ default model error, corrected by measured throughput); the simulator alone hold
    means over seeds: marble <= 0.80x tiresias and <= 0.75x optimus in average JCT, worst slowdown
    <= 2x tiresias'; met on a cluster when at least 3 of the 4 workloads meet all three. The floor
    ("alone at best size": every job alone on the whole cluster at its fastest GPU count, no
-   queueing, batch fixed) says how far any policy that keeps each job's batch could go.
+   queueing, batch fixed) says how far any policy that keeps each job's batch could go. The
+   oracle-order bound (marblebench.bound, benchmark-only) is marble ranking jobs by their TRUE
+   remaining work: how far better size estimates alone could take marble. The per-application
+   breakdown (marblebench.breakdown, first seed) says where each policy's mean JCT comes from.
 3. Realistic sizes (always): windows of --window consecutive jobs of the real Philly trace
    (mostly 1-GPU jobs; not tuning data), arrivals scaled to load 0.8, on 16x4 and 16x6: target
    marble <= 1.02x tiresias on every one.
@@ -48,6 +52,7 @@ from mlsyskit.tools.sched.throughput import ThroughputModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/marblebench
 from marblebench import RESTART_COST  # noqa: E402
+from marblebench.bound import oracle_order_jct  # noqa: E402
 from marblebench.breakdown import breakdown, rows_for_table  # noqa: E402
 from marblebench.heldout import APP_REQUESTS, HELDOUT, heldout_rows, philly_windows, write_csv  # noqa: E402
 from marblebench.speed import daemon_part, latency_part, scale_child, scale_part  # noqa: E402
@@ -58,6 +63,7 @@ CLUSTERS = ["16x4", "16x6"]
 # (the held-out workloads run at loads 4-24; the shipped ones at 1.3-4.9): the only tuning data.
 TUNING_LOAD = 8
 TUNING = [f"workload-{i}" for i in range(1, 5)] + [f"workload-{i}@{TUNING_LOAD}" for i in range(1, 5)]
+TUNE_MARGIN = 0.005   # a grid point replaces the shipped defaults only if its geomean is > 0.5% lower
 TUNE_GRID = [{}, {"marble_thresholds": ()}, {"marble_thresholds": (3600.0,)}, {"marble_thresholds": (1800.0, 18000.0)},
              {"marble_thresholds": (7200.0, 72000.0)}, {"rank_by_estimate": False}, {"admit_threshold": 0.5},
              {"admit_threshold": 0.2}, {"grow_threshold": 0.5}, {"marble_grow_gain": 1.0}, {"marble_grow_gain": 8.0},
@@ -131,8 +137,10 @@ def tune_part(args, model: ThroughputModel) -> dict:
         log(f"  tune {point}: {gm:.3f} x tiresias, worst slowdown {max(slow):.2f} x")
     ok = [g for g in grid if g["worst_slowdown_vs_tiresias"] <= 2.0] or grid   # the target bound
     chosen = min(ok, key=lambda g: g["geomean_vs_tiresias"])
+    if grid[0] in ok and chosen["geomean_vs_tiresias"] > grid[0]["geomean_vs_tiresias"] * (1 - TUNE_MARGIN):
+        chosen = grid[0]   # within one seed's noise of the shipped defaults: keep them
     return {"tuning_workloads": TUNING, "clusters": CLUSTERS, "seed": 0, "grid": grid, "chosen": chosen["options"],
-            "shipped_defaults_are_the_choice": chosen["options"] == {}}
+            "margin": TUNE_MARGIN, "shipped_defaults_are_the_choice": chosen["options"] == {}}
 
 
 def heldout_part(args, model: ThroughputModel, folder: Path) -> dict:
@@ -146,15 +154,23 @@ def heldout_part(args, model: ThroughputModel, folder: Path) -> dict:
                 path = write_csv(folder / f"{name}-seed{seed}.csv", heldout_rows(name, seed))
                 one = run_set(WorkloadSource(str(path)), spec, range(seed, seed + 1), model, args.policies)
                 if res is None:
-                    res = {"policies": {p: {"seeds": {}} for p in args.policies}, "floor_alone_s": []}
+                    res = {"policies": {p: {"seeds": {}} for p in args.policies}, "floor_alone_s": [],
+                           "oracle_order_bound": {"seeds": {}}}
                 for p in args.policies:
                     res["policies"][p]["seeds"][str(seed)] = one["policies"][p]["seeds"][str(seed)]
                 res["floor_alone_s"].append(one["floor_alone_s"])
+                jobs = WorkloadSource(str(path)).load(model, seed, spec)
+                res["oracle_order_bound"]["seeds"][str(seed)] = oracle_order_jct(jobs, spec, seed, model,
+                                                                                 RESTART_COST)["avg_jct_s"]
             for entry in res["policies"].values():
                 per = list(entry["seeds"].values())
                 entry["avg_jct_s"] = statistics.fmean(s["avg_jct_s"] for s in per)
                 entry["worst_slowdown"] = max(s["max_slowdown"] for s in per)
             res["floor_alone_s"] = statistics.fmean(res["floor_alone_s"])
+            bound = res["oracle_order_bound"]
+            bound["avg_jct_s"] = statistics.fmean(bound["seeds"].values())
+            bound["vs_optimus"] = bound["avg_jct_s"] / res["policies"]["optimus"]["avg_jct_s"]
+            bound["vs_tiresias"] = bound["avg_jct_s"] / res["policies"]["tiresias"]["avg_jct_s"]
             res["checks"] = checks(res, 0.80, 0.75)
             res["met"] = all(c["met"] for c in res["checks"].values())
             out.setdefault(name, {})[cluster] = res
@@ -200,16 +216,16 @@ def show(doc: dict) -> None:
             rows.append([name, cluster, *[_h(p[q]["avg_jct_s"]) for q in doc["policies"]],
                          *[f"{c[k]['ratio']:.2f}{'' if c[k]['met'] else ' x'}"
                            for k in ("vs_tiresias", "vs_optimus", "worst_slowdown_vs_tiresias")],
-                         f"{c['vs_tiresias']['floor']:.2f}"])
+                         f"{c['vs_tiresias']['floor']:.2f}", f"{res['oracle_order_bound']['vs_optimus']:.2f}"])
     emit_table(make_table(f"held-out Pollux-format workloads, mean JCT (h) over {doc['seeds']} seeds; targets "
                           "('x' = missed): marble <= 0.80 tiresias, <= 0.75 optimus, worst slowdown <= 2x tiresias'",
                           ["workload", "cluster", *doc["policies"], "/tiresias", "/optimus", "slowdown/tir",
-                           "floor/tir"], rows))
+                           "floor/tir", "oracle-order/opt"], rows))
     if "breakdown" in doc:
         emit_table(make_table(f"where the mean JCT comes from (held-out, seed {doc['first_seed']}): per application; "
                               "held/work = GPU-hours held per single-GPU-hour of work",
-                              ["workload", "cluster", "app", "policy", "jobs", "JCT share", "JCT h", "queued h",
-                               "running h", "restarts", "GPU-h held", "held/work"],
+                              ["held-out", "cluster", "app", "policy", "JCT share", "JCT h", "queued h", "restarts",
+                               "held/work"],
                               [row for name, per in doc["breakdown"].items() for cluster, pol in per.items()
                                for row in rows_for_table(name, cluster, pol)]))
     emit_table(make_table("held-out targets met (of 4 workloads; needs 3)", ["cluster", "met", "target met"],

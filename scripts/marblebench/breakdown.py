@@ -74,7 +74,7 @@ def rows_for_table(name: str, cluster: str, per_policy: dict) -> list[list[str]]
     for app in order:
         for policy, doc in per_policy.items():
             a = doc["apps"][app]
-            out.append([name, cluster, app, policy, str(a["jobs"]), f"{a['jct_share']:.2f}", f"{a['mean_jct_h']:.2f}",
-                        f"{a['mean_queued_h']:.2f}", f"{a['mean_running_h']:.2f}", f"{a['restarts_per_job']:.1f}",
-                        f"{a['gpu_hours_held']:.0f}", f"{a['held_per_work']:.2f}"])
+            out.append([name.removeprefix("heldout-"), cluster, app, policy, f"{a['jct_share']:.2f}",
+                        f"{a['mean_jct_h']:.2f}", f"{a['mean_queued_h']:.2f}", f"{a['restarts_per_job']:.1f}",
+                        f"{a['held_per_work']:.2f}"])
     return out
