@@ -13,11 +13,14 @@ SECTIONS = sorted(p.stem for p in (REPO / "scripts" / "demo.d").glob("*.sh"))
 
 
 @pytest.mark.parametrize("section", SECTIONS)
-def test_each_demo_section_runs_to_ok_or_explicit_skip(tmp_path, section):
-    """One section per test, so each stays under the global timeout and sections run in parallel."""
-    env = {**os.environ, "DEMO_DIR": str(tmp_path)}
-    r = subprocess.run([str(REPO / "scripts" / "demo"), section], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=280, start_new_session=True)
+def test_each_demo_section_runs_to_ok_or_explicit_skip(tmp_path, section, proc_manager):
+    """One section per test, so each stays under the global timeout and sections run in parallel
+    (tests/xdist_plan.py spreads them over the workers). Past the timeout the section's whole process
+    group is stopped, not only the runner."""
+    proc = proc_manager.start([str(REPO / "scripts" / "demo"), section], cwd=REPO, env={"DEMO_DIR": str(tmp_path)},
+                              text=True)
+    stdout, stderr = proc.communicate(timeout=280)
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     summary = r.stdout.rsplit("\n", 1)[0].splitlines()
     lines = {line.split(":", 1)[0]: line for line in summary if re.match(r"^\d\d-[\w-]+: ", line)}
     assert sorted(lines) == [section], r.stdout[-3000:] + r.stderr[-3000:]
