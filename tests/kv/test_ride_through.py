@@ -4,11 +4,13 @@ A cluster started by the one launcher (`bespokv up`'s ops.processes.up): redis-b
 the proxy, redis-py through the proxy, redis-py's RedisCluster straight to the nodes and the smart
 client all write while the chain head is killed with SIGKILL; none sees an error and every write it
 was told succeeded is read back (tools/kv/check/ridecheck.py). And on two shards in one process:
-CLUSTER SLOTS, -MOVED for another shard's key, hash tags, and RedisCluster unchanged.
+CLUSTER SLOTS, -MOVED for another shard's key, hash tags, RedisCluster unchanged and
+redis-benchmark's cluster mode.
 """
 from __future__ import annotations
 
 import shutil
+import subprocess
 
 import pytest
 import redis
@@ -49,6 +51,11 @@ def test_redis_cluster_works_unchanged_against_two_shards_and_other_keys_are_mov
         assert plain.execute_command("CLUSTER", "INFO").decode().startswith("cluster_enabled:1")
         assert plain.execute_command("CLUSTER MYID") == hex_id("s1r1").encode()
         plain.close()
+        if shutil.which("redis-benchmark") is not None:  # its cluster mode reads CLUSTER NODES
+            run = subprocess.run(["redis-benchmark", "--cluster", "-h", tail.host, "-p", str(tail.port), "-t",
+                                  "set,get", "-n", "2000", "-q"], capture_output=True, text=True, timeout=120)
+            assert run.returncode == 0 and "rror" not in run.stdout + run.stderr, run.stdout + run.stderr
+            assert "Master 1: " + hex_id("s1r0") in run.stdout and "GET: " in run.stdout
 
 
 @pytest.fixture(scope="module")
