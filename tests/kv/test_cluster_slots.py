@@ -3,7 +3,9 @@ CLUSTER replies, and the rider's hold-and-retry on a virtual clock (no sockets, 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
+import hiredis
 import pytest
 
 from mlsyskit.core.clock import VirtualClock
@@ -112,11 +114,41 @@ class FakeLink:
         fut.get_loop().call_soon(fn, fut)
 
 
+class PausedLink:
+    """A link to a stopped node: calls wait until `fail_all` (it came back fenced)."""
+
+    def __init__(self) -> None:
+        self.waiting: list = []
+
+    def call_back(self, frame: bytes, fn) -> None:
+        self.waiting.append(fn)
+
+    def fail_all(self) -> None:
+        for fn in self.waiting:
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(hiredis.ReplyError("TRYAGAIN fenced: s0r0 is not in the shard map"))
+            fn(fut)
+
+
+class NewHead:
+    """A link to the new write point: applies and answers at once."""
+
+    def __init__(self, node: FakeNode) -> None:
+        self.node = node
+
+    def call_back(self, frame: bytes, fn) -> None:
+        self.node.applied.append(frame.split(b"\r\n")[-2])  # SET k value: the value
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(b"OK")
+        fn(fut)
+
+
 class FakeNode:
     """The rider's node: before `failover_at` (virtual s) every request is forwarded to the dead
     write point; after it this node is the write point and applies what it gets, in order."""
 
     def __init__(self, message: str, failover_at: float = 4.0) -> None:
+        self.map = SimpleNamespace(epoch=1)
         self.clock = VirtualClock()
         self.agent = object()  # follows a coordinator: the rider rides through
         self.failover_at = failover_at
@@ -186,3 +218,22 @@ def test_a_never_sent_incr_rides_through_and_an_endless_outage_ends_in_its_error
     _run(down, [Request(GET, b"k", None, conn)])
     assert conn.answers[0].startswith(b"-CLUSTERDOWN") and down.rider.stats["gave_up"] == 1
     assert 10.0 <= down.clock.now() <= 11.0  # RIDE_THROUGH_S, then the error it always was
+
+
+def test_a_request_overtaken_under_a_newer_map_keeps_its_error() -> None:
+    """A stopped head answers fenced only after the new map; meanwhile a later SET of the same
+    connection went out to the new head and was applied: resending the first would undo it."""
+    async def main() -> None:
+        node, conn, paused = FakeNode("unused"), Conn(), PausedLink()
+        node.link = lambda n: paused
+        first, later = Request(PUT, b"k", b"v1", conn), Request(PUT, b"k", b"v2", conn)
+        node.rider.forward(first, "old")  # to the stopped head, under epoch 1
+        node.link = lambda n: NewHead(node)
+        node.map.epoch = 2
+        node.rider.forward(later, "new")  # the new map's head: applied
+        paused.fail_all()  # the old head comes back and refuses
+        await asyncio.sleep(0)
+        assert later.payload == b"+OK\r\n" and first.payload.startswith(b"-TRYAGAIN fenced")
+        assert node.applied == [b"v2"] and node.rider.stats["held"] == 0
+
+    asyncio.run(asyncio.wait_for(main(), 10))

@@ -15,7 +15,11 @@ could apply it twice; redis-py and Jedis leave that choice to the caller too).
 
 Order: once a client connection has a held request, its later forwarded requests queue behind it
 and are sent one at a time in arrival order, so a pipelined SET k 1, SET k 2 cannot be applied
-2-then-1 by a retry. Requests on other connections are unaffected.
+2-then-1 by a retry; and a request that fails after a later one of its connection went out under a
+newer map is not held at all (it keeps its error). Requests on other connections are unaffected.
+Not covered: a node that has itself become the new write point applies a later request locally,
+which the rider does not see, so a paused old head's late refusal of an earlier one can still be
+resent after it (a kill -9 fails it before the new map, so there it is held in order).
 
 RIDE_THROUGH_S covers a kill -9: detection within 5 s (8 missed heartbeats of 0.5 s, issue 22
 item 3), the new map committed and fetched (the proxy polls every heartbeat) and the new write
@@ -75,21 +79,36 @@ class Rider:
         self.stats = {"held": 0, "retries": 0, "rode_through": 0, "gave_up": 0}
 
     def forward(self, req: Request, node_id: str) -> None:
-        if self.held and type(req) is not Attempt:
-            queue = self.held.get(origin(req))
-            if queue is not None:  # keep this connection's order behind what it has held
-                queue.append((req, self.node.clock.now()))
-                return
+        epoch = self.node.map.epoch
+        if type(req) is not Attempt:
+            conn = origin(req)
+            if self.held:
+                queue = self.held.get(conn)
+                if queue is not None:  # keep this connection's order behind what it has held
+                    queue.append((req, self.node.clock.now()))
+                    return
+            if conn is not None:
+                conn.ride_epoch = epoch  # the map its latest request went out under (see _overtaken)
         self.node.stats["forwarded"] += 1
         # answered in place when the reply is parsed (links.Waiter: no Future or loop turn per request)
-        self.node.link(node_id).call_back(req.frame(), lambda f: self._answered(req, f))
+        self.node.link(node_id).call_back(req.frame(), lambda f: self._answered(req, f, epoch))
 
-    def _answered(self, req: Request, fut: asyncio.Future) -> None:
+    def _answered(self, req: Request, fut: asyncio.Future, epoch: int) -> None:
         payload = relay_answer(req, fut)
-        if type(req) is Attempt or self.window() <= 0 or not worth_retrying(req, payload):
+        if (type(req) is Attempt or self.window() <= 0 or not worth_retrying(req, payload)
+                or self._overtaken(req, epoch)):
             req.complete(payload)
             return
         self.hold(req)
+
+    @staticmethod
+    def _overtaken(req: Request, epoch: int) -> bool:
+        """A later request of the same connection already went out under a newer map (perhaps to the
+        new write point, and was applied): sending this one again would apply it after that one, so
+        it keeps its error. (A kill -9 fails a request before the map changes, so it is held; a
+        paused node's requests may fail only after.)"""
+        conn = origin(req)
+        return conn is not None and getattr(conn, "ride_epoch", epoch) > epoch
 
     def window(self) -> float:
         if self.window_s is not None:
