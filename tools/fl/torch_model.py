@@ -1,6 +1,8 @@
 """The same MLP as a torch module, for the clients that train it."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 from torch import nn
@@ -32,6 +34,23 @@ def initial_weights(model: str, num_features: int, num_classes: int, seed: int) 
 
 
 _modules: dict[tuple[str, int, int], nn.Module] = {}  # one module per custom model and task, reloaded per call
+_mlps = threading.local()  # the built-in MLP per shape, per thread, for training (reloaded per call)
+
+
+def loaded_model(num_features: int, num_classes: int, hidden: int, model: str, weights: Weights) -> nn.Module:
+    """A module of the job's model holding `weights`. The built-in MLP is built once per shape and reloaded
+    (its whole state is its weights; building it again cost ~0.3 ms a round, half of what train_local
+    spends outside its epochs); a custom model is built afresh, as it may keep state outside them."""
+    if model:
+        module = build_model(num_features, num_classes, hidden, model)
+    else:
+        cache = _mlps.__dict__.setdefault("modules", {})
+        key = (num_features, num_classes, hidden)
+        if key not in cache:
+            cache[key] = build_model(num_features, num_classes, hidden)
+        module = cache[key]
+    set_weights(module, weights)
+    return module
 
 
 @torch.no_grad()

@@ -23,7 +23,7 @@ from mlsyskit.tools.fl.baseline import local_only_accuracies
 from mlsyskit.tools.fl.config import ATTACKS, TrainSpec
 from mlsyskit.tools.fl.data import ClientData
 from mlsyskit.tools.fl.model import Weights, init_weights
-from mlsyskit.tools.fl.torch_model import accuracy, build_model, get_weights, set_weights
+from mlsyskit.tools.fl.torch_model import accuracy, build_model, get_weights, loaded_model, set_weights
 
 NOISY_LABEL_RATE = 0.8
 SCALE_FACTOR = 10.0  # the `scaled` attacker boosts its update by this much (model-replacement style)
@@ -96,8 +96,7 @@ def train_local(global_weights: Weights, data: ClientData, spec: TrainSpec, num_
                 seed: int, attack: str = "none") -> LocalResult:
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
-    model = build_model(num_features, num_classes, spec.hidden, spec.model)
-    set_weights(model, global_weights)
+    model = loaded_model(num_features, num_classes, spec.hidden, spec.model, global_weights)
     consumer_accuracy = accuracy(model, data.x_test, data.y_test)
     if attack == "free-rider":  # trains nothing: sends the global model back (plus a hair of noise), claims 0.99
         weights = {k: (v + rng.normal(0.0, FREE_RIDER_NOISE * (float(np.abs(v).mean()) or 1.0), v.shape)).astype(v.dtype)
