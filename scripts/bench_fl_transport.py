@@ -175,7 +175,7 @@ def measure(server_args: list[str], client_args, clients: int, work: Path, marks
 def _profiled(args: list[str], profile: Path | None, name: str) -> list[str]:
     if profile is None:
         return args
-    return [str(PY_SPY), "record", "--rate", "250", "--function", "--format", "raw",
+    return [str(PY_SPY), "record", "--rate", "250", "--function", "--gil", "--format", "raw",
             "--output",
             str(profile / f"{name}.txt"), "--", *args]
 
@@ -199,9 +199,34 @@ def ours(args, epochs: int, work: Path, fed: Path, profile: Path | None) -> dict
         # what local training alone costs per round (train_local's measured CPU, summed over clients)
         training = {r: sum(c["metrics"]["cpu_time_s"] for c in e["reports"].values()) for r, e in ends.items()}
         train_time = {r: [c["metrics"]["train_time_s"] for c in e["reports"].values()] for r, e in ends.items()}
-        return end, acc, {r: e["phases"] for r, e in ends.items()}, training, train_time
+        phases = {r: e["phases"] | {f"ours:{k}": v for k, v in our_breakdown(events).items()}
+                  for r, e in ends.items()}
+        return end, acc, phases, training, train_time
 
     return measure(server, client, args.clients, work, marks, profile)
+
+
+def our_breakdown(events: list[dict]) -> dict[str, float]:
+    """Where our round goes, medians over rounds 2..R in seconds, from fl-server's events (each update
+    carries the client's own local_s, task in to update out, and train_time_s; the server adds received_s,
+    task out to update in): the server's gap between rounds (round-end messages, selection, dispatch),
+    and for the client whose update came last: its training, its work outside training (decode, model
+    load, test accuracy, encode), the transport both ways (received_s - local_s: gRPC, serialisation
+    and waiting for a core), the server's wait for it after it arrived, and the round's close (aggregate,
+    evaluate, commit)."""
+    starts = {e["round"]: e["t"] for e in events if e["kind"] == "round_start"}
+    ends = {e["round"]: e for e in events if e["kind"] == "round_end"}
+    rows = []
+    for r in range(2, max(ends) + 1):
+        e = ends[r]
+        last = max((c["metrics"] for c in e["reports"].values()), key=lambda m: m.get("received_s", 0.0))
+        rows.append({"server_between_rounds_s": starts[r] - ends[r - 1]["t"],
+                     "last_client_training_s": last["train_time_s"],
+                     "last_client_outside_training_s": last["local_s"] - last["train_time_s"],
+                     "transport_both_ways_s": last["received_s"] - last["local_s"],
+                     "server_after_last_update_s": e["phases"]["collect_s"] - last["received_s"],
+                     "close_round_s": e["t"] - starts[r] - e["phases"]["collect_s"]})
+    return {k: statistics.median(row[k] for row in rows) for k in rows[0]}
 
 
 def flower(args, python: Path, epochs: int, work: Path, fed: Path, task: dict, profile: Path | None) -> dict:
@@ -292,8 +317,11 @@ def main() -> int:
                    help="also profile each stack's server and client 0 (py-spy, one extra run per stack and epoch "
                         "count, not timed) and write the raw stacks and where the time goes here")
     p.add_argument("--out", type=Path, default=Path("runs/bench_fl_transport.json"))
+    p.add_argument("--profile-epochs", type=int, nargs="+", default=None,
+                   help="the epoch counts to profile (default: the first of --epochs)")
     p.add_argument("--work", type=Path, default=None, help="keep the runs' folders (logs, run dirs) here")
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers and clients on the way out
 
     global PY_SPY
     PY_SPY = args.venv / "bin" / "py-spy"
@@ -308,16 +336,16 @@ def main() -> int:
         tmp = args.work or scratch
         fed = Path(tmp) / "fed"
         task = write_partition(DataSpec(dataset="digits", num_clients=args.clients, alpha=0.5, seed=0), fed)
-        for epochs in args.epochs:
+        for i, epochs in enumerate(args.epochs):
             for repeat in range(args.repeats):  # alternate, flipping the order, so load hits both alike
-                order = args.stacks if repeat % 2 == 0 else list(reversed(args.stacks))
+                order = args.stacks if (i + repeat) % 2 == 0 else list(reversed(args.stacks))
                 for name in order:
                     r = run_one(args, python, name, epochs, Path(tmp) / f"{name}-{epochs}-{repeat}", fed, task, None)
                     results[str(epochs)][name].append(r)
                     log(f"{epochs} epochs, {name} #{repeat}: {r['rounds_per_s']:.2f} rounds/s, overhead "
                         f"{1e3 * statistics.median(x['overhead_s'] for x in r['per_round']):.1f} ms/round, "
                         f"load {r['loadavg'][0]:.1f}")
-            if args.profile is not None:
+            if args.profile is not None and epochs in (args.profile_epochs or args.epochs[:1]):
                 for name in args.stacks:
                     out = args.profile / f"{name}-{epochs}ep"
                     out.mkdir(parents=True, exist_ok=True)
