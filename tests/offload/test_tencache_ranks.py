@@ -1,10 +1,12 @@
 """Several ranks, ZeRO-3 style: `torchrun --nproc-per-node 2 tencache train` (gloo on the CPU) shards parameters and
 optimizer states across the ranks and equals one process taking the same global batch as micro-batches
-(accumulate=2) bit for bit: losses, the consolidated export and the consolidated checkpoint (master, m, v).
+(accumulate=2) bit for bit: losses, the consolidated export and the consolidated checkpoint (master, m, v); so
+does the library API (`offload(..., ranks=...)`, ranks_worker.py), every rank getting the whole model back.
 Each rank's tiers hold about half of the single process's bytes (measured: pool slots in use and NVMe files).
 A rank that fails makes the other exit with a clear error instead of hanging."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -29,6 +31,10 @@ ARGS = ["--model", "gpt-small", "--batch", "1", "--seq", "32", "--steps", "3", "
 # torchrun runs each rank with one intra-op thread; the reference must too, or reductions inside a kernel
 # (LayerNorm's weight gradient) sum in another order
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+WORKER = Path(__file__).with_name("ranks_worker.py")  # the torchrun script (tests are not importable as modules)
+_spec = importlib.util.spec_from_file_location("ranks_worker", WORKER)
+ranks_worker = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ranks_worker)
 
 
 def _held(run: dict) -> int:
@@ -43,7 +49,8 @@ def two_ranks(tmp_path_factory):
     ckpt.mkdir()
     cmd = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), "--log-dir", str(logs), "--redirects", "1",
-           str(BIN / "tencache"), "train", *ARGS, "--nvme-dir", str(nvme), "--checkpoint-dir", str(ckpt),
+           str(WORKER), str(tmp), "--", *ARGS, "--nvme-dir", str(nvme),
+           "--checkpoint-dir", str(ckpt),
            "--export", str(tmp / "ranks.safetensors"), "--rank-timeout", "120", "--json"]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env={**os.environ, **ONE_THREAD})
@@ -85,6 +92,18 @@ def test_two_ranks_equal_one_process_bit_for_bit(two_ranks, single):
         assert na == nb and all(torch.equal(x, y) for x, y in zip(sa, sb, strict=True)), na
         n += 1
     assert n == len(ref)
+
+
+def test_the_library_api_with_two_ranks_equals_one_process(two_ranks):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ref = ranks_worker.api_run(None, accumulate=2)
+    finally:
+        torch.set_num_threads(threads)
+    for r in (0, 1):  # at exit every rank holds the whole model again
+        got = torch.load(two_ranks["tmp"] / f"api-rank{r}.pt")
+        assert sorted(got) == sorted(ref) and all(torch.equal(got[k], ref[k]) for k in ref), r
 
 
 def test_each_rank_holds_about_half_of_the_bytes(two_ranks, single):
