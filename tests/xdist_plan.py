@@ -14,9 +14,31 @@ from __future__ import annotations
 
 from xdist.scheduler import LoadFileScheduling
 
-# Seconds one file takes alone (summed over its tests, -n 0), measured on the 2-core CI machine.
-# Only the order depends on these: a wrong figure makes the run slower, never wrong.
-COST_S: dict[str, float] = {}
+# CPU seconds of a file's tests, everything they start included (a cpuacct cgroup per file, -n 0, on the
+# 2-core machine; ~ marks an estimate from wall times). Only the order depends on these: a wrong figure
+# makes the run slower, never wrong. Refresh: /usr/bin/time or a cgroup around `pytest -n 0 FILE`.
+COST_S: dict[str, float] = {
+    "tests/demo/test_demo.py": 150,              # ~ (--quick sections)
+    "tests/kv/test_failover.py": 85,
+    "tests/fl/test_ray_backend.py": 60,          # ~ (Ray's own daemons)
+    "tests/fl/test_ray_local.py": 40,            # ~
+    "tests/sched/test_daemon_slurmlike.py": 60,  # ~ (50 CLI submits)
+    "tests/kv/test_cli.py": 60,                  # ~
+    "tests/sched/test_daemon.py": 45,
+    "tests/fl/test_real_federation.py": 46,
+    "tests/sched/test_profile.py": 45,
+    "tests/kv/test_check_repro.py": 40,
+    "tests/kv/test_check.py": 37,
+    "tests/sched/test_bench.py": 35,             # ~
+    "tests/fl/test_real_scheduling.py": 33,
+    "tests/sched/test_cli.py": 20,
+    "tests/sched/test_daemon_preempt.py": 10,
+    "tests/sched/test_daemon_scheduler.py": 9,
+    "tests/fl/test_real_tls_door.py": 9,
+    "tests/kv/test_check_client.py": 8,
+    "tests/sched/test_executor_local.py": 8,
+    "tests/kv/test_failover_node.py": 8,
+}
 SPREAD = frozenset({"tests/demo/test_demo.py"})
 SHARE_A_WORKER = {"tests/fl/test_ray_backend.py": "ray", "tests/fl/test_ray_local.py": "ray"}
 PER_TEST_S = 0.5  # the estimate for a test of a file not in COST_S
