@@ -16,6 +16,10 @@ keeps its GPUs, so starts that only fit after them wait for a later step. A star
 (full largest nodes, else as few nodes of any size), if that fits now, else the job waits; so is a
 start over the job's `nodes` bound.
 
+`Measurements` feeds the policy's online model (policies.learned.LearnedModel) as the simulator
+does: one throughput sample (application, shape, global batch, measured samples/s) per run of a
+job on a shape, taken from the job's progress report once it gives a rate.
+
 The daemon keeps the queued jobs' views between steps (`queued_view`, passed as `queued`), so a step
 with thousands queued reads only the few jobs that hold GPUs from the table.
 """
@@ -32,6 +36,7 @@ from mlsyskit.tools.sched.daemon.jobstore import ACTIVE, DONE, QUEUED, RUNNING, 
 from mlsyskit.tools.sched.daemon.progress import Progress
 from mlsyskit.tools.sched.daemon.specs import ClusterConfig
 from mlsyskit.tools.sched.policies.base import Policy
+from mlsyskit.tools.sched.policies.learned import LearnedModel, Sample
 from mlsyskit.tools.sched.state import (
     ClusterState,
     JobView,
@@ -56,6 +61,35 @@ class Plan:
     starts: tuple[PlannedStart, ...]
     ignored: tuple[str, ...]       # why actions were not carried out (for the daemon log)
     preempts: tuple[int, ...] = ()  # running jobs the policy preempted or resized
+
+
+class Measurements:
+    """Throughput samples for the policy's learned model (`samples` is its list), one per job run:
+    (job id, restarts) is fed once, when its progress report first gives a rate."""
+
+    def __init__(self, samples: list[Sample] | None = None) -> None:
+        self.samples: list[Sample] = samples if samples is not None else []
+        self._fed: set[tuple[int, int]] = set()
+
+    @classmethod
+    def of(cls, policy: Policy) -> Measurements:
+        """Bound to the policy's model when it learns online; else a list nobody reads."""
+        model = getattr(policy, "model", None)
+        return cls(model.samples if isinstance(model, LearnedModel) else None)
+
+    def feed(self, jobs: list[Job], reports: Mapping[int, Progress], model: ThroughputModel) -> int:
+        """Append the runs measured since the last call; returns how many."""
+        added = 0
+        for job in jobs:
+            report = reports.get(job.id)
+            if job.state != RUNNING or report is None or report.rate is None or not job.shape:
+                continue
+            if job.started is None or report.t_last < job.started or (job.id, job.restarts) in self._fed:
+                continue   # a report from before this run (or already fed)
+            self._fed.add((job.id, job.restarts))
+            self.samples.append((job.request.app, _shape_of(job), batch_of(job, model), report.rate))
+            added += 1
+        return added
 
 
 def default_batch(model: ThroughputModel, app: str, gpus: int) -> int:
@@ -131,9 +165,13 @@ def build_state(cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel,
 
 def plan(policy: Policy, cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel, now: float,
          reports: Mapping[int, Progress] | None = None, history: WorkHistory | None = None,
-         queued: Mapping[int, tuple[Job, JobView]] | None = None, preemptible: bool = False) -> Plan:
+         queued: Mapping[int, tuple[Job, JobView]] | None = None, preemptible: bool = False,
+         measured: Measurements | None = None) -> Plan:
     """The policy's decision on `jobs` (with `queued`: the GPU-holding jobs, the queue given apart).
-    Preemptions are returned only where `preemptible` (the executor can stop and restart a job)."""
+    Preemptions are returned only where `preemptible` (the executor can stop and restart a job).
+    `measured`: the running jobs' reported rates are fed to it first (the policy's online model)."""
+    if measured is not None:
+        measured.feed(jobs, reports or {}, model)
     views = None if queued is None else {job_id: view for job_id, (_, view) in queued.items()}
     state = build_state(cluster, jobs, model, now, reports, history, views)
     if not state.queue:

@@ -22,6 +22,7 @@ from mlsyskit.tools.sched.daemon.specs import load_cluster, parse_time
 from mlsyskit.tools.sched.daemon.users import Users
 from mlsyskit.tools.sched.executors import EXECUTORS
 from mlsyskit.tools.sched.policies import DEFAULT_POLICY, POLICIES, PolicyOptions, create_policy
+from mlsyskit.tools.sched.policies.learned import LearnedModel, PriorModel
 from mlsyskit.tools.sched.throughput import ThroughputModel
 
 
@@ -55,7 +56,7 @@ def serve_with(cfg: ServeSettings) -> None:
     lock_fd = lock_state_dir(files)
     try:
         token = ensure_token(files, Path(cfg.token_file) if cfg.token_file else None)
-        scheduler = Scheduler(spec, JobStore(files.db), executor, create_policy(policy, model, options), model,
+        scheduler = Scheduler(spec, JobStore(files.db), executor, create_policy(policy, online_model(model), options), model,
                               WallClock(), files.state_dir, max_time_s=parse_time(cfg.max_time), log=log)
         info = {"policy": policy, "executor": cfg.executor, "nodes": len(spec.nodes),
                 "gpus_per_node": spec.gpus_per_node, "pid": os.getpid(), "max_time_s": parse_time(cfg.max_time),
@@ -86,6 +87,12 @@ def _check_port(listen: str) -> None:
             pass
     raise RuntimeFailure(f"cannot listen on {listen}: the address is in use (another daemon? pick another "
                              "--listen port, or 0 for any free one)")
+
+
+def online_model(model: ThroughputModel) -> LearnedModel:
+    """What the daemon's policy sizes jobs with: the profiles' fitted model (no added error: they
+    are this cluster's own measurements) corrected online by the rates the running jobs report."""
+    return LearnedModel(PriorModel.of(model, 0.0))
 
 
 def _model(extra: Path | None) -> ThroughputModel:

@@ -66,8 +66,8 @@ class Scheduler:
                 raise UsageError("nodes: on one machine (local executor) nodes must not list the same device ids")
         self.cluster, self.store, self.executor, self.policy, self.model = cluster, store, executor, policy, model
         self.clock, self.state_dir, self.cancel_grace_s, self.log = clock, Path(state_dir), cancel_grace_s, log
-        self.max_time_s = max_time_s
-        self.lock = threading.RLock()
+        self.max_time_s, self.lock = max_time_s, threading.RLock()
+        self.measured = adapter.Measurements.of(policy)   # measured rates -> the policy's online model
         self._cancel_deadline: dict[int, float] = {}
         self._said: set[str] = set()
         self.history = WorkHistory()   # finished jobs' sizes, read once here and kept up to date
@@ -265,7 +265,7 @@ class Scheduler:
         eligible, reasons = self._eligible(now)
         ordered = self._fair_order(eligible, jobs, now)
         result = adapter.plan(self.policy, self.cluster, jobs, self.model, now, self._reports(jobs), self.history,
-                              ordered, preemptible=self.executor.restartable)
+                              ordered, preemptible=self.executor.restartable, measured=self.measured)
         for why in result.ignored:
             self._say(why)
         for job_id in result.preempts:
