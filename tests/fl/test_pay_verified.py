@@ -8,6 +8,8 @@ verified quality scaled down together; tests/fl/test_robust_bound.py).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -65,6 +67,7 @@ def test_an_empty_validation_split_is_refused():
         UpdateVerifier(empty, TrainSpec(), 4, 2)
 
 
+@functools.cache  # one run per attack for the module: the liar's run serves two tests
 def run_with(attack: str, seed: int = 0):
     config = JobConfig(strategy="tiff", rounds=ROUNDS, per_round=6, seed=seed,
                        data=DataSpec(num_clients=CLIENTS, alpha=0.5, seed=seed))
