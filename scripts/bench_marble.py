@@ -228,8 +228,10 @@ def show(doc: dict) -> None:
                                "held/work"],
                               [row for name, per in doc["breakdown"].items() for cluster, pol in per.items()
                                for row in rows_for_table(name, cluster, pol)]))
-    emit_table(make_table("held-out targets met (of 4 workloads; needs 3)", ["cluster", "met", "target met"],
-                          [[c, v["workloads_met"], v["met"]] for c, v in doc["heldout_summary"].items()]))
+    emit_table(make_table("held-out targets met (of 4 workloads; needs 3): all three, and each alone",
+                          ["cluster", "all three", "target met", "/tiresias", "/optimus", "slowdown"],
+                          [[c, v["workloads_met"], v["met"], *v["per_target"].values()]
+                           for c, v in doc["heldout_summary"].items()]))
     emit_table(make_table("realistic sizes: Philly windows at load 0.8, mean JCT (h); target marble <= 1.02 tiresias",
                           ["window", "cluster", "tiresias", "marble", "ratio"],
                           [[w, c, _h(r["policies"]["tiresias"]["avg_jct_s"]), _h(r["policies"]["marble"]["avg_jct_s"]),
@@ -325,7 +327,11 @@ def main() -> None:
         doc["heldout_summary"] = {}
         for cluster in CLUSTERS:
             met = sum(per[cluster]["met"] for per in doc["heldout"].values())
-            doc["heldout_summary"][cluster] = {"workloads_met": met, "of": len(doc["heldout"]), "met": met >= need}
+            doc["heldout_summary"][cluster] = {"workloads_met": met, "of": len(doc["heldout"]), "met": met >= need,
+                                               "per_target": {k: sum(per[cluster]["checks"][k]["met"]
+                                                                     for per in doc["heldout"].values())
+                                                              for k in ("vs_tiresias", "vs_optimus",
+                                                                        "worst_slowdown_vs_tiresias")}}
         doc["realistic_met"] = all(r["met"] for per in doc["realistic"].values() for r in per.values())
         save()
     if args.scale or args.skip_jct:

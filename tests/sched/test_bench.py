@@ -35,6 +35,8 @@ def test_bench_marble_small(tmp_path):
         assert all(c["met"] == (c["ratio"] <= c["threshold"]) for c in res["checks"].values())
         assert 0 < res["checks"]["vs_tiresias"]["floor"] < 1.5
         assert doc["heldout_summary"][cluster]["met"] == (doc["heldout_summary"][cluster]["workloads_met"] >= 1)
+        assert doc["heldout_summary"][cluster]["per_target"]["vs_tiresias"] == int(res["checks"]["vs_tiresias"]["met"])
+        assert 0 < res["oracle_order_bound"]["avg_jct_s"] and res["oracle_order_bound"]["vs_optimus"] > 0
     window = next(iter(doc["realistic"].values()))["16x6"]
     assert window["checks"]["vs_tiresias"]["threshold"] == 1.02
     assert doc["scale"]["runs"]["marble"]["summary"]["jobs"] == 300 and PHILLY.is_file()
