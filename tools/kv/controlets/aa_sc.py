@@ -184,8 +184,8 @@ class SequencedActiveActive(OrderedStream):
             slot, key = self.write_order.popleft()
             if self.last_write.get(key) == slot:
                 del self.last_write[key]
-        out: list[Action] = []
-        for hid in [h for h, entry in self.held.items() if self._stable_for(entry[0], stable)]:
+        out: list[Action] = []  # none while not ready (undoing: the datalet may hold writes being taken back)
+        for hid in [h for h, entry in self.held.items() if self.mode == "ready" and self._stable_for(entry[0], stable)]:
             _, req, src, rid, _ = self.held.pop(hid)
             out.append(Read(req) if src is None else Send(src, b"READOK", (rid, self.applied)))
         return out

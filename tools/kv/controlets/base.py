@@ -68,8 +68,8 @@ class Commit(NamedTuple):
 
 
 class StreamFailure(NamedTuple):
-    """What on_apply_failed receives for a failed write: its stream number (0: not numbered; -1:
-    an Undo failed), the error, the client request it answers (None: a replicated write), its key."""
+    """What on_apply_failed receives for a failed write: its stream number (0: not numbered; -n:
+    an Undo(n) failed), the error, the client request it answers (None: a replicated write), its key."""
 
     seq: int
     error: str
@@ -131,7 +131,7 @@ RECONFIGURED = f"{TRYAGAIN} the shard was reconfigured while this operation wait
 class ControletOptions:
     """Bounds every controlet keeps (seconds on the injected clock)."""
 
-    write_timeout: float = 2.0  # a write not acknowledged by then fails with -TRYAGAIN
+    write_timeout: float = 8.0  # unacknowledged by then: -TRYAGAIN; 2x the 4 s failure timeout (busy host)
     max_pending: int = 100_000  # writes and reads waiting on peers; past it new ones fail at once
     sync_timeout: float = 0.5  # catch-up: a source that has not started a snapshot by then is skipped
     anti_entropy_interval: float = 0.5  # aa-ec: one digest exchange with the next replica per interval

@@ -68,7 +68,7 @@ from mlsyskit.tools.kv.controlets.streamtail import (
     WAITING,
     LogTail,
 )
-from mlsyskit.tools.kv.controlets.undo import ROLLING, UNDO_KINDS, UndoWrites
+from mlsyskit.tools.kv.controlets.undo import ROLLING, UNDO_KINDS, UNDOING, UndoWrites
 
 SYNC_KINDS = (b"SYNCREQ", b"SYNCBUSY", b"SNAPBEGIN", b"SNAPDATA", b"SNAPEND", b"SEQAT", b"POSQ", b"POS",
               *GATHER_KINDS)
@@ -225,8 +225,8 @@ class OrderedStream(LogTail, LeavingVersions, UndoWrites, Controlet):
     def tick_sync(self, now: float) -> list[Action]:
         if self.mode is READY:
             return self._beacon(now) + self.tick_commit()
-        if self.mode is GATHERING:
-            return self.tick_gather(now)
+        if self.mode is GATHERING or self.mode is UNDOING:
+            return self.tick_gather(now) if self.mode is GATHERING else self.tick_undo()
         if now <= self.sync_deadline:
             return []
         if self.mode is CONFIRMING:  # the upstream never said where it stands: copy its state
@@ -244,7 +244,7 @@ class OrderedStream(LogTail, LeavingVersions, UndoWrites, Controlet):
             if src == self.sync_source:
                 self.buffer.append((src, fields))
             return []
-        if self.mode is WAITING or self.mode is TAILING or self.mode is ROLLING:
+        if self.mode is WAITING or self.mode is TAILING or self.mode is ROLLING or self.mode is UNDOING:
             return []  # the snapshot or the tail will hold it; or it follows a write to be undone
         if self.mode is CONFIRMING:  # the upstream's position should have come first: copy instead
             return self.begin_sync()

@@ -6,13 +6,13 @@ others: the client is told it failed, so no replica may ever show it. Every repl
 before-image of each numbered write until the origin says it is final (Apply.seq, Commit;
 node/undolog.py). Then:
 
-    replica R fails write n      R undoes its own writes >= n (a remote datalet may have applied
-                                 later ones before the error came back), stops applying the stream
-                                 (mode ROLLING), and sends UNDOREQ n era -> origin
+    replica R fails write n      R sends UNDOREQ n era -> origin, undoes its own writes >= n (a
+                                 remote datalet may have applied later ones before the error came
+                                 back) and stops applying the stream (mode ROLLING)
     origin (head, sequencer)     fails every write numbered >= n that waits for an answer (they
                                  were ordered after n; their outcome is now "not applied"), undoes
-                                 its own writes >= n, renumbers from n, bumps the era, and sends
-                                 ROLLBACK n era reason [origin rid ...] down its stream
+                                 its own writes >= n after sending ROLLBACK n era reason [origin
+                                 rid ...] down its stream, renumbers from n, bumps the era
     replica on ROLLBACK n        undoes its writes >= n, stands at n - 1, relays it (ms-sc: down
                                  the chain, FIFO behind the writes it undoes); R resumes when
                                  n <= its failed write, else asks again under the new era
@@ -24,8 +24,9 @@ failed write is failed instead (node/interpreter.py). A write is final once ever
 applied it (ms-sc: the tail's ack; aa-sc: the stable slot) and the origin never rolls one back:
 the origin broadcasts COMMIT so replicas forget the images. A report from an earlier era
 (another replica's failure already rolled the stream back) is ignored; one whose undo is
-impossible (an image trimmed, a FLUSH or snapshot in between), or a ROLLING replica that
-hears nothing within write_timeout, catches up instead (stream.py).
+impossible (an image trimmed, a FLUSH or snapshot in between, a restore the datalet refuses too),
+or a ROLLING replica that hears nothing within write_timeout, catches up instead (stream.py): it
+copies a replica that has already taken the writes back (each sends ROLLBACK on before undoing).
 
 ms-ec and aa-ec answer a write when its first replica applied it: an error there fails it and
 nothing is sent; a later replica that cannot apply an acknowledged write catches up or is
@@ -40,6 +41,7 @@ from mlsyskit.tools.kv.controlets.base import Action, Commit, Send, StreamFailur
 
 UNDO_KINDS = (b"UNDOREQ", b"ROLLBACK", b"COMMIT")
 ROLLING = "rolling back"  # a replica whose datalet failed a numbered write: waits for the origin's ROLLBACK
+UNDOING = "undoing"  # a local datalet refused to restore a before-image: Undo again each clock tick
 READY = "ready"
 
 
@@ -63,6 +65,7 @@ class UndoWrites:
     options: Any
     history: Any
     sync_deadline: float
+    read_local: Any
 
     def init_undo(self) -> None:
         self.era = 0  # rollbacks so far in this stream (the origin's count; replicas follow it)
@@ -89,7 +92,14 @@ class UndoWrites:
 
     # -- the protocol ---------------------------------------------------------------------
     def write_failed(self, failure: StreamFailure) -> list[Action]:
-        """This replica's datalet failed numbered write failure.seq (-1: an Undo failed)."""
+        """This replica's datalet failed numbered write failure.seq (-n: an Undo(n) failed)."""
+        if failure.seq < 0 and self.read_local is not None and self.mode in (READY, ROLLING, UNDOING):
+            # A local datalet still refusing writes: retry the restore each tick, serving nothing. (A copy
+            # from another replica could be refused the same way, and with every replica busy the first
+            # would start from what it holds, the writes it failed to take back included.)
+            self.undo_from = min(-failure.seq, getattr(self, "undo_from", -failure.seq))
+            self.mode = UNDOING
+            return []
         if failure.seq < 0 or self.mode not in (READY, ROLLING):
             self.history.forget(self.applied)
             return self.begin_sync()
@@ -102,7 +112,8 @@ class UndoWrites:
         self.applied = min(self.applied, failure.seq - 1)
         self.history.truncate(self.applied)
         self.sync_deadline = self.now + self.options.write_timeout + self.options.sync_timeout
-        return [Undo(failure.seq), Send(self.replicas[0], b"UNDOREQ", (failure.seq, self.era, reason))]
+        # The report first: a failing Undo stops the actions after it, and the origin must still hear.
+        return [Send(self.replicas[0], b"UNDOREQ", (failure.seq, self.era, reason)), Undo(failure.seq)]
 
     def roll_back(self, seq: int, reason: str, skip: Any = None) -> list[Action]:
         """The origin: take back every write numbered >= seq on every replica."""
@@ -113,9 +124,10 @@ class UndoWrites:
         out, carried = self.undo_waiting(seq, reason, skip)
         self.applied = seq - 1
         self.history.truncate(self.applied)
-        out.append(Undo(seq))
         fields = (seq, self.era, reason, *carried)
-        return out + [Send(n, b"ROLLBACK", fields) for n in self.downstream()]
+        # ROLLBACK before the local Undo: if restoring fails here (a datalet still out of memory), the
+        # others still take the writes back, and this replica then copies one of them (FIFO: after it).
+        return out + [Send(n, b"ROLLBACK", fields) for n in self.downstream()] + [Undo(seq)]
 
     def on_undo_message(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
         if kind == b"UNDOREQ":
@@ -134,12 +146,21 @@ class UndoWrites:
         out, _ = self.undo_waiting(seq, _text(fields[2]), None, fields[3:])
         if self.mode == ROLLING and seq > self.failed_at:  # not the rollback this replica asked for
             return relay + out + [Send(self.replicas[0], b"UNDOREQ", (self.failed_at, self.era, self.failed_why))]
+        if self.mode == UNDOING:  # take these back too with the restore being retried
+            self.undo_from, self.applied = min(self.undo_from, seq), min(self.applied, seq - 1)
+            return relay + out
         if self.mode not in (READY, ROLLING):
             return relay + out + self.begin_sync()  # mid-copy: copy again, from a source that rolled back
         self.mode = READY
         self.applied = min(self.applied, seq - 1)
         self.history.truncate(self.applied)
         return relay + out + [Undo(seq)]
+
+    def tick_undo(self) -> list[Action]:
+        """UNDOING, each clock tick: restore again (a failure puts this replica back in UNDOING)."""
+        self.mode = READY
+        self.history.truncate(self.applied)
+        return [Undo(self.undo_from)]
 
     def tick_commit(self) -> list[Action]:
         """The origin, each clock tick: tell the replicas which writes are final (they forget images)."""

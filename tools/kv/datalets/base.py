@@ -9,6 +9,7 @@ that complete in issue order. The node runtime handles both without blocking.
 """
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, ClassVar
@@ -52,11 +53,15 @@ class Datalet(ABC):
         before-image a strong controlet keeps to undo a write that failed on another replica.
         Remote datalets override it with one atomic command returning a future."""
         before = self.get(key)
-        if value is None:
-            self.delete(key)
-        else:
-            self.put(key, value)
-        return before
+        done = self.delete(key) if value is None else self.put(key, value)
+        if not self.is_async:
+            return before
+
+        async def both() -> Any:  # a remote datalet without one command for it: both replies, in order
+            image = await before
+            await done
+            return image
+        return asyncio.ensure_future(both())
 
     @abstractmethod
     def clear(self) -> Any:

@@ -160,8 +160,12 @@ class Interpreter:
         if images is None:
             return Failed(RuntimeError(f"cannot undo from write {seq}: its before-image is gone"))
         last = None
-        for key, before in images:
-            last = self.datalet.delete(key) if before is None else self.datalet.put(key, before)
+        try:
+            for _, key, before in images:
+                last = self.datalet.delete(key) if before is None else self.datalet.put(key, before)
+        except Exception:
+            self.undo.put_back(images)  # a local datalet refused a restore: the controlet retries it
+            raise
         return last
 
     def _run_now(self, actions: list) -> None:
@@ -238,7 +242,7 @@ class Interpreter:
         if kind is Apply:
             self.transport.on_apply_failed(StreamFailure(a.seq, f"{error}", req, a.key))
         elif kind is Undo:
-            self.transport.on_apply_failed(StreamFailure(-1, f"undo failed: {error}"))
+            self.transport.on_apply_failed(StreamFailure(-a.seq, f"undo failed: {error}"))
         elif kind is Reset:
             self.transport.on_apply_failed(None)
 

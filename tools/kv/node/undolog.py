@@ -47,15 +47,21 @@ class UndoLog:
         self.bytes = 0
         self.final = UNKNOWN
 
-    def take(self, seq: int) -> list[tuple[bytes, bytes | None]] | None:
-        """The (key, before) pairs that undo every write numbered >= seq, newest first; None when
-        one of them may be gone (committed, trimmed by the bound, or inside a snapshot)."""
+    def take(self, seq: int) -> list[tuple[int, bytes, bytes | None]] | None:
+        """The (seq, key, before) images that undo every write numbered >= seq, newest first; None
+        when one of them may be gone (committed, trimmed by the bound, or inside a snapshot)."""
         if seq <= self.final:
             return None
         out = []
         while self.entries and self.entries[-1][0] >= seq:
             s, key, before = self.entries.pop()
             self.bytes -= ENTRY_OVERHEAD + len(key) + len(before or b"")
-            out.append((key, before))
+            out.append((s, key, before))
         self.undone += len(out)
         return out
+
+    def put_back(self, images: list[tuple[int, bytes, bytes | None]]) -> None:
+        """An Undo failed part-way: keep its images (restoring one twice is harmless) for the retry."""
+        for seq, key, before in reversed(images):
+            self.keep(seq, key, before)
+        self.undone -= len(images)
