@@ -19,8 +19,16 @@ the coordinator fails a node over only after `timeout_s` of silence, so until t 
 new map can exclude it. The node serves clients only until t + timeout_s - margin_s; a node
 that was paused, partitioned from the coordinator or deposed stops serving by itself, before
 any new configuration can act without it (one machine's clock; margin for scheduling delay).
-With the embedded coordinator the beats come from their own thread (beat.py), so a long event-loop
-turn neither starves them nor lets the lease lapse; timeout_s is floored (coord/detector.py).
+A lease is granted only from an answer that says "known", at the epoch of the node's own current
+map, to a registered member that is neither deposed nor copying as a learner, for a beat sent
+after the node last (re)registered (`grant`); an answer that fails any of these renews nothing,
+and a newer map is the agent's to follow. With the embedded coordinator the beats come from their
+own thread (beat.py), so a long event-loop turn neither starves them nor lets the lease lapse:
+the thread publishes its newest answer, and the loop applies `grant` to it whenever it finds the
+lease lapsed (control.py), on the loop, against the map it is about to serve under. A starved
+loop keeps the lease its beats earned; a node whose beats go unanswered (coordinator unreachable,
+node removed) has no newer answer to take, so its lease still ends at t + timeout_s - margin_s
+of its last answered beat. timeout_s is floored (coord/detector.py).
 """
 from __future__ import annotations
 
@@ -143,6 +151,7 @@ class ControlAgent:
         self.announce_pending = False  # joined before the node ran (nodeproc): announce at the first step
         self.beater: HeartbeatThread | None = None  # beats off the event loop (embedded coordinator)
         self.last_beat: tuple[float, bool, int | None] | None = None  # the thread's latest answer
+        self.valid_from = float("-inf")  # answers to beats sent before the latest registration grant nothing
         node.agent = self
         if node.node_id is not None:  # no lease until the first heartbeat is answered
             node.lease_until = float("-inf")
@@ -200,16 +209,31 @@ class ControlAgent:
             except TimeoutError:
                 pass
 
+    def grant(self, sent: float, known: bool, epoch: int | None) -> bool:
+        """The lease rule (module docstring), on the loop: renew the lease to sent + timeout_s -
+        margin_s when the answer to the beat sent at `sent` allows it; False when it does not."""
+        node = self.node
+        if not (known and self.registered and sent >= self.valid_from and epoch == node.map.epoch
+                and not node.deposed and not self.learning):
+            return False
+        until = sent + self.spec.timeout_s - self.margin_s
+        if node.lease_until is None or until > node.lease_until:
+            node.renew_lease(until)
+        return True
+
+    def take_thread_answer(self) -> None:
+        """The loop found the lease lapsed: apply the rule to the heartbeat thread's newest answer
+        (it may have arrived while the loop was starved, before its callback could run)."""
+        latest = None if self.beater is None else self.beater.latest
+        if latest is not None:
+            self.grant(*latest)
+
     def answered(self, sent: float, known: bool, epoch: int | None) -> None:
-        """The heartbeat thread's answer, on the loop: renew the lease (the rule in step), or wake the
-        agent when the map changed or the node is not a known member."""
+        """The heartbeat thread's answer, on the loop: renew the lease, or wake the agent when the
+        map changed or the node is not a known member."""
         self.stats["heartbeats"] += 1
         self.last_beat = (sent, known, epoch)
-        node = self.node
-        if known and self.registered and epoch == node.map.epoch and not node.deposed and not self.learning:
-            if node.lease_until is None or sent + self.spec.timeout_s - self.margin_s > node.lease_until:
-                node.renew_lease(sent + self.spec.timeout_s - self.margin_s)
-        else:
+        if not self.grant(sent, known, epoch):
             self.wake.set()
 
     async def _heartbeat(self) -> tuple[float, bool, int | None]:
@@ -233,6 +257,7 @@ class ControlAgent:
             await self.follow(await self.backend.map())
             return False
         if not self.registered:
+            self.valid_from = self.clock.now()
             await self.backend.register(node.node_id, self.home.host, self.home.port)
             self.registered, self.last_beat = True, None  # earlier answers predate the registration
         if self.announce_pending:
@@ -247,9 +272,8 @@ class ControlAgent:
             return await self.rejoin()
         if not known:  # our liveness record is gone (a new ZooKeeper session, a coordinator reset)
             self.registered, self.last_beat = False, None
-        elif epoch == node.map.epoch and (node.lease_until is None
-                                          or sent + self.spec.timeout_s - self.margin_s > node.lease_until):
-            node.renew_lease(sent + self.spec.timeout_s - self.margin_s)
+        else:
+            self.grant(sent, known, epoch)
         return False
 
     @property

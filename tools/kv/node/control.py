@@ -4,7 +4,10 @@ With a coordinator (controlplane.ControlAgent) a node follows the shard map: a n
 the controlet from the old one's state (reconfigure); peer messages of an older epoch are dropped
 and those of a newer one are held until the node has fetched the map; and the node serves
 clients only while it is in the map and holds a lease (fenced()). Without a coordinator
-lease_until stays None and none of this costs anything on the request path.
+lease_until stays None and none of this costs anything on the request path. A lease found lapsed
+is first renewed, if it can be, from the heartbeat thread's newest answer (renewed_late; the rule
+in agent.py), so a loop starved for longer than the lease does not refuse clients the coordinator
+has kept in the map.
 """
 from __future__ import annotations
 
@@ -28,16 +31,23 @@ class ControlledNode:
     def _leased_get(self, key: bytes) -> bytes | None:
         # Checked per read: after a SIGSTOP the event loop hands over queued client data before any
         # timer runs, so only a check at the read itself keeps a deposed tail from answering.
-        if self.clock.now() >= self.lease_until:
+        if self.clock.now() >= self.lease_until and not self.renewed_late():
             raise LeaseExpired(f"{self.node_id}: lease lapsed")
         return self.datalet.get(key)
+
+    def renewed_late(self) -> bool:
+        """The lease looked lapsed: take the heartbeat thread's newest answer (on this loop, against
+        the current map), and say whether the lease now holds."""
+        if self.agent is not None:
+            self.agent.take_thread_answer()
+        return self.clock.now() < self.lease_until
 
     # -- the control plane ------------------------------------------------------
     def fenced(self) -> str | None:
         """Why this node may not serve clients now (None: it may)."""
         if self.deposed:
             return f"{FENCED} {self.node_id} is not in the shard map (epoch {self.map.epoch}); refresh the map"
-        if self.lease_until is not None and self.clock.now() >= self.lease_until:
+        if self.lease_until is not None and self.clock.now() >= self.lease_until and not self.renewed_late():
             return f"{FENCED} {self.node_id} has no current lease from the coordinator; retry"
         return None
 

@@ -129,7 +129,7 @@ class Node(ControlledNode):
 
     def _leased_put(self, key: bytes, value: bytes) -> None:
         """A chain of one's SET under a lease: applied only while the lease holds (as _leased_get reads)."""
-        if self.clock.now() >= self.lease_until:
+        if self.clock.now() >= self.lease_until and not self.renewed_late():
             raise LeaseExpired(f"{self.node_id}: lease lapsed")
         self.datalet.put(key, value)
 
