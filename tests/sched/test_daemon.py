@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlsyskit.tools.sched.daemon.client import DaemonClient, Endpoint
+from mlsyskit.tools.sched.daemon.client import RETRY_FOR_S, DaemonClient, Endpoint
 
 pytestmark = pytest.mark.slow   # real processes (and a server or Slurm)
 
@@ -68,7 +68,11 @@ class Daemon:
                 return json.loads((self.state / "daemon.json").read_text())["pid"] == pid
             except (OSError, ValueError, KeyError):
                 return False
-        wait_for(ready, 60, "the daemon to serve")
+        try:
+            wait_for(ready, 60, "the daemon to serve")
+        except BaseException:
+            self.stop()   # a daemon that did not come up in time is stopped too: no fixture teardown runs
+            raise
 
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
@@ -89,6 +93,11 @@ class Daemon:
 
     def jobs(self) -> list[dict]:
         return json.loads(self.cli("status", "--json").stdout)
+
+    def polled_jobs(self) -> list[dict]:
+        """The jobs as `status --json` lists them, asked in-process: for polling (a CLI process per poll
+        costs half a CPU second, and a wait polls dozens of times)."""
+        return DaemonClient(Endpoint.resolve(self.state)).call("status", None, RETRY_FOR_S)["jobs"]
 
 
 @pytest.fixture
@@ -156,7 +165,7 @@ def test_twenty_jobs_survive_a_sigkilled_daemon_none_lost_none_run_twice(daemon,
     daemon.kill9()
     assert markers.read_text().count("start ") < 20, "the kill came too late to test recovery"
     daemon.start()
-    wait_for(lambda: all(j["state"] == "done" for j in daemon.jobs()), 180, "all jobs done")
+    wait_for(lambda: all(j["state"] == "done" for j in daemon.polled_jobs()), 180, "all jobs done")
     jobs = daemon.jobs()
     assert len(jobs) == 20 and all(j["exit_code"] == 0 for j in jobs)
     runs = parse_markers(markers)
@@ -172,17 +181,20 @@ def test_cancel_logs_nodes_and_errors(daemon, tmp_path):
     child_pid = tmp_path / "child.pid"
     long = daemon.cli("submit", "--cmd", f"echo begun; sleep 300 & echo $! > {child_pid}; wait", "--app", "ncf",
                       "--gpus", "4").stdout.strip()
-    wait_for(lambda: daemon.cli("logs", long).stdout.startswith("begun"), 60, "the job's output")
+    client = DaemonClient(Endpoint.resolve(daemon.state))
+    wait_for(lambda: client.call("logs", {"job": int(long)}, RETRY_FOR_S)["data"].startswith(b"begun"), 60,
+             "the job's output")
+    assert daemon.cli("logs", long).stdout == "begun\n"
     nodes = json.loads(daemon.cli("nodes", "--json").stdout)
     assert sum(n["used"] for n in nodes) >= 1
     grandchild = int(wait_for(lambda: child_pid.exists() and child_pid.read_text().strip(), 30, "the child pid"))
     daemon.cli("cancel", long)
-    wait_for(lambda: daemon.jobs()[0]["state"] == "cancelled", 60, "the cancel")
+    wait_for(lambda: daemon.polled_jobs()[0]["state"] == "cancelled", 60, "the cancel")
     wait_for(lambda: not Path(f"/proc/{grandchild}").exists() or "Z" in Path(f"/proc/{grandchild}/stat").read_text()
              .rsplit(")", 1)[1].split()[0], 30, "the job's whole process group to die")
     assert daemon.cli("logs", long, "-f").stdout == "begun\n"   # -f returns once the job has ended
     failing = daemon.cli("submit", "--cmd", "exit 3", "--app", "ncf", "--gpus", "1").stdout.strip()
-    wait_for(lambda: daemon.jobs()[-1]["state"] == "failed", 60, "the failing job")
+    wait_for(lambda: daemon.polled_jobs()[-1]["state"] == "failed", 60, "the failing job")
     assert daemon.jobs()[-1]["exit_code"] == 3 and failing == str(daemon.jobs()[-1]["id"])
     # usage errors (exit 2) name the field; runtime failures (exit 1) say what failed
     bad = daemon.cli("submit", "--cmd", "true", "--app", "gpt", "--gpus", "1", check=False)
@@ -236,7 +248,7 @@ def test_forged_and_malformed_requests_are_refused_and_change_nothing(daemon, tm
     job = client.call("submit", {"job": {"cmd": "echo ok", "app": "ncf", "gpus": 1}})
     with pytest.raises(Exception, match="offset"):
         client.call("logs", {"job": job["id"], "offset": -5})
-    wait_for(lambda: daemon.jobs()[0]["state"] == "done", 60, "the job")
+    wait_for(lambda: daemon.polled_jobs()[0]["state"] == "done", 60, "the job")
     assert client.call("logs", {"job": job["id"], "offset": 1 << 40})["data"] == b""
 
 
@@ -299,7 +311,7 @@ def test_jobs_running_across_a_daemon_kill_are_reattached_with_their_exit_codes(
              30, "job a to end")
     daemon.start()
     (tmp_path / "b.gate").touch()          # b ends under the new daemon
-    wait_for(lambda: {j["state"] for j in daemon.jobs()} <= {"done", "failed"}, 60, "both jobs to be recorded")
+    wait_for(lambda: {j["state"] for j in daemon.polled_jobs()} <= {"done", "failed"}, 60, "both jobs to be recorded")
     by_id = {j["id"]: j for j in daemon.jobs()}
     assert (by_id[a["id"]]["state"], by_id[a["id"]]["exit_code"]) == ("failed", 3)
     assert (by_id[b["id"]]["state"], by_id[b["id"]]["exit_code"]) == ("done", 0)
