@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 import typer
 
 from mlsyskit.core import __version__
-from mlsyskit.core.config import load_config
 from mlsyskit.core.errors import UsageError, UserError
 
 T = TypeVar("T")
@@ -103,6 +102,8 @@ def load_command_config(cls: type[T], config_path: Path | str | None, overrides:
                         section: str | None = None) -> T:
     """Defaults, then --config FILE (optionally one [section] of it), then the flags that were given
     (None means not given)."""
+    from mlsyskit.core.config import load_config  # pydantic: only commands that read a config pay for it
+
     return load_config(cls, config_path, overrides, section=section)
 
 
@@ -120,10 +121,10 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 def run_app(app: typer.Typer) -> None:
     """Entry point wrapper: any UserError becomes one line on stderr and its exit code."""
-    from mlsyskit.core.console import error_line
-
     try:
         app()
     except UserError as e:
+        from mlsyskit.core.console import error_line  # rich: only when there is an error to print
+
         error_line(str(e))
         sys.exit(e.exit_code)
