@@ -2,6 +2,7 @@
 optimizer states across the ranks and equals one process taking the same global batch as micro-batches
 (accumulate=2) bit for bit: losses, the consolidated export and the consolidated checkpoint (master, m, v); so
 does the library API (`offload(..., ranks=...)`, ranks_worker.py), every rank getting the whole model back.
+The consolidated checkpoint of the 2-rank run resumes in one process (accumulate=2) exactly.
 Each rank's tiers hold about half of the single process's bytes (measured: pool slots in use and NVMe files).
 A rank that fails makes the other exit with a clear error instead of hanging."""
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -26,8 +28,8 @@ pytestmark = pytest.mark.slow  # starts torchrun and two rank processes
 
 BIN = Path(sys.executable).parent
 BUDGETS = dict(device_mem=96 << 10, cpu_mem=128 << 10, opt_mem=4 << 20)  # parameters spill to NVMe; states fit
-ARGS = ["--model", "gpt-small", "--batch", "1", "--seq", "32", "--steps", "3", "--device-mem", "96KiB",
-        "--cpu-mem", "128KiB", "--opt-mem", "4MiB", "--lr", "0.003", "--clip", "1.0"]
+ARGS = ["--model", "gpt-small", "--batch", "1", "--seq", "32", "--steps", "2", "--device-mem", "96KiB",
+        "--cpu-mem", "128KiB", "--opt-mem", "4MiB", "--lr", "0.003", "--clip", "1.0", "--checkpoint-every", "1"]
 # torchrun runs each rank with one intra-op thread; the reference must too, or reductions inside a kernel
 # (LayerNorm's weight gradient) sum in another order
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -69,8 +71,8 @@ def single(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        result = train(TrainConfig(model="gpt-small", batch=1, seq=32, steps=3, **BUDGETS, lr=0.003, clip=1.0,
-                                   accumulate=2, nvme_dir=tmp / "nvme", checkpoint_dir=tmp / "ckpt", checkpoint_every=3,
+        result = train(TrainConfig(model="gpt-small", batch=1, seq=32, steps=2, **BUDGETS, lr=0.003, clip=1.0,
+                                   accumulate=2, nvme_dir=tmp / "nvme", checkpoint_dir=tmp / "ckpt", checkpoint_every=2,
                                    export=tmp / "single.safetensors", device="cpu"))
     finally:
         torch.set_num_threads(threads)
@@ -86,12 +88,29 @@ def test_two_ranks_equal_one_process_bit_for_bit(two_ranks, single):
     assert sorted(ours) == sorted(ref) and len(ref) > 20
     assert all(torch.equal(ours[k], ref[k]) for k in ref)
     a, b = checkpoint.latest(two_ranks["ckpt"]), checkpoint.latest(single["tmp"] / "ckpt")
-    assert a.step == b.step == 3
+    assert a.step == b.step == 2
     n = 0
     for (na, *sa), (nb, *sb) in zip(a.states(), b.states(), strict=True):
         assert na == nb and all(torch.equal(x, y) for x, y in zip(sa, sb, strict=True)), na
         n += 1
     assert n == len(ref)
+
+
+def test_a_two_rank_checkpoint_resumes_in_one_process_exactly(two_ranks, single, tmp_path):
+    ckpt, nvme = tmp_path / "ckpt", tmp_path / "nvme"
+    nvme.mkdir()
+    shutil.copytree(two_ranks["ckpt"] / "step-1", ckpt / "step-1")  # written by rank 0 after step 1 of 2
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        resumed = train(TrainConfig(model="gpt-small", batch=1, seq=32, steps=2, **BUDGETS, lr=0.003, clip=1.0,
+                                    accumulate=2, nvme_dir=nvme, checkpoint_dir=ckpt, resume=True,
+                                    export=tmp_path / "resumed.safetensors", device="cpu"))
+    finally:
+        torch.set_num_threads(threads)
+    assert resumed.losses == single["result"].losses[1:]
+    ours, ref = load_file(tmp_path / "resumed.safetensors"), load_file(single["tmp"] / "single.safetensors")
+    assert all(torch.equal(ours[k], ref[k]) for k in ref)
 
 
 def test_the_library_api_with_two_ranks_equals_one_process(two_ranks):

@@ -30,7 +30,7 @@ def save_checkpoint(engine: OffloadEngine, cfg: Any, step: int, progress: Progre
         return None
     manifest = {"model": cfg.model, "signature": engine.signature, "adam_step": engine.adam_step,
                 "seed": cfg.seed, "batch": cfg.batch, "seq": cfg.seq, "lr": cfg.lr, "data": cfg.data,
-                "accumulate": cfg.accumulate}
+                "accumulate": cfg.accumulate * _world(engine)}  # micro-batches per step, all ranks together
     shapes = {e.name: tuple(e.shape) for e in engine.trainable}
     states = engine.iter_states()
     if progress is not None:
@@ -44,14 +44,23 @@ def save_checkpoint(engine: OffloadEngine, cfg: Any, step: int, progress: Progre
 
 # Settings that fix the weights' initialisation and the batch stream (a function of seed, batch, seq, data,
 # accumulate and step): changing one on resume would silently break "resumed losses equal an uninterrupted run".
+# `accumulate` is stored and compared as micro-batches per step over all ranks (--accumulate x ranks), so a run
+# may resume with another number of ranks that takes the same global batch (2 ranks x 1 = 1 process x 2).
 # Everything else (lr, steps, budgets, policy, checkpoint cadence, device) may change on resume.
 RESUME_FIXED = ("model", "seed", "batch", "seq", "data", "accumulate")
 
 
-def resume_mismatches(cfg: Any, manifest: dict[str, Any]) -> list[str]:
-    """'name: stored X, requested Y' for each setting in RESUME_FIXED that differs from the checkpoint's."""
-    return [f"{k}: stored {manifest[k]!r}, requested {getattr(cfg, k)!r}"
-            for k in RESUME_FIXED if k in manifest and manifest[k] != getattr(cfg, k)]
+def _world(engine: OffloadEngine) -> int:
+    return engine.ranks.world if engine.ranks is not None else 1
+
+
+def resume_mismatches(cfg: Any, manifest: dict[str, Any], world: int = 1) -> list[str]:
+    """'name: stored X, requested Y' for each setting in RESUME_FIXED that differs from the checkpoint's
+    (accumulate: over all `world` ranks)."""
+    requested = {k: getattr(cfg, k) for k in RESUME_FIXED}
+    requested["accumulate"] *= world
+    return [f"{k}: stored {manifest[k]!r}, requested {requested[k]!r}"
+            for k in RESUME_FIXED if k in manifest and manifest[k] != requested[k]]
 
 
 def resume(cfg: Any, engine: OffloadEngine) -> None:
@@ -62,7 +71,7 @@ def resume(cfg: Any, engine: OffloadEngine) -> None:
             warn(f"--resume: skipping {path}: {why}")
             skipped.append(path.name)
             continue
-        if mismatches := resume_mismatches(cfg, ckpt.manifest):
+        if mismatches := resume_mismatches(cfg, ckpt.manifest, _world(engine)):
             raise UsageError(f"--resume: {ckpt.path} was written with other settings ("
                                              f"{'; '.join(mismatches)}); resume with the stored values or use a "
                                              f"new --checkpoint-dir")
