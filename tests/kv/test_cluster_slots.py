@@ -16,6 +16,7 @@ from mlsyskit.tools.kv.client.smart import KVError, certainly_not_applied
 from mlsyskit.tools.kv.controlets import controlet_class
 from mlsyskit.tools.kv.controlets.base import DEL, GET, PUT, RMW
 from mlsyskit.tools.kv.frontend.cluster import hex_id, nodes_reply, shards_reply, slots_reply
+from mlsyskit.tools.kv.frontend.commands import cmd_hello
 from mlsyskit.tools.kv.node.requests import Request, idempotent, moved, shard_order, worth_retrying
 from mlsyskit.tools.kv.node.ridethrough import Rider
 from mlsyskit.tools.kv.shardmap import SLOTS, ShardMap, even_slots, key_slot, layout
@@ -237,3 +238,16 @@ def test_a_request_overtaken_under_a_newer_map_keeps_its_error() -> None:
         assert node.applied == [b"v2"] and node.rider.stats["held"] == 0
 
     asyncio.run(asyncio.wait_for(main(), 10))
+
+
+@pytest.mark.parametrize("redirect, mode", [(True, b"cluster"), (False, b"standalone")])
+def test_hello_says_cluster_mode_only_where_the_node_redirects(redirect: bool, mode: bytes) -> None:
+    sent: list[bytes] = []
+    conn = SimpleNamespace(node=SimpleNamespace(redirect=redirect, requirepass=None), authed=True,
+                           id=1, protocol=2, name=None, reply=sent.append)
+    cmd_hello(conn, [b"HELLO", b"3"])
+    reader = hiredis.Reader()
+    reader.feed(sent[0])
+    reply = reader.gets()
+    fields = dict(zip(reply[::2], reply[1::2], strict=True)) if isinstance(reply, list) else reply
+    assert fields[b"mode"] == mode and fields[b"server"] == b"bespokv" and conn.protocol == 3

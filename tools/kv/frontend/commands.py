@@ -204,9 +204,10 @@ def cmd_hello(conn: Session, cmd: list) -> None:
     """HELLO [2|3] [AUTH user pass] [SETNAME name]: client libraries handshake with it.
 
     Every reply this server sends (simple, bulk, null bulk, integer, array) is also valid
-    RESP3, so only the handshake answer itself differs between the two versions. A bespokv
-    node is one endpoint that answers every key (it forwards what it does not own), which is
-    Redis's standalone mode, not cluster mode (no MOVED redirections).
+    RESP3, so only the handshake answer itself differs between the two versions. The proxy, and
+    a node started without redirects, answers every key (it forwards what it does not own):
+    Redis's standalone mode. A node of `bespokv up` answers -MOVED for another shard's key
+    (frontend/cluster.py), so it says mode cluster, as a Redis Cluster node does.
     """
     version = cmd[1] if len(cmd) > 1 else b"2"
     if version not in (b"2", b"3"):
@@ -227,7 +228,7 @@ def cmd_hello(conn: Session, cmd: list) -> None:
         return conn.reply(admin.NOAUTH)
     conn.protocol = int(version)
     fields = [b"server", b"bespokv", b"version", __version__.encode(), b"proto", int(version),
-              b"id", conn.id, b"mode", b"standalone", b"role", b"master", b"modules", []]
+              b"id", conn.id, b"mode", b"cluster" if conn.node.redirect else b"standalone", b"role", b"master", b"modules", []]
     parts = [(b"%%%d\r\n" % (len(fields) // 2)) if version == b"3" else (b"*%d\r\n" % len(fields))]
     for f in fields:
         parts.append(resp.integer(f) if isinstance(f, int) else resp.EMPTY_ARRAY if f == [] else resp.bulk(f))
