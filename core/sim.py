@@ -12,7 +12,6 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,12 +41,11 @@ class Seeds:
         return np.random.default_rng(self.seed(component))
 
 
-@dataclass(order=True)
 class _Event:
-    time: float
-    seq: int
-    action: Callable[[], Any] = field(compare=False)
-    cancelled: bool = field(default=False, compare=False)
+    __slots__ = ("time", "seq", "action", "cancelled")
+
+    def __init__(self, time: float, seq: int, action: Callable[[], Any]) -> None:
+        self.time, self.seq, self.action, self.cancelled = time, seq, action, False
 
 
 class EventHandle:
@@ -69,7 +67,7 @@ class EventLoop:
 
     def __init__(self, clock: VirtualClock | None = None) -> None:
         self.clock = clock or VirtualClock()
-        self._heap: list[_Event] = []
+        self._heap: list[tuple[float, int, _Event]] = []   # (time, seq): compared as tuples, in C
         self._seq = itertools.count()
         self.events_run = 0
 
@@ -85,21 +83,21 @@ class EventLoop:
         if when < self.clock.now():
             raise ValueError(f"cannot schedule at {when}, before now={self.clock.now()}")
         event = _Event(float(when), next(self._seq), action)
-        heapq.heappush(self._heap, event)
+        heapq.heappush(self._heap, (event.time, event.seq, event))
         return EventHandle(event)
 
     def pending(self) -> int:
-        return sum(1 for e in self._heap if not e.cancelled)
+        return sum(1 for _, _, e in self._heap if not e.cancelled)
 
     def peek_time(self) -> float | None:
-        while self._heap and self._heap[0].cancelled:
+        while self._heap and self._heap[0][2].cancelled:
             heapq.heappop(self._heap)
-        return self._heap[0].time if self._heap else None
+        return self._heap[0][0] if self._heap else None
 
     def step(self) -> bool:
         """Run the next event; False when none is left."""
         while self._heap:
-            event = heapq.heappop(self._heap)
+            event = heapq.heappop(self._heap)[2]
             if event.cancelled:
                 continue
             self.clock.set(event.time)
