@@ -156,25 +156,28 @@ class Tiresias(Policy):
         admitted: list[tuple[JobView, int]] = []
         keep: set[int] = set()
         misses, seen_running = 0, 0
+        # the loop runs over every running job in most decisions: lookups hoisted out of it
+        running_jobs, queue, holds, grant = state.running, state.queue, self.holds, self.grant
+        depth, n_running = self.options.backfill_depth, len(running_jobs)
         for _, _, job_id in order:
             if capacity <= 0:
                 break
-            running = job_id in state.running
-            seen_running += running
-            if running:
-                gpus = self.holds(state, state.running[job_id])
+            job = running_jobs.get(job_id)
+            if job is not None:
+                seen_running += 1
+                gpus = holds(state, job)
                 if gpus <= capacity:
                     capacity -= gpus
                     keep.add(job_id)
                     continue
             else:
-                job = state.queue[job_id]
-                gpus = self.grant(state, job, capacity)
+                job = queue[job_id]
+                gpus = grant(state, job, capacity)
                 if gpus:
                     capacity -= gpus
                     admitted.append((job, gpus))
                     continue
             misses += 1
-            if misses > self.options.backfill_depth and seen_running == len(state.running):
+            if misses > depth and seen_running == n_running:
                 break
         return admitted, keep
