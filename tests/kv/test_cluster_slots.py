@@ -15,10 +15,12 @@ from mlsyskit.tools.kv.client.pipeline import ConnectionLost
 from mlsyskit.tools.kv.client.smart import KVError, certainly_not_applied
 from mlsyskit.tools.kv.controlets import controlet_class
 from mlsyskit.tools.kv.controlets.base import DEL, GET, PUT, RMW
+from mlsyskit.tools.kv.datalets.memory import MemoryDatalet
 from mlsyskit.tools.kv.frontend.cluster import hex_id, nodes_reply, shards_reply, slots_reply
 from mlsyskit.tools.kv.frontend.commands import cmd_hello
 from mlsyskit.tools.kv.node.requests import Request, idempotent, moved, shard_order, worth_retrying
 from mlsyskit.tools.kv.node.ridethrough import Rider
+from mlsyskit.tools.kv.node.runtime import Node
 from mlsyskit.tools.kv.shardmap import SLOTS, ShardMap, even_slots, key_slot, layout
 
 
@@ -251,3 +253,27 @@ def test_hello_says_cluster_mode_only_where_the_node_redirects(redirect: bool, m
     reply = reader.gets()
     fields = dict(zip(reply[::2], reply[1::2], strict=True)) if isinstance(reply, list) else reply
     assert fields[b"mode"] == mode and fields[b"server"] == b"bespokv" and conn.protocol == 3
+
+
+def test_a_write_point_queues_a_connections_request_behind_its_held_ones() -> None:
+    """This node became the write point while an earlier SET of the connection is held (its forward
+    to the old head failed): the later SET must not be applied locally first, or the held one's
+    retry would land after it (SET k 1, SET k 2 ending as k=1). Another connection is unaffected."""
+    async def main() -> None:
+        smap = layout("ms-sc", "memory", 1, 1, "127.0.0.1", [7001])
+        node = Node(smap, "s0r0", MemoryDatalet(), clock=VirtualClock())
+        node.rider.window_s = 10.0
+        conn, other = Conn(), Conn()
+        first, later = Request(PUT, b"k", b"1", conn), Request(PUT, b"k", b"2", conn)
+        elsewhere = Request(PUT, b"j", b"x", other)
+        node.rider.hold(first)  # its forward to the old head failed retriably: held, retried soon
+        assert node.fast_put is None  # the front end's local fast path is off while anything is held
+        node.submit(later)
+        node.submit(elsewhere)
+        assert elsewhere.payload == b"+OK\r\n" and later.payload is None  # queued behind `first`
+        while later.payload is None:
+            await asyncio.sleep(0)
+        assert conn.answers == [b"+OK\r\n", b"+OK\r\n"] and node.datalet.get(b"k") == b"2"
+        assert not node.rider.held and node.fast_put is not None
+
+    asyncio.run(asyncio.wait_for(main(), 10))

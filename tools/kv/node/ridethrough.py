@@ -13,13 +13,16 @@ is unknown (INCR, RPUSH, APPEND, DEL, SET NX ...) is never sent again: the clien
 -TRYAGAIN, as a Redis Cluster client should for a write that may have happened (sending it again
 could apply it twice; redis-py and Jedis leave that choice to the caller too).
 
-Order: once a client connection has a held request, its later forwarded requests queue behind it
-and are sent one at a time in arrival order, so a pipelined SET k 1, SET k 2 cannot be applied
-2-then-1 by a retry; and a request that fails after a later one of its connection went out under a
-newer map is not held at all (it keeps its error). Requests on other connections are unaffected.
-Not covered: a node that has itself become the new write point applies a later request locally,
-which the rider does not see, so a paused old head's late refusal of an earlier one can still be
-resent after it (a kill -9 fails it before the new map, so there it is held in order).
+Order: once a client connection has a held request, its later requests queue behind it and are
+routed one at a time in arrival order, so a pipelined SET k 1, SET k 2 cannot be applied 2-then-1
+by a retry: those it would forward (here) and those it would apply itself, on a node that has
+become the new write point (Node.submit asks `queue_behind` first; while anything is held the
+node's local fast paths are off, `on_riding`). A request that fails after a later one of its
+connection went out under a newer map is not held at all (it keeps its error). Requests on other
+connections are unaffected. Not covered: a request still unanswered (not yet held) when this node,
+now the write point, applies a later one of its connection locally, which the rider does not see:
+a paused old head's late refusal of the earlier one can still be resent after it (a kill -9 fails
+it before the new map, so there it is held, and the later one queues behind it).
 
 RIDE_THROUGH_S covers a kill -9: detection within 5 s (8 missed heartbeats of 0.5 s, issue 22
 item 3), the new map committed and fetched (the proxy polls every heartbeat) and the new write
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from mlsyskit.core.retry import Backoff, retry_async
@@ -77,16 +81,26 @@ class Rider:
         self.rng = random.Random(seed)
         self.held: dict[Any, deque[tuple[Request, float]]] = {}  # connection -> its held requests, in order
         self.stats = {"held": 0, "retries": 0, "rode_through": 0, "gave_up": 0}
+        self.on_riding: Callable[[], None] | None = None  # called when `held` turns non-empty and empty again
+
+    def queue_behind(self, req: Request) -> bool:
+        """A request of a connection with held requests joins their queue, to be routed afresh after
+        them, and True; else False. Node.submit asks it (while anything is held) before applying a
+        request locally, as `forward` does before sending one on."""
+        if type(req) is Attempt:
+            return False
+        queue = self.held.get(origin(req))
+        if queue is None:
+            return False
+        queue.append((req, self.node.clock.now()))
+        return True
 
     def forward(self, req: Request, node_id: str) -> None:
         epoch = self.node.map.epoch
         if type(req) is not Attempt:
+            if self.held and self.queue_behind(req):  # keep this connection's order behind what it has held
+                return
             conn = origin(req)
-            if self.held:
-                queue = self.held.get(conn)
-                if queue is not None:  # keep this connection's order behind what it has held
-                    queue.append((req, self.node.clock.now()))
-                    return
             if conn is not None:
                 conn.ride_epoch = epoch  # the map its latest request went out under (see _overtaken)
         self.node.stats["forwarded"] += 1
@@ -121,8 +135,11 @@ class Rider:
         key = origin(req)
         queue = self.held.get(key)
         if queue is None:
+            first = not self.held
             queue = self.held[key] = deque()
             self.node.spawn(self._drain(key, queue))
+            if first and self.on_riding is not None:
+                self.on_riding()
         queue.append((req, self.node.clock.now()))
 
     async def _drain(self, key: Any, queue: deque) -> None:
@@ -135,6 +152,8 @@ class Rider:
         finally:
             if self.held.get(key) is queue:
                 del self.held[key]
+                if not self.held and self.on_riding is not None:
+                    self.on_riding()
 
     async def _retry(self, req: Request, since: float) -> bytes:
         loop = asyncio.get_running_loop()

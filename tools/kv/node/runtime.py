@@ -80,6 +80,9 @@ class Node(ControlledNode):
         self.sync_datalet = datalet is not None and not datalet.is_async
         self.fast_get = self.fast_put = None
         self._fast_ready: bool | None = None
+        self.rider = Rider(self)  # forwards, holding and retrying them across a failover (ridethrough.py)
+        self.riding = self.rider.held  # non-empty: some connection's requests are held (see submit)
+        self.rider.on_riding = self._refresh_fast_paths
         self._refresh_fast_paths()
         self.only_shard = self.shard is not None and len(shard_map.shards) == 1
         self.links: dict[str, Link] = {}
@@ -102,7 +105,6 @@ class Node(ControlledNode):
                       "datalet_errors": 0, "sends_dropped": 0, "link_give_ups": 0,
                       "rejected_connections": 0, "output_limit_closes": 0}
         self.actions = Interpreter(datalet, self, self.stats)
-        self.rider = Rider(self)  # forwards, holding and retrying them across a failover (ridethrough.py)
         self.redirect = False  # True: answer -MOVED for another shard's key, as a Redis Cluster node does
         self.execute = self.actions.execute  # the controlet's actions, in order (node/interpreter.py)
 
@@ -115,7 +117,7 @@ class Node(ControlledNode):
         # Runs after every peer message, so it reads no clock: under a lease the fast paths are the
         # leased ones, which check the lease per operation (a lapsed one is refused there).
         c = self.controlet
-        ready = c is not None and c.ready and not self.deposed
+        ready = c is not None and c.ready and not self.deposed and not self.riding  # (riding: see submit)
         if ready == self._fast_ready:
             return
         self._fast_ready = ready
@@ -213,6 +215,8 @@ class Node(ControlledNode):
         return self.only_shard or (self.shard is not None and self.map.shard_for(key) == self.shard)
 
     def submit(self, req: Request) -> None:
+        if self.riding and self.rider.queue_behind(req):  # its connection has held requests: after them
+            return
         if self.lease_until is not None or self.deposed:
             refusal = self.fenced()
             if refusal is not None:  # a node out of the map sends a cluster client to the key's write point
