@@ -2,12 +2,15 @@
 # replaying a Pollux workload on a Summit-like 16x6 cluster (2 seeds, table + JSON + PNGs), then
 # the scheduler daemon (local executor, 2 nodes x 4 logical GPUs) running real jobs: two torch DDP
 # trainings over gloo and three shell jobs, sized and placed by the marble policy.
+# (scripts/demo --quick: one seed, DDP trainings of 10 steps.)
 set -euo pipefail
+seeds=2 steps=30
+if [ "${DEMO_QUICK:-0}" = 1 ]; then seeds=1 steps=10; fi
 out="${DEMO_DIR:-$(mktemp -d -t marble-demo.XXXXXX)}/marble"
 mkdir -p "$out"
 marble model
 marble curve --app yolov3 --batch 64 --max-gpus 6
-marble sim --workload workload-2 --cluster 16x6 --seeds 2 \
+marble sim --workload workload-2 --cluster 16x6 --seeds "$seeds" \
   --policies fifo,backfill,optimus,tiresias,marble,marble-elastic --out "$out"
 ls -l "$out"
 
@@ -35,9 +38,9 @@ until [ -s "$state/daemon.json" ]; do
 done
 py="$(command -v python)"
 marble submit --state-dir "$state" --name ddp-a --app cifar10 --gpus 2 --min-gpus 2 \
-  --cmd "$py -m mlsyskit.tools.sched.examples.ddp_train --steps 30"
+  --cmd "$py -m mlsyskit.tools.sched.examples.ddp_train --steps $steps"
 marble submit --state-dir "$state" --name ddp-b --app cifar10 --gpus 2 --min-gpus 2 \
-  --cmd "$py -m mlsyskit.tools.sched.examples.ddp_train --steps 30 --seed 1"
+  --cmd "$py -m mlsyskit.tools.sched.examples.ddp_train --steps $steps --seed 1"
 for i in 1 2 3; do
   marble submit --state-dir "$state" --name "shell-$i" --app ncf --gpus 4 \
     --cmd 'echo "on $MARBLE_PLACEMENT (CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES)"; sleep 2'

@@ -4,7 +4,10 @@
 # cluster under load and verifies linearizability and that no acknowledged write was lost.
 # In between: kill -9 a chain head (the coordinator fails over; writes go on) and one live
 # switch ms-ec -> ms-sc. Runs on its own too: `bash scripts/demo.d/40-bespokv.sh`.
+# (scripts/demo --quick: YCSB on 500 keys, 2000 operations, 4 clients; the checker's 200 operations.)
 set -euo pipefail
+keys=2000 ops=10000 clients=16 check_ops=300
+if [ "${DEMO_QUICK:-0}" = 1 ]; then keys=500 ops=2000 clients=4 check_ops=200; fi
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 if [ -x "$root/.venv/bin/bespokv" ]; then export PATH="$root/.venv/bin:$PATH"; fi
 dir="${DEMO_DIR:-$(mktemp -d)}/bespokv"
@@ -44,7 +47,7 @@ print("redis-py MGET a b c greeting ->", [v.decode() if v else None for v in val
 print(f"redis-py EXISTS a c nope -> {present}; DEL c -> {deleted}; GET c -> {r.get('c')}")
 assert values[:3] == [b"1", b"2", b"3"] and present == 2 and deleted == 1 and r.get("c") is None
 PY
-bespokv bench --workload ycsb-a --keys 2000 --ops 10000 --clients 16 --data-dir "$dir"
+bespokv bench --workload ycsb-a --keys "$keys" --ops "$ops" --clients "$clients" --data-dir "$dir"
 python - "$dir" <<'PY'
 # Consistency check: every replica of a shard holds the same data (BKV.DIGEST hashes a node's
 # own datalet); chain replication acknowledged each write only after the tail applied it.
@@ -111,5 +114,5 @@ after=$(bespokv get after-switch --data-dir "$dir")
 echo "after ms-ec -> ms-sc: during-ec=$during, after-switch=$after"
 bespokv down --data-dir "$dir"
 # The checker: its own 1x3 cluster, 4 clients, kill -9, SIGSTOP and a partition while they run.
-bespokv check --mode ms-sc --nemesis kill,pause,partition --ops 300 --clients 4 --keys 4 --seed 1 \
+bespokv check --mode ms-sc --nemesis kill,pause,partition --ops "$check_ops" --clients 4 --keys 4 --seed 1 \
   --out "$dir/check"

@@ -1,4 +1,6 @@
-"""The README's first command: ./scripts/demo runs every section to ok or an explicit skip."""
+"""The README's first command: ./scripts/demo runs every section to ok or an explicit skip. The suite runs
+`scripts/demo --quick SECTION`: the same commands on the smaller sizes that --quick gives (fewer clients,
+rounds, steps and operations; each section's header says which), so the default sizes are not run here."""
 from __future__ import annotations
 
 import os
@@ -17,8 +19,8 @@ def test_each_demo_section_runs_to_ok_or_explicit_skip(tmp_path, section, proc_m
     """One section per test, so each stays under the global timeout and sections run in parallel
     (tests/xdist_plan.py spreads them over the workers). Past the timeout the section's whole process
     group is stopped, not only the runner."""
-    proc = proc_manager.start([str(REPO / "scripts" / "demo"), section], cwd=REPO, env={"DEMO_DIR": str(tmp_path)},
-                              text=True)
+    proc = proc_manager.start([str(REPO / "scripts" / "demo"), "--quick", section], cwd=REPO,
+                              env={"DEMO_DIR": str(tmp_path)}, text=True)
     stdout, stderr = proc.communicate(timeout=280)
     r = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     summary = r.stdout.rsplit("\n", 1)[0].splitlines()
