@@ -38,6 +38,12 @@ COST_S: dict[str, float] = {
     "tests/kv/test_check_client.py": 8,
     "tests/sched/test_executor_local.py": 8,
     "tests/kv/test_failover_node.py": 8,
+    "tests/offload/test_tencache_ranks.py": 66,
+    "tests/offload/test_tencache_safety.py": 23,
+    "tests/offload/test_tencache_lazy.py": 21,
+    "tests/offload/test_tencache_memory.py": 16,
+    "tests/offload/test_tencache_errors.py": 13,
+    "tests/kv/test_matrix.py": 10,
 }
 SPREAD = frozenset({"tests/demo/test_demo.py"})
 SHARE_A_WORKER = {"tests/fl/test_ray_backend.py": "ray", "tests/fl/test_ray_local.py": "ray"}
