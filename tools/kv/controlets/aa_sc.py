@@ -32,10 +32,8 @@ value of k it returns (at the reader, which has applied exactly up to s by FIFO 
 position check below) is that of k's last write <= s, and k's last write is stable, so no later
 failover can make a later read miss it. A write acknowledged before a read is invoked has a
 slot < s. Per-key linearizability is enough: the checker, like linearizability itself, is local.
-Without the rule the sequencer (or a replica that received a SEQ another replica missed) served
-a slot that a failover could drop: read x=new, the sequencer dies, read x=old
-(tests/kv/test_aasc_reads.py). Cost: a read of a key written in the last round trip waits
-about one round trip for the positions; other reads do not wait.
+Without the rule a failover could drop a slot already served (tests/kv/test_aasc_reads.py).
+Cost: a read of a key written in the last round trip waits about one round trip.
 
 Why not lease-based locks (the paper's lock service): a paused lock holder can still write
 after its lease expired. Here there is no lease; instead every message carries the
@@ -43,17 +41,14 @@ configuration epoch and the runtime drops other epochs, so a deposed sequencer's
 fenced off once the coordinator bumps the epoch.
 
 Gaps: SEQ messages are applied strictly in slot order; a replica that misses one catches up
-from the sequencer (stream.py) instead of skipping. READOK carries the sequencer's slot, and
-a replica whose own slot differs has missed a SEQ: it fails that read with -TRYAGAIN and
-catches up, so a read is never served from a replica that is behind. A write counts one
-WACK per replica (a set, so no replica counts twice).
+(stream.py). READOK carries the sequencer's slot: a replica whose own slot differs missed a SEQ,
+fails that read with -TRYAGAIN and catches up. A write counts one WACK per replica (a set).
 
 Bounded waits: every write, RMW and read gets its deadline once, on arrival at the replica the
-client talks to, and only that replica answers it: -TRYAGAIN at write_timeout (checked each
-clock tick), when its link to the sequencer gave up, or when the map changes (take_over fails
-what waited, it never re-queues). An RMW used to be relayed to the sequencer (Forward), whose
-own deadline started on arrival there; a paused or slow sequencer then held it far past
-write_timeout.
+client talks to, and only that replica answers it: -TRYAGAIN once write_timeout has passed AND
+no peer was heard for write_timeout (a long queue on a busy host still drains; a silent shard
+fails), at 8x write_timeout in any case, when its link to the sequencer gave up, or when the map
+changes (take_over fails what waited, it never re-queues).
 """
 from __future__ import annotations
 
@@ -103,7 +98,7 @@ class SequencedActiveActive(OrderedStream):
         self.next_rid = incarnation << 32
         self.writes: dict[int, tuple[Any, set, float]] = {}  # rid -> (req, replicas that applied, deadline)
         self.reads: dict[int, tuple[Any, float]] = {}  # rid -> (req, deadline): waiting for READOK
-        self.timeouts = 0
+        self.timeouts, self.heard = 0, {}  # heard: replica -> the clock when it last spoke to us
         # The sequencer's read rule (module docstring): the others' reported positions, the last
         # slot that wrote each key not yet stable (with its slot order for pruning), the last
         # FLUSH, the position it took the role at, and the reads waiting for stability.
@@ -295,6 +290,7 @@ class SequencedActiveActive(OrderedStream):
         return self._applied(origin, int(rid), code, key, value, seq)
 
     def on_peer(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
+        self.heard[src] = self.now
         if kind == b"SEQ":
             return self.on_stream(src, fields)
         if kind == b"WACK":
@@ -344,12 +340,15 @@ class SequencedActiveActive(OrderedStream):
     def on_tick(self, now: float) -> list[Action]:
         self.now = now
         out: list[Action] = []
-        for table in (self.writes, self.reads):
-            expired = [rid for rid, entry in table.items() if entry[-1] <= now]
-            for rid in expired:
+        wait = self.options.write_timeout  # a write waits on every replica, a read on the sequencer
+        silent = [any(now - self.heard.get(r, -wait) >= wait for r in names) for names in (self.others, [self.sequencer])]
+        def expired(deadline: float, quiet: bool) -> bool:  # bounded waits (module docstring)
+            return deadline <= now and (quiet or deadline + 7 * wait <= now)
+        for table, quiet in ((self.writes, silent[0]), (self.reads, silent[1])):
+            for rid in [rid for rid, entry in table.items() if expired(entry[-1], quiet)]:
                 self.timeouts += 1
                 out.append(Fail(table.pop(rid)[0], TIMED_OUT))
-        for hid in [h for h, entry in self.held.items() if entry[-1] <= now]:
+        for hid in [h for h, entry in self.held.items() if expired(entry[-1], silent[0])]:
             _, req, src, _, _ = self.held.pop(hid)
             if src is None:  # a remote read is failed by its own replica, on its own deadline
                 self.timeouts += 1
