@@ -92,7 +92,8 @@ class Marble(Tiresias):
         base = self._base.get(job.job_id)
         if base is None:
             base = self._base[job.job_id] = self.curve(state, job)[0]
-        return min(job.held_gpus, base)
+        held = job.held_gpus   # called for every running job in every walk: no min() call
+        return held if held < base else base
 
     # ---- index upkeep ----------------------------------------------------------------------------
     def rank(self, job: JobView) -> float:
