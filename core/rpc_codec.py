@@ -9,6 +9,7 @@ beyond the payload it already sent.
 """
 from __future__ import annotations
 
+import math
 import struct
 import sys
 from typing import Any
@@ -90,7 +91,7 @@ def _numpy_from(dtype, shape: tuple[int, ...], body: memoryview):
     np = _numpy()
     if dtype.kind not in _ALLOWED_KINDS:
         raise CodecError(f"refusing array dtype {dtype} (only numeric/bool dtypes)")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize  # exact ints: no int64 overflow, no numpy call per array
     if expected != len(body):
         raise CodecError(f"array of shape {shape} and dtype {dtype} needs {expected} bytes, got {len(body)}")
     # copy: the receiver owns a writable array, independent of the message buffer

@@ -58,3 +58,10 @@ def test_garbage_and_forged_headers_are_refused():
         decode(msgpack.packb(pickled))
     with pytest.raises(CodecError, match="unknown msgpack extension"):
         decode(msgpack.packb(msgpack.ExtType(42, b"x")))
+
+
+def test_a_shape_whose_size_overflows_int64_is_refused_not_wrapped_to_the_body_length() -> None:
+    header = msgpack.packb(["<f4", [2**32, 2**32]])  # 2**64 elements: 0 in int64, as the empty body
+    payload = len(header).to_bytes(4, "little") + header
+    with pytest.raises(CodecError, match="needs"):
+        decode(msgpack.packb(msgpack.ExtType(EXT_NDARRAY, payload)))
