@@ -16,7 +16,7 @@ import hiredis
 from mlsyskit.tools.kv.controlets.base import GET, PUT
 from mlsyskit.tools.kv.frontend import admin
 from mlsyskit.tools.kv.frontend.commands import HANDLERS
-from mlsyskit.tools.kv.frontend.session import Session
+from mlsyskit.tools.kv.frontend.session import PIPELINE_PAUSE, Session
 from mlsyskit.tools.kv.node.control import LeaseExpired
 from mlsyskit.tools.kv.node.requests import PEER_MESSAGE
 from mlsyskit.tools.kv.redis import resp, values
@@ -141,6 +141,9 @@ class ClientConnection(Session):
             self.in_batch = False
             if node.quiet_due:  # after every message of this read: deferred peer actions (cumulative acks)
                 node.quiet()
+        if len(slots) > PIPELINE_PAUSE and self.transport is not None and not self.reading_paused:
+            self.reading_paused = True  # read again once half of them are answered (Session.slot_done)
+            self.transport.pause_reading()
         self.flush()
 
     def dispatch(self, cmd: list) -> None:

@@ -9,6 +9,9 @@ reads are answered (and anything after a waiting request waits too), so a pipeli
 -- or GET k / DEL k -- through a node that forwards the two to different replicas (chain head and
 tail) keeps the connection's order. A client whose unsent replies exceed `max_output_bytes` (it
 does not read) is disconnected, so it cannot take the server's memory or the other clients' latency.
+A client that pipelines faster than its requests complete is not refused: past PIPELINE_PAUSE
+unanswered requests the connection stops reading (TCP pushes back, as on a slow Redis) and reads
+again below half of it, so one deep pipeline cannot fill the controlet's max_pending for everyone.
 
 The command handlers (commands, admin, keyspace) see a connection as this Session; the parsing
 half (connection.py) builds on it.
@@ -28,6 +31,8 @@ import hiredis
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, FENCED, FLUSH, GET, PUT, WRITES
 from mlsyskit.tools.kv.node.requests import Ready, Request
 from mlsyskit.tools.kv.redis import resp, values
+
+PIPELINE_PAUSE = 8192  # unanswered requests of one connection before it stops reading
 
 if TYPE_CHECKING:
     from mlsyskit.tools.kv.frontend.expiry import ActiveExpiry
@@ -117,6 +122,7 @@ class Session(asyncio.Protocol):
         self.unacked_writes = 0
         self.unanswered_reads = 0
         self.held: deque[tuple[bool, Any]] = deque()  # (is_write, request) waiting for session order
+        self.reading_paused = False  # past PIPELINE_PAUSE unanswered requests (module docstring)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -187,6 +193,9 @@ class Session(asyncio.Protocol):
             payload = slots.popleft().payload
             out.append(payload)
             self.out_bytes += len(payload)
+        if self.reading_paused and len(slots) < PIPELINE_PAUSE // 2 and self.transport is not None:
+            self.reading_paused = False
+            self.transport.resume_reading()
         if self.out_bytes > self.limits.max_output_bytes:
             self.over_output_limit()
         elif not self.in_batch and not self.flush_due and out:
