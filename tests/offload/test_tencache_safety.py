@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -89,6 +90,17 @@ def test_two_concurrent_runs_one_refused_the_other_exact(tmp_path):
     assert reference == losses(invoke("train", *SMALL, "--steps", "3", "--nvme-dir", str(nvme), "--json"))
 
 
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory) -> tuple[Path, Path, list[float]]:
+    """One 5-step reference and one checkpointed 4-step run for the module; each test edits a copy."""
+    return _checkpointed_run(tmp_path_factory.mktemp("checkpointed"))
+
+
+def _copy(run: tuple[Path, Path, list[float]], tmp_path: Path) -> tuple[Path, Path, list[float]]:
+    nvme, ckpt, full = run
+    return shutil.copytree(nvme, tmp_path / "nvme"), shutil.copytree(ckpt, tmp_path / "ckpt"), full
+
+
 def _checkpointed_run(tmp_path: Path) -> tuple[Path, Path, list[float]]:
     nvme, ckpt = tmp_path / "nvme", tmp_path / "ckpt"
     nvme.mkdir()
@@ -101,8 +113,8 @@ def _checkpointed_run(tmp_path: Path) -> tuple[Path, Path, list[float]]:
     return nvme, ckpt, full
 
 
-def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
-    nvme, ckpt, full = _checkpointed_run(tmp_path)
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(checkpointed, tmp_path):
+    nvme, ckpt, full = _copy(checkpointed, tmp_path)
     block = ckpt / "step-4" / "t5.blk"
     data = bytearray(block.read_bytes())
     data[4096 + 7] ^= 0x01
@@ -113,8 +125,8 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     assert losses(r) == full[3:5]  # continued from step 3, exactly
 
 
-def test_edited_manifest_fails_its_checksum(tmp_path):
-    nvme, ckpt, full = _checkpointed_run(tmp_path)
+def test_edited_manifest_fails_its_checksum(checkpointed, tmp_path):
+    nvme, ckpt, full = _copy(checkpointed, tmp_path)
     manifest = ckpt / "step-4" / "manifest.json"
     body = json.loads(manifest.read_text())
     body["lr"] = 1.0
