@@ -22,7 +22,7 @@ COST_S: dict[str, float] = {
     "tests/kv/test_failover.py": 85,
     "tests/fl/test_ray_backend.py": 60,          # ~ (Ray's own daemons)
     "tests/fl/test_ray_local.py": 40,            # ~
-    "tests/sched/test_daemon_slurmlike.py": 60,  # ~ (50 CLI submits)
+    "tests/sched/test_daemon_slurmlike.py": 70,
     "tests/kv/test_cli.py": 60,                  # ~
     "tests/sched/test_daemon.py": 45,
     "tests/fl/test_real_federation.py": 46,
@@ -44,6 +44,16 @@ COST_S: dict[str, float] = {
     "tests/offload/test_tencache_memory.py": 16,
     "tests/offload/test_tencache_errors.py": 13,
     "tests/kv/test_matrix.py": 10,
+    "tests/core/test_help_pages.py": 62,
+    "tests/fl/test_chaos.py": 50,
+    "tests/kv/test_switch.py": 34,
+    "tests/kv/test_supervisor.py": 29,
+    "tests/core/test_packaging_cli.py": 28,
+    "tests/kv/test_redis_lost.py": 22,
+    "tests/kv/test_requirepass.py": 18,
+    "tests/kv/test_multihost.py": 16,
+    "tests/kv/test_redis_benchmark.py": 15,
+    "tests/fl/test_identity.py": 12,
 }
 SPREAD = frozenset({"tests/demo/test_demo.py"})
 SHARE_A_WORKER = {"tests/fl/test_ray_backend.py": "ray", "tests/fl/test_ray_local.py": "ray"}
