@@ -1,7 +1,7 @@
 """Real fl-client processes report what they measure and `fl-server run --scheduler` uses it.
 
 Three client processes on loopback, one local epoch per round (~0.05 s); two are steadily slow (+0.6 s
-per local training from round 1, `--slowdown`), client 2 is fast until round 3 and then +3 s per
+per local training from round 1, `--slowdown`), client 2 is fast until round 3 and then +6 s per
 training. The fast scheduler tiers
 clients by the latency the server measured (round trip on its own clock), so client 2 starts in
 the fastest tier; after its slowdown it misses the scheduler's deadline, its late updates are
@@ -35,7 +35,7 @@ def test_client_slowed_mid_run_is_re_tiered_by_the_scheduler_from_measured_laten
                           "--min-clients", "2", "--fill-timeout", "4", "--heartbeat", "0.5", "--linger", "5")
     clients = [start_client(proc_manager, port, 0, "--slowdown", "1:0.6"),
                start_client(proc_manager, port, 1, "--slowdown", "1:0.6"),
-               start_client(proc_manager, port, 2, "--slowdown", "3:3")]
+               start_client(proc_manager, port, 2, "--slowdown", "3:6")]
     code, stderr = finish(proc_manager, server, timeout=180)
     assert code == 0, stderr
     for client in clients:

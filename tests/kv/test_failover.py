@@ -17,6 +17,14 @@ pytestmark = pytest.mark.slow  # every test here starts servers, clusters or pro
 SHORT = ["--ops", "200", "--clients", "4", "--keys", "4", "--seed", "1", "--heartbeat", "0.2"]
 
 
+def holding(tmp_path: Path, seconds: tuple[float, float]) -> list[str]:
+    """A config whose faults last `seconds` (min, max): longer than the failure timeout (8 heartbeat
+    intervals, coord/detector.py), so every kill or pause is failed over however fast the restart."""
+    path = tmp_path / "hold.toml"
+    path.write_text(f"hold = [{seconds[0]}, {seconds[1]}]\n")
+    return ["--config", str(path)]
+
+
 def verdict(out) -> dict:
     assert out.returncode in (0, 1), out.stderr
     result = json.loads(out.stdout)
@@ -29,12 +37,12 @@ def verdict(out) -> dict:
 @pytest.mark.parametrize("mode", ["ms-sc", "ms-ec", "aa-sc", "aa-ec"])
 def test_check_with_failover_passes(mode: str, tmp_path) -> None:
     out = cli("check", "--mode", mode, "--nemesis", "kill,pause", "--coordinator", "embedded", *SHORT,
-              "--out", str(tmp_path), "--json", "-q")
+              *holding(tmp_path, (2.0, 3.0)), "--out", str(tmp_path / "run"), "--json", "-q")
     result = verdict(out)
     assert {f["fault"] for f in result["faults"]} == {"kill", "pause"}
-    # a kill of 0.6-1.8 s against a 0.6 s failure timeout: failed over, then rejoined (two maps each)
+    # a kill of 2-3 s against a 1.6 s failure timeout: failed over, then rejoined (two maps each)
     assert result["reconfigurations"] >= 2
-    log = (tmp_path / "cluster" / "logs" / "coordinator-0.log").read_text()
+    log = (tmp_path / "run" / "cluster" / "logs" / "coordinator-0.log").read_text()
     assert "failover: epoch" in log
 
 
@@ -66,8 +74,8 @@ def test_check_with_zookeeper_failover_and_a_leader_kill(zk, tmp_path) -> None:
     """Nodes on their own ZooKeeper sessions; kill -9 of nodes (failed over, rejoined) and of the
     leading coordinator process (the standby in the leader lock takes over)."""
     out = cli("check", "--mode", "ms-sc", "--nemesis", "kill,coordinator-kill", "--coordinator",
-              f"zookeeper://{zk.hosts}/check", *SHORT[:-1], "0.4", "--out", str(tmp_path / "run"),
-              "--json", "-q")
+              f"zookeeper://{zk.hosts}/check", *SHORT[:-1], "0.4", *holding(tmp_path, (4.0, 5.0)),
+              "--out", str(tmp_path / "run"), "--json", "-q")  # kills outlast the 3.2 s failure timeout
     result = verdict(out)
     assert result["reconfigurations"] >= 2
     logs = sorted((tmp_path / "run" / "cluster" / "logs").glob("coordinator-*.log"))
