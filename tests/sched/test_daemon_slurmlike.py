@@ -94,9 +94,11 @@ def test_exact_counts_mixed_node_admission_and_no_blocking(cluster):
         res = cluster.cli("bob", "submit", "--cmd", "true", "--app", "ncf", *args)
         assert res.returncode == 2 and message in one_line(res.stderr) and "Traceback" not in res.stderr, res.stderr
     eight = cluster.submit("bob", "g8", gpus=8, min_gpus=8, name="eight")
+    # the others only once it runs: submitted in the same scheduling pass, the policy may start them first
+    # (a legitimate order), and the test's gates would then hold every GPU for ever
+    wait_for(lambda: eight["id"] in cluster.ran(), 120, "the 8-GPU job to start")
     six = cluster.submit("bob", "g6", gpus=6, name="six")
     elastic = cluster.submit("bob", "g6", gpus=4, min_gpus=1, name="elastic")
-    wait_for(lambda: eight["id"] in cluster.ran(), 120, "the 8-GPU job to start")
     assert cluster.ran()[eight["id"]]["gpus"] == 8 and len(set(cluster.ran()[eight["id"]]["visible"])) == 8
     wait_for(lambda: cluster.job(six["id"])["pending"] == "Resources", 60, "the 6-GPU job's reason")
     (cluster.tmp / "g8").touch()
