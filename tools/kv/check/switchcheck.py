@@ -164,7 +164,9 @@ def _verdict(modes: list[str], history: History, switches: list[dict], load: _Lo
         back = next((i for i, b in enumerate(bins) if b >= 0.9 * steady), len(bins))
         sw["steady_ops_per_bin"] = steady
         sw["recovery_s"] = round(back * BIN_S, 3)
-    not_retriable = [e for e in load.errors if "TRYAGAIN" not in e]
+    # retriable: a -TRYAGAIN, or the client's own 2.5 s timeout (outcome unknown as with -TRYAGAIN; the
+    # server's write timeout is 8 s, so during a switch the client may give up first)
+    not_retriable = [e for e in load.errors if "TRYAGAIN" not in e and not e.startswith("TimeoutError")]
     return {"modes": modes, "switches": switches, "linearizable_after_switch": linearizable,
             "lost_acked_writes": len(lost.lost), "phantoms": len(lost.phantoms), "lost": lost.explain(),
             "errors": len(load.errors), "non_retriable_errors": len(not_retriable),
