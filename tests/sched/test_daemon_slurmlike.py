@@ -228,7 +228,7 @@ def test_serve_help_and_a_busy_port(cluster, tmp_path):
 
 def test_client_commands_load_no_daemon_machinery():
     """What a client command imports: no policy, simulator, model, job table, numpy or rich."""
-    code = ("import sys; import mlsyskit.tools.sched.cli; "
+    code = ("import sys; import mlsyskit.tools.sched.cli_app; "
             "print(','.join(m for m in ('mlsyskit.tools.sched.policies', 'mlsyskit.tools.sched.simulator', "
             "'mlsyskit.tools.sched.throughput', 'mlsyskit.tools.sched.daemon.scheduler', "
             "'mlsyskit.tools.sched.daemon.specs', 'numpy', 'rich') if m in sys.modules))")
