@@ -11,8 +11,8 @@ import math
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 import typer
 
 from mlsyskit.core.cli import (
@@ -32,9 +32,10 @@ from mlsyskit.core.console import emit_json, emit_table, log, make_table, report
 from mlsyskit.core.errors import RuntimeFailure, UsageError, UserError
 from mlsyskit.core.storage_errors import MissingDirectoryError, StorageError, StoragePermissionError
 from mlsyskit.core.telemetry import Telemetry
-from mlsyskit.tools.offload.pools import BudgetError
-from mlsyskit.tools.offload.profiler import Profile, ProfileError
 from mlsyskit.tools.offload.progress import Heartbeat, ProgressNote
+
+if TYPE_CHECKING:  # torch and the library load only when a command runs: --help and --version stay fast
+    from mlsyskit.tools.offload.profiler import Profile
 
 app = make_app(
     "tencache",
@@ -55,7 +56,7 @@ def user_errors() -> Iterator[None]:
         yield
     except UserError:
         raise
-    except (MissingDirectoryError, StoragePermissionError, BudgetError, ProfileError, ValueError) as e:
+    except (MissingDirectoryError, StoragePermissionError, ValueError) as e:  # BudgetError, ProfileError among them
         raise UsageError(str(e)) from None
     except (StorageError, OSError, RuntimeError) as e:
         raise RuntimeFailure(str(e)) from None
@@ -110,6 +111,8 @@ def profile_summary(prof: Profile) -> dict:
 
 def load_profile(path: Path) -> Profile:
     """A profile file, or a `tencache profile --out` folder holding profile.json."""
+    from mlsyskit.tools.offload.profiler import Profile
+
     return Profile.load(path / PROFILE_FILE if path.is_dir() else path)
 
 
@@ -201,6 +204,8 @@ def export(checkpoint_dir: Path = typer.Argument(..., help="A --checkpoint-dir o
            out: Path = typer.Option(..., "--out", help="The .safetensors file to write."),
            as_json: bool = json_option(), verbose: bool = verbose_option(), quiet: bool = quiet_option()) -> None:
     """Write the newest valid checkpoint's fp32 weights as one safetensors file, one tensor at a time."""
+    import torch
+
     from mlsyskit.tools.offload import checkpoint
     from mlsyskit.tools.offload.export import write_safetensors
 
