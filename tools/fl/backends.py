@@ -13,18 +13,23 @@ The contract, so that any backend gives the same job for the same seed:
 - `train` returns one result per task, in the order of the tasks, whatever order they finish in.
 - The measured wall/CPU times in a result are this machine's and differ between backends; the
   simulator replaces them with the client's profile on the virtual clock.
+
+Training needs torch, which takes seconds of CPU to import: the training modules are imported when a
+task first runs, so that `fl-server` commands that train nothing (run, partition, report, certs)
+start without it.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from mlsyskit.tools.fl.baseline import local_only_accuracies
 from mlsyskit.tools.fl.config import TrainSpec
 from mlsyskit.tools.fl.model import Weights
 from mlsyskit.tools.fl.task import ClientData
-from mlsyskit.tools.fl.training import LocalResult, local_only_accuracy, train_local
+
+if TYPE_CHECKING:
+    from mlsyskit.tools.fl.training import LocalResult
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ class TrainingBackend(Protocol):
 
 def run_train_task(job: RoundJob, task: TrainTask) -> LocalResult:
     """The one function every backend runs per task (a Ray backend ships exactly this)."""
+    from mlsyskit.tools.fl.training import train_local  # torch: imported by the first task
+
     return train_local(job.weights, task.data, job.spec, job.num_features, job.num_classes, task.seed, task.attack)
 
 
@@ -80,6 +87,9 @@ def run_baseline_tasks(spec: TrainSpec, num_features: int, num_classes: int,
                        tasks: Sequence[BaselineTask]) -> list[float]:
     """What every backend runs for a group of baselines: the built-in MLP's all at once (baseline.py; each
     client's result does not depend on the group), a custom model's one by one in torch."""
+    from mlsyskit.tools.fl.baseline import local_only_accuracies  # torch: imported by the first task
+    from mlsyskit.tools.fl.training import local_only_accuracy
+
     if not spec.model:
         return local_only_accuracies([t.data for t in tasks], [t.seed for t in tasks], spec, num_features, num_classes)
     return [local_only_accuracy(t.data, spec, num_features, num_classes, t.seed) for t in tasks]

@@ -83,3 +83,34 @@ def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
         return 0.0
     predictions = model(torch.from_numpy(x)).argmax(dim=1).numpy()
     return float((predictions == y).mean())
+
+
+class Sgd:
+    """torch.optim.SGD(params, lr, momentum) with the same arithmetic, op for op (its single-tensor path,
+    which CPU tensors take; no dampening, weight decay or Nesterov). Creating or stepping a torch.optim
+    optimiser imports torch._dynamo, ~3 CPU s (as much again as `import torch`), which every fl-client
+    paid at its first round; tests/fl/test_sgd.py checks this one bit for bit against torch's."""
+
+    def __init__(self, params, lr: float, momentum: float = 0.0) -> None:
+        self.params = list(params)
+        self.lr, self.momentum = lr, momentum
+        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
+
+    def zero_grad(self) -> None:
+        for param in self.params:
+            param.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for i, param in enumerate(self.params):
+            grad = param.grad
+            if grad is None:
+                continue
+            if self.momentum != 0:
+                buf = self.buffers[i]
+                if buf is None:
+                    buf = self.buffers[i] = grad.detach().clone()
+                else:
+                    buf.mul_(self.momentum).add_(grad, alpha=1)
+                grad = buf
+            param.add_(grad, alpha=-self.lr)
