@@ -23,11 +23,12 @@ import tomllib
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
-
-import pydantic
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mlsyskit.core.errors import UsageError
+
+if TYPE_CHECKING:
+    import pydantic
 
 T = TypeVar("T")
 
@@ -106,6 +107,8 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls} is not a dataclass")
     _reject_unknown_keys(cls, data, where)
+    import pydantic  # at the first config read, not at import: a process that reads none (a kv node) never pays ~0.1 s
+
     try:
         return _adapter(cls).validate_python(dict(data))
     except pydantic.ValidationError as e:
@@ -116,6 +119,8 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
 
 @functools.cache
 def _adapter(cls: type) -> pydantic.TypeAdapter:
+    import pydantic
+
     _finite_floats(cls)
     return pydantic.TypeAdapter(cls)
 
@@ -126,6 +131,8 @@ def _finite_floats(cls: type) -> None:
     pydantic reads a stdlib dataclass's config from `__pydantic_config__`; a class that sets
     its own keeps it.
     """
+    import pydantic
+
     if "__pydantic_config__" not in vars(cls):
         cls.__pydantic_config__ = pydantic.ConfigDict(allow_inf_nan=False)  # type: ignore[attr-defined]
     for tp in typing.get_type_hints(cls).values():
