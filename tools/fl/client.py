@@ -50,7 +50,7 @@ from mlsyskit.tools.fl.plugins import call_user
 from mlsyskit.tools.fl.task import ClientData
 from mlsyskit.tools.fl.threads import freeze_startup_heap, single_threaded
 from mlsyskit.tools.fl.tls_probe import refuses_certificate
-from mlsyskit.tools.fl.training import local_only_accuracy, train_local
+from mlsyskit.tools.fl.training import local_only_accuracy, train_local, warm_up
 
 log = logging.getLogger("mlsyskit.fl.client")
 
@@ -129,6 +129,8 @@ class FlClient:
             seed = Seeds(int(job.get("seed") or 0)).seed(f"local-only:{self.client_id}") % (2**31)
             self._local_only = await asyncio.to_thread(self._user, local_only_accuracy, self._data, self.train_spec,
                                                        self.num_features, self.num_classes, seed)
+            # before the first task, so the first round's measured train time is the device's, not torch's start-up
+            await asyncio.to_thread(self._user, warm_up, self.num_features, self.num_classes, self.train_spec)
             if self.freeze_heap:
                 freeze_startup_heap()
 

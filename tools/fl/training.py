@@ -13,7 +13,7 @@ A label-flipper scores low because the global model predicts the true labels.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -111,6 +111,19 @@ def train_local(global_weights: Weights, data: ClientData, spec: TrainSpec, num_
     if attack == "quality-liar":
         quality = LIED_QUALITY
     return LocalResult(weights, data.num_samples, loss, quality, wall, cpu, consumer_accuracy)
+
+
+def warm_up(num_features: int, num_classes: int, spec: TrainSpec) -> None:
+    """Pay torch's first-use costs (lazy imports and kernel set-up of the first forward, backward and SGD
+    step: seconds on a loaded machine) before the first timed round, on throw-away zeros. Without it a
+    client's first `train_time_s` says it is several times slower than it is, and a scheduler's latency
+    estimate (an EMA) carries that for rounds."""
+    weights = init_weights(num_features, num_classes, spec.hidden, 0, spec.model)
+    model = loaded_model(num_features, num_classes, spec.hidden, spec.model, weights)
+    x = torch.zeros((2, num_features), dtype=torch.float32)
+    y = torch.zeros(2, dtype=torch.int64)
+    _train(model, x, y, replace(spec, epochs=2, batch_size=1), 2, torch.Generator().manual_seed(0))
+    accuracy(model, x.numpy(), y.numpy())
 
 
 def _tamper(weights: Weights, global_weights: Weights, attack: str, rng: np.random.Generator) -> Weights:
