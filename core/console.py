@@ -15,16 +15,32 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.measure import Measurement
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+    from rich.table import Table
 
-err = Console(stderr=True, markup=False, highlight=False)
-out = Console(soft_wrap=True, markup=False, highlight=False)
+# rich (~0.1 s CPU to import) is imported when something is first printed, not at import: a server
+# process (a kv node) that only logs when something happens does not pay for it at every start.
+# `err` and `out`, the two Consoles, are made then too (module attributes, see __getattr__).
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("err", "out"):
+        from rich.console import Console
+
+        made = Console(stderr=True, markup=False, highlight=False) if name == "err" else \
+            Console(soft_wrap=True, markup=False, highlight=False)
+        globals()[name] = made
+        return made
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _console(name: str) -> Console:
+    """err or out (as set, e.g. by a test's monkeypatch; made at first use)."""
+    return globals().get(name) or __getattr__(name)
 
 _level = {"verbose": False, "quiet": False}
 
@@ -49,23 +65,31 @@ def is_verbose() -> bool:
 def log(message: str, *, style: str | None = None) -> None:
     """An info line on stderr (silenced by -q)."""
     if not _level["quiet"]:
-        err.print(Text(str(message), style=style or ""))
+        from rich.text import Text
+
+        _console("err").print(Text(str(message), style=style or ""))
 
 
 def debug(message: str) -> None:
     """A detail line on stderr, shown only with -v."""
     if _level["verbose"]:
-        err.print(Text(str(message), style="dim"))
+        from rich.text import Text
+
+        _console("err").print(Text(str(message), style="dim"))
 
 
 def warn(message: str) -> None:
     """A warning on stderr; shown even with -q."""
-    err.print(Text.assemble(("warning: ", "bold yellow"), str(message)))
+    from rich.text import Text
+
+    _console("err").print(Text.assemble(("warning: ", "bold yellow"), str(message)))
 
 
 def error_line(message: str) -> None:
     """One line whatever its length: scripts grep for it and tests match it (no wrap at 80 columns)."""
-    err.print(Text.assemble(("error: ", "bold red"), str(message)), soft_wrap=True)
+    from rich.text import Text
+
+    _console("err").print(Text.assemble(("error: ", "bold red"), str(message)), soft_wrap=True)
 
 
 # ---------------------------------------------------------------- progress
@@ -80,7 +104,7 @@ class Reporter:
 
     def __init__(self, *, terminal: bool | None = None, quiet: bool | None = None, interval: float = 10.0,
                  clock: Callable[[], float] = time.monotonic, console: Console | None = None) -> None:
-        self.console = console or err
+        self.console = console or _console("err")
         self.quiet = _level["quiet"] if quiet is None else quiet
         self.terminal = self.console.is_terminal if terminal is None else terminal
         self.interval = interval
@@ -98,6 +122,8 @@ class Reporter:
     # -- lifecycle
     def __enter__(self) -> Reporter:
         if self.terminal and not self.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
             self._bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TextColumn("{task.fields[note]}", markup=False),
                                  console=self.console, transient=False)
@@ -162,6 +188,8 @@ class Reporter:
     def _line(self, text: str) -> None:
         self._last_line = self.clock()
         self._last_status = text
+        from rich.text import Text
+
         self.console.print(Text(text))
 
 
@@ -186,6 +214,9 @@ def progress(*, transient: bool = False) -> Progress:
 
     Prefer `reporter()`, which also prints progress lines without a terminal.
     """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = _console("err")
     return Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=err, transient=transient,
                     disable=not err.is_terminal or _level["quiet"])
@@ -197,6 +228,9 @@ SIGNIFICANT_DIGITS = 4
 
 
 def make_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=Text(title) if title else None)
     for i, col in enumerate(columns):
         table.add_column(Text(str(col)), justify="left" if i == 0 else "right", overflow="fold")
@@ -227,7 +261,9 @@ def fmt(value: Any) -> str:
 def emit_table(table: Table, console: Console | None = None) -> None:
     """Print a table without ever cutting a cell: cells fold; a table too wide for the console
     is printed as one vertical block per row (column: value) instead."""
-    console = console or out
+    from rich.measure import Measurement
+
+    console = console or _console("out")
     for column in table.columns:
         column.overflow = "fold"
     needed = Measurement.get(console, console.options.update_width(10**6), table).maximum
@@ -238,6 +274,9 @@ def emit_table(table: Table, console: Console | None = None) -> None:
 
 
 def _vertical(table: Table) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
     headers = [Text(c.header) if isinstance(c.header, str) else c.header for c in table.columns]
     cells = [list(c.cells) for c in table.columns]
     block = Table(title=table.title, show_header=False, box=None, padding=(0, 1))
