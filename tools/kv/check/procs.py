@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -169,7 +168,7 @@ class ProcCluster:
         return list(self.map.shards[self.map.shard_of_node(node_id)])
 
     def _argv(self, node_id: str) -> list[str]:
-        return [sys.executable, "-m", "mlsyskit.tools.kv.cli", "node", node_id, "--data-dir", str(self.data_dir)]
+        return [*launcher.ENTRY, "node", node_id, "--data-dir", str(self.data_dir)]
 
     def _spawn(self, node_id: str) -> None:
         self.procs[node_id] = launcher.spawn(self._argv(node_id), self.data_dir / "logs" / f"node-{node_id}.log")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,6 +26,9 @@ import psutil
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.tools.kv.client.call import call, parse_info
 
+# The command line of a node, proxy or supervisor process, before its arguments (`node ID --data-dir D`, ...):
+# the same commands as `bespokv node|proxy|supervise --foreground`, started without the CLI's imports (entry.py).
+ENTRY = [sys.executable, "-m", "mlsyskit.tools.kv.ops.entry"]
 Endpoint = tuple[str, str, int]  # (name, host, port): "proxy", "redis:...", else a node
 Proc = int | subprocess.Popen  # a pid, or a child we hold
 

@@ -13,7 +13,6 @@ import fcntl
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +26,7 @@ from mlsyskit.tools.kv.ops import launcher
 from mlsyskit.tools.kv.ops.coordproc import coordinator_argv
 
 RECORD = "cluster.json"
-ME = [sys.executable, "-m", "mlsyskit.tools.kv.cli"]
+ME = launcher.ENTRY
 
 
 def record_path(data_dir: Path) -> Path:
