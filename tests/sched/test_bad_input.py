@@ -105,7 +105,7 @@ def test_resize_events_log_the_gpus_they_release(tmp_path):
 
 
 def _submit(tmp_path, *args: str):
-    """`marble submit` in-process: every field error is found before any daemon is looked for."""
+    """`marble submit` in-process, no daemon there: every field error is said in the job file's words."""
     from conftest import invoke_cli
 
     from mlsyskit.tools.sched.cli import app

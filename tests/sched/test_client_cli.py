@@ -4,8 +4,10 @@ would give it; every line it leaves (help, usage errors, anything unusual) goes 
 In-process: no daemon (the commands are replaced by recorders)."""
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -16,33 +18,35 @@ from mlsyskit.tools.sched.daemon import client_cli, client_commands
 
 ROOT = typer.main.get_command(app)
 KINDS = {int: "int", str: "str", Path: "path", bool: "flag"}
+CALLBACKS = {info.callback.__name__: info.callback for info in app.registered_commands}
 
 
-def _kind(param) -> tuple[str, bool]:
-    """(kind, many) of a typer parameter, from its annotation (X | None, list[X])."""
-    annotation = param.type_descriptor.annotation
-    many = getattr(annotation, "__origin__", None) is list
-    if many:
-        annotation = annotation.__args__[0]
-    args = [a for a in getattr(annotation, "__args__", (annotation,)) if a is not type(None)]
-    assert len(args) == 1, (param.name, annotation)
-    return KINDS[args[0]], many
+def _kind(annotation) -> tuple[str, bool]:
+    """(kind, many) of an annotation (X | None, list[X] | None)."""
+    args = [a for a in typing.get_args(annotation) or (annotation,) if a is not type(None)]
+    assert len(args) == 1, annotation
+    many = typing.get_origin(args[0]) is list
+    return KINDS[typing.get_args(args[0])[0] if many else args[0]], many
 
 
 @pytest.mark.parametrize("command", sorted(client_cli.COMMANDS))
 def test_the_option_table_is_the_typer_apps(command):
-    typer_params = [p for p in ROOT.commands[command].params if p.name != "help"]
+    """Against the typer command's own declaration (its signature: typer.Option/Argument and annotations)."""
+    callback = CALLBACKS[command]
+    hints = typing.get_type_hints(callback)
+    declared = inspect.signature(callback).parameters
     table = {p.name: p for p in client_cli.COMMANDS[command]}
-    assert [p.name for p in typer_params] == list(table), "same parameters in the same order"
-    for tp in typer_params:
-        p = table[tp.name]
-        positional = type(tp).__name__ == "TyperArgument"
-        kind, many = _kind(tp)
-        assert (p.kind, p.many) == (kind, many), tp.name
-        assert p.flags == (() if positional else tuple(tp.opts)) and not tp.secondary_opts, tp.name
-        assert p.envvar == tp.envvar, tp.name
-        assert p.default == tp.default and p.required == tp.required, tp.name
-        assert (p.lo, p.hi) == (tp.min, tp.max), tp.name
+    assert list(declared) == list(table), "same parameters in the same order"
+    assert [p.name for p in ROOT.commands[command].params if p.name != "help"] == list(table)
+    for name, parameter in declared.items():
+        info, p = parameter.default, table[name]
+        positional = isinstance(info, typer.models.ArgumentInfo)
+        assert (p.kind, p.many) == _kind(hints[name]), name
+        assert p.flags == (() if positional else tuple(info.param_decls)), name
+        assert p.envvar == info.envvar, name
+        required = info.default is ...
+        assert p.required == required and (required or p.default == info.default), name
+        assert (p.lo, p.hi) == (info.min, info.max), name
 
 
 def test_every_client_command_of_the_app_has_a_row_or_is_left_to_typer():
