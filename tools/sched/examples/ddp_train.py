@@ -113,9 +113,31 @@ def main() -> None:
     if world == 1:
         _worker(0, 1, port, args)
         return
-    import torch.multiprocessing as mp
+    _spawn(world, port, args)
 
-    mp.start_processes(_worker, args=(world, port, args), nprocs=world, start_method="spawn", join=True)
+
+def _spawn(world: int, port: int, args: argparse.Namespace) -> None:
+    """One process per rank, as torch.multiprocessing.start_processes(join=True) starts them, but from
+    the standard library: the workers import torch and this process does not (an import of torch costs
+    seconds of CPU). The first worker to fail stops the others (they would wait in an all-reduce)."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(rank, world, port, args)) for rank in range(world)]
+    for p in procs:
+        p.start()
+    alive = {p.sentinel: p for p in procs}
+    while alive:
+        for sentinel in wait(list(alive)):
+            p = alive.pop(sentinel)
+            p.join()
+            if p.exitcode != 0:
+                for other in alive.values():
+                    other.terminate()
+                for other in alive.values():
+                    other.join()
+                raise SystemExit(f"ddp_train: rank {procs.index(p)} exited with status {p.exitcode}")
 
 
 if __name__ == "__main__":
