@@ -1,5 +1,6 @@
-"""20 steps (the loss falls by 1.5 by then), same seed: every policy's per-step losses equal the plain in-memory run's, bit for bit,
-with parameters on all three tiers and optimizer states spilling to NVMe."""
+"""10 steps (the loss falls by 0.74 by then), same seed: every policy's per-step losses equal the plain in-memory run's, bit for bit,
+with parameters on all three tiers and optimizer states spilling to NVMe. (Was 20 steps: for every policy, each of steps
+11-20 moved bytes along the same tier pairs, with the same allocation and deviation counts, as one of steps 1-10.)"""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,7 +9,7 @@ import pytest
 
 from mlsyskit.tools.offload.trainer import TrainConfig, train, train_plain
 
-STEPS = 20
+STEPS = 10
 
 
 @pytest.fixture(scope="module")
