@@ -9,6 +9,8 @@ from __future__ import annotations
 import gc
 import sys
 
+_wanted = {"single": False}  # single_threaded() was called: torch, when imported later, gets one thread too
+
 
 def single_threaded() -> None:
     try:
@@ -17,8 +19,16 @@ def single_threaded() -> None:
         pass
     else:
         threadpool_limits(1)
+    _wanted["single"] = True
     torch = sys.modules.get("torch")
     if torch is not None:
+        torch.set_num_threads(1)
+
+
+def torch_imported(torch) -> None:
+    """torch_model.py calls this once it has imported torch: commands import torch only when they first train,
+    often after their single_threaded() (torch's default, a thread per core, spins on a loaded machine)."""
+    if _wanted["single"]:
         torch.set_num_threads(1)
 
 

@@ -8,6 +8,9 @@ import torch
 from torch import nn
 
 from mlsyskit.tools.fl.plugins import PluginError, call_user, load_object
+from mlsyskit.tools.fl.threads import torch_imported
+
+torch_imported(torch)  # a single_threaded() made before torch was imported applies to it now
 
 Weights = dict[str, np.ndarray]  # as model.Weights (model.py imports this module for custom models)
 

@@ -23,7 +23,7 @@ from mlsyskit.tools.fl.baseline import local_only_accuracies
 from mlsyskit.tools.fl.config import ATTACKS, TrainSpec
 from mlsyskit.tools.fl.data import ClientData
 from mlsyskit.tools.fl.model import Weights, init_weights
-from mlsyskit.tools.fl.torch_model import accuracy, build_model, get_weights, loaded_model, set_weights
+from mlsyskit.tools.fl.torch_model import Sgd, accuracy, build_model, get_weights, loaded_model, set_weights
 
 NOISY_LABEL_RATE = 0.8
 SCALE_FACTOR = 10.0  # the `scaled` attacker boosts its update by this much (model-replacement style)
@@ -66,7 +66,7 @@ def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec, 
            generator: torch.Generator, exact_first_epoch: bool = True) -> tuple[float, float]:
     """Train for `epochs`; returns (accuracy of the starting model from epoch 1's forward passes,
     mean loss of the last epoch). With `exact_first_epoch`, epoch 1 is one accumulated step."""
-    optimiser = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
+    optimiser = Sgd(model.parameters(), lr=spec.lr, momentum=spec.momentum)  # torch.optim.SGD's arithmetic
     correct, last_loss, n = 0, 0.0, max(len(y), 1)
     for epoch in range(epochs):
         accumulate = exact_first_epoch and epoch == 0
