@@ -50,7 +50,6 @@ from mlsyskit.tools.fl.plugins import call_user
 from mlsyskit.tools.fl.task import ClientData
 from mlsyskit.tools.fl.threads import freeze_startup_heap, single_threaded
 from mlsyskit.tools.fl.tls_probe import refuses_certificate
-from mlsyskit.tools.fl.training import local_only_accuracy, train_local, warm_up
 
 log = logging.getLogger("mlsyskit.fl.client")
 
@@ -126,11 +125,15 @@ class FlClient:
         self._job = mine
         self.train_spec = self._spec(job["train"])
         if self._local_only is None:
+            # torch (~3 CPU s to import) once the server has answered, so a client it refuses never loads it;
+            # in a thread, as the training, so that the event loop (gRPC's keepalives) runs meanwhile
+            training = await asyncio.to_thread(_training)
             seed = Seeds(int(job.get("seed") or 0)).seed(f"local-only:{self.client_id}") % (2**31)
-            self._local_only = await asyncio.to_thread(self._user, local_only_accuracy, self._data, self.train_spec,
-                                                       self.num_features, self.num_classes, seed)
+            self._local_only = await asyncio.to_thread(self._user, training.local_only_accuracy, self._data,
+                                                       self.train_spec, self.num_features, self.num_classes, seed)
             # before the first task, so the first round's measured train time is the device's, not torch's start-up
-            await asyncio.to_thread(self._user, warm_up, self.num_features, self.num_classes, self.train_spec)
+            await asyncio.to_thread(self._user, training.warm_up, self.num_features, self.num_classes,
+                                    self.train_spec)
             if self.freeze_heap:
                 freeze_startup_heap()
 
@@ -282,8 +285,8 @@ class FlClient:
         start = Snapshot.take()
         # inline, not in a worker thread: the client has nothing else to do meanwhile, and the hop to a
         # thread and back cost ~0.15 ms of CPU per round (gRPC keepalive pings are answered by its core)
-        result = self._user(train_local, task["weights"], self._data, spec, self.num_features, self.num_classes,
-                            int(task["seed"]), self.attack)
+        result = self._user(_training().train_local, task["weights"], self._data, spec, self.num_features,
+                            self.num_classes, int(task["seed"]), self.attack)
         extra = 0.0
         if self.slowdown is not None and int(task["round"]) >= self.slowdown[0]:
             extra = self.slowdown[1]
@@ -338,6 +341,13 @@ class FlClient:
         await self.rpc.call("evaluate", {"client_id": self.client_id, "accuracy": acc})
         self.summary.evaluated = True
         log.info("final model: accuracy %.4f on this client's test split (reported)", acc)
+
+
+def _training():
+    """The training module (torch): imported by the first _prepare, in a worker thread."""
+    from mlsyskit.tools.fl import training
+
+    return training
 
 
 def _digest(weights: dict) -> str:
