@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import invoke_cli
 
+from mlsyskit.tools.sched.cli import app
 from mlsyskit.tools.sched.daemon.client import RETRY_FOR_S, DaemonClient, Endpoint
 
 pytestmark = pytest.mark.slow   # real processes (and a server or Slurm)
@@ -263,9 +265,9 @@ def test_tls_daemon_and_no_plain_listener_off_loopback(tmp_path):
         assert plain.returncode == 2 and "cannot read TLS CA" in plain.stderr
     finally:
         d.stop()
-    res = marble("serve", "--cluster", str(tmp_path / "cluster.toml"), "--state-dir", str(tmp_path / "s2"),
-                 "--listen", "0.0.0.0:0", check=False)
-    assert res.returncode == 2 and "not loopback" in res.stderr
+    res = invoke_cli(app, ["serve", "--cluster", str(tmp_path / "cluster.toml"), "--state-dir", str(tmp_path / "s2"),
+                           "--listen", "0.0.0.0:0"])        # refused before any port is taken: in-process
+    assert res.exit_code == 2 and "not loopback" in res.output, res.output
 
 
 def test_a_corrupt_job_table_is_a_one_line_runtime_failure(tmp_path):
@@ -287,20 +289,21 @@ def test_serve_settings_from_config_flags_win(tmp_path):
         assert DaemonClient(Endpoint.resolve(d.state)).call("info")["policy"] == "backfill"
     finally:
         d.stop()
+    # settings refused before the daemon takes its state dir or a port: asked in-process
     for text, message in [('[serve]\npolicy = "lsf"\ncluster = "c.toml"\n', "policy: unknown 'lsf'"),
                           ('[serve]\ncluster = "c.toml"\nthreads = 4\n', "'threads'"),
                           ('[serve]\npolicy = "fifo"\n', "cluster: required")]:
         config.write_text(text)
-        res = marble("serve", "--config", str(config), "--state-dir", str(tmp_path / "s"), check=False)
-        assert res.returncode == 2 and message in res.stderr, res.stderr
-    res = marble("serve", "--cluster", str(tmp_path / "cluster.toml"), "--state-dir", str(tmp_path / "s"),
-                 "--tls-cert", str(tmp_path / "none.pem"), "--tls-key", str(tmp_path / "none.key"), check=False)
-    assert res.returncode == 2 and "cannot read TLS certificate" in res.stderr
+        res = invoke_cli(app, ["serve", "--config", str(config), "--state-dir", str(tmp_path / "s")])
+        assert res.exit_code == 2 and message in res.output, res.output
+    res = invoke_cli(app, ["serve", "--cluster", str(tmp_path / "cluster.toml"), "--state-dir", str(tmp_path / "s"),
+                           "--tls-cert", str(tmp_path / "none.pem"), "--tls-key", str(tmp_path / "none.key")])
+    assert res.exit_code == 2 and "cannot read TLS certificate" in res.output, res.output
 
 
 def test_jobs_running_across_a_daemon_kill_are_reattached_with_their_exit_codes(daemon, tmp_path):
     client = DaemonClient(Endpoint.resolve(daemon.state))
-    gated = ('echo run >> {t}/{n}.runs; while [ ! -e {t}/{n}.gate ]; do sleep 0.05; done; exit {code}')
+    gated = ('echo run >> {t}/{n}.runs; while [ ! -e {t}/{n}.gate ]; do sleep 0.2; done; exit {code}')
     a = client.call("submit", {"job": {"cmd": gated.format(t=tmp_path, n="a", code=3), "app": "ncf", "gpus": 1}})
     b = client.call("submit", {"job": {"cmd": gated.format(t=tmp_path, n="b", code=0), "app": "ncf", "gpus": 1}})
     wait_for(lambda: (tmp_path / "a.runs").exists() and (tmp_path / "b.runs").exists(), 60, "both jobs to run")

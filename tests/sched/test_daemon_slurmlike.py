@@ -23,7 +23,7 @@ CLUSTER = "".join(f'[[nodes]]\nname = "{n}"\ngpus = {g}\nlogical = true\n\n' for
                   (("big", 4), ("s1", 2), ("s2", 2)))
 # A job that records what it was given, then waits for its gate file.
 GATED = ('echo "$MARBLE_JOB_ID $MARBLE_GPUS $CUDA_VISIBLE_DEVICES ${{MARBLE_ARRAY_TASK_ID:--}} $(date +%s.%N)" '
-         '>> {t}/ran; while [ ! -e {t}/{gate} ]; do sleep 0.05; done; echo "end $MARBLE_JOB_ID $(date +%s.%N)" '
+         '>> {t}/ran; while [ ! -e {t}/{gate} ]; do sleep 0.2; done; echo "end $MARBLE_JOB_ID $(date +%s.%N)" '
          '>> {t}/ran')
 
 
