@@ -21,8 +21,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import psutil
-
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.tools.kv.client.call import call, parse_info
 
@@ -72,6 +70,8 @@ def wait_ready(endpoints: Sequence[Endpoint], *, exited: Callable[[], list[str]]
 
 def alive(pid: int) -> bool:
     """Running (a zombie waiting for a parent that does not reap, e.g. a bare container init, is not)."""
+    import psutil  # here, not at import: a node process imports this module but never calls it (~0.03 s)
+
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
