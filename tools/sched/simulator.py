@@ -31,9 +31,11 @@ from mlsyskit.tools.sched.state import (
     Resize,
     Start,
     estimated_remaining,
+    gpus_of,
 )
 from mlsyskit.tools.sched.throughput import ThroughputModel, compact_shape
 
+RELEASES = (Preempt, Resize)   # actions that give GPUs back (applied before any start)
 LOSS_REPORT_S = 300.0    # a running job reports its loss at most this often (seconds)
 MAX_LOSS_REPORTS = 64    # older reports are thinned to every other one beyond this
 
@@ -182,7 +184,7 @@ class Simulator:
         self.counters["decisions"] += 1
         # Releases first, then takes: a policy plans on a scratch copy where all its releases
         # happened before its placements, so the order inside `actions` does not matter.
-        releases = [a for a in decision.actions if isinstance(a, Preempt | Resize)]
+        releases = [a for a in decision.actions if isinstance(a, RELEASES)]
         for action in releases:
             self._release(action, now)
         for action in decision.actions:
@@ -253,7 +255,7 @@ class Simulator:
         except (ValueError, IndexError, KeyError) as e:
             raise PolicyError(f"{self.policy.name}: bad placement for {rec.spec.name}: {e}") from None
         shape = tuple(sorted(shape if shape is not None else (g for _, g in placement), reverse=True))
-        if sum(shape) > sum(g for _, g in placement) or sum(shape) == 0:
+        if sum(shape) > sum(map(gpus_of, placement)) or sum(shape) == 0:
             raise PolicyError(f"{self.policy.name}: {rec.spec.name} computes on {shape} but holds {placement}")
         rec.placement, rec.shape, rec.since = placement, shape, now
         rec.rate = self.model.rate(rec.spec.app, shape, rec.spec.batch_size)

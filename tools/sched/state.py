@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from sortedcontainers import SortedList
 
 from mlsyskit.tools.sched.cluster import ClusterSpec, FreeMap, Placement
 from mlsyskit.tools.sched.profiles import Shape
+
+gpus_of = itemgetter(1)   # a placement entry (node, GPUs) -> GPUs
 
 # Without any history a job is expected to run this long (Slurm's DefaultTime plays this role).
 DEFAULT_RUNTIME_S = 3600.0
@@ -53,7 +56,7 @@ class JobRecord:
 
     @property
     def held_gpus(self) -> int:
-        return sum(g for _, g in self.placement)
+        return sum(map(gpus_of, self.placement))
 
     def done_at(self, now: float) -> float:
         if not self.placement:
@@ -101,7 +104,7 @@ class JobView:
     @placement.setter
     def placement(self, placement: Placement) -> None:
         self._placement = placement
-        self.held_gpus = sum(g for _, g in placement)   # read in every decision's walk: kept, not summed
+        self.held_gpus = sum(map(gpus_of, placement))   # read in every decision's walk: kept, not summed
 
     def progress_at(self, now: float) -> float:
         if not self.placement:

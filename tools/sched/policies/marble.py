@@ -38,14 +38,23 @@ from mlsyskit.tools.sched.policies.common import remaining_work
 from mlsyskit.tools.sched.policies.sizing import efficient_size, ladder, layouts
 from mlsyskit.tools.sched.policies.tiresias import Tiresias
 from mlsyskit.tools.sched.profiles import Shape
-from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Preempt, Resize, Start
+from mlsyskit.tools.sched.state import (
+    Action,
+    ClusterState,
+    Decision,
+    JobView,
+    Preempt,
+    Resize,
+    Start,
+    gpus_of,
+)
 
 Curve = tuple[int, list[int], list[Shape], list[float]]   # (p*, sizes to grow to, shapes, rates)
 MAX_ELASTIC = 128   # the most GPUs a curve is laid out for (a job's own request may be more)
 
 
 def _shape_of(placement: Placement) -> Shape:
-    return tuple(sorted((g for _, g in placement), reverse=True))
+    return tuple(sorted(map(gpus_of, placement), reverse=True))
 
 
 class Marble(Tiresias):
@@ -68,12 +77,15 @@ class Marble(Tiresias):
     def curve(self, state: ClusterState, job: JobView) -> Curve:
         """(p*, ladder, shapes, rates) of the job's kind, recomputed when the model's estimates
         for its application and batch changed (a learned model's `versions`)."""
+        key = (job.app, job.batch_size, job.gpus)
+        found = self._curves.get(key)
+        if found is not None and state.spec is self._spec and found[1] == self._spec_key \
+                and found[0] == self._model_versions.get(key[:2], 0):
+            return found[2]   # the common case: called several times per job and decision
         spec = state.spec
         if spec is not self._spec:
             self._spec, self._spec_key = spec, (spec.gpus_per_node, spec.total_gpus)
-        key = (job.app, job.batch_size, job.gpus)
         version = self._model_versions.get((job.app, job.batch_size), 0)
-        found = self._curves.get(key)
         if found is None or found[0] != version or found[1] != self._spec_key:
             gpn, total = self._spec_key
             opts = self.options
@@ -144,31 +156,29 @@ class Marble(Tiresias):
         self._sync(state)
         now = state.now
         starve_wake = self._guard(state)
-        self._grown.intersection_update(state.running)
+        running = state.running
+        self._grown = {i for i in self._grown if i in running}
         free = state.free.copy()
+        dropped: list[int] = []
         if self._waiting and (not self._running or self._waiting[0] < self._running[-1]):
-            admitted, keep = self._walk(state, heapq.merge(self._waiting, self._running), state.spec.total_gpus)
+            admitted, dropped = self._walk(state, state.spec.total_gpus)
         elif self._waiting:
             # no waiting job outranks a running one: they get the free GPUs and what grown jobs
             # hold beyond their p* (nothing is preempted)
-            excess = sum(state.running[i].held_gpus - self.holds(state, state.running[i]) for i in self._grown)
-            admitted, keep = self._walk(state, iter(self._waiting), free.total + excess) \
-                if free.total + excess > 0 else ([], None)
-            keep = None
+            excess = sum(running[i].held_gpus - self.holds(state, running[i]) for i in self._grown)
+            admitted = self._admit_waiting(state, free.total + excess) if free.total + excess > 0 else []
         else:
-            admitted, keep = [], None
+            admitted = []
         actions: list[Action] = []
         changed: set[int] = set()
-        if keep is not None:
-            for job_id, job in state.running.items():
-                if job_id not in keep:
-                    actions.append(Preempt(job_id))
-                    free.give(job.placement)
-                    changed.add(job_id)
-                    key = self._key[job_id]
-                    self._running.discard(key)
-                    self._waiting.add(key)
-        need = sum(g for _, g in admitted)
+        for job_id in self.in_running_order(state, dropped):
+            actions.append(Preempt(job_id))
+            free.give(running[job_id].placement)
+            changed.add(job_id)
+            key = self._key[job_id]
+            self._running.discard(key)
+            self._waiting.add(key)
+        need = sum(map(gpus_of, admitted))
         if free.total < need:
             self._shrink(state, free, need, actions, changed)
         targets = {job.job_id: gpus for job, gpus in admitted}
@@ -180,9 +190,10 @@ class Marble(Tiresias):
                 continue
             free.take(placement)
             actions.append(Start(job.job_id, placement, _shape_of(placement)))
-            if sum(g for _, g in placement) > base:
+            gpus = sum(map(gpus_of, placement))
+            if gpus > base:
                 self._grown.add(job.job_id)
-            self._to_running(job, now, sum(g for _, g in placement))
+            self._to_running(job, now, gpus)
         self._grow_running(state, free, targets, changed, actions)
         return Decision(tuple(actions), self._wake(state, now, actions, starve_wake, grow_wake))
 
@@ -208,10 +219,11 @@ class Marble(Tiresias):
             placement = self._place(state, free, job, base)
             free.take(placement)
             actions.append(Resize(job_id, placement, _shape_of(placement)))
+            self._running.touch(self._key[job_id])
             changed.add(job_id)
             self._grown.discard(job_id)
             self._resized[job_id] = state.now
-            self._push_crossing(job, state.now, job.attained_at(state.now), sum(g for _, g in placement))
+            self._push_crossing(job, state.now, job.attained_at(state.now), sum(map(gpus_of, placement)))
 
     def _share(self, state: ClusterState, spare: int, admitted: list[tuple[JobView, int]], targets: dict[int, int],
                changed: set[int], actions: list[Action]) -> float | None:
@@ -228,7 +240,8 @@ class Marble(Tiresias):
                 for job_id, job in state.running.items():
                     if job_id in changed or now < job.busy_until:
                         continue
-                    if not self.curve(state, job)[1] or job.held_gpus >= self.curve(state, job)[1][-1]:
+                    sizes = self.curve(state, job)[1]
+                    if not sizes or job.held_gpus >= sizes[-1]:
                         continue
                     since = self._resized.get(job_id, -math.inf)
                     if now - since < opts.resize_interval:
@@ -259,7 +272,7 @@ class Marble(Tiresias):
     def _step(self, state: ClusterState, job: JobView, k: int, left: float) -> tuple[float, int, int] | None:
         """(-seconds saved per added GPU, job, size) of growing from k GPUs to the next size on
         the job's ladder (the concave envelope of its curve), None at the top."""
-        ladder_sizes, rates = self.curve(state, job)[1], self.curve(state, job)[3]
+        _, ladder_sizes, _, rates = self.curve(state, job)
         i = bisect.bisect_right(ladder_sizes, k)
         if i == len(ladder_sizes) or rates[k] <= 0:
             return None
@@ -290,6 +303,7 @@ class Marble(Tiresias):
                 continue
             free.take(placement)
             actions.append(Resize(job_id, placement, shapes[k - 1]))
+            self._running.touch(self._key[job_id])
             self._grown.add(job_id)
             self._resized[job_id] = now
             self._push_crossing(job, now, job.attained_at(now), k)

@@ -91,5 +91,6 @@ class MarbleLas(Tiresias):
                 continue
             free.take(placement)
             actions.append(Resize(job_id, placement, target))
+            self._running.touch(self._key[job_id])
             self._small.discard(job_id)
         return Decision(tuple(actions), decision.wake_at)

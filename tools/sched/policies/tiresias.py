@@ -12,19 +12,24 @@ waiting and running, updated from the state's arrival/finish journals, from the 
 starts and preemptions, and at queue crossings (a heap of crossing times). A decision walks the
 merged order only until the capacity is used (and at most `backfill_depth` jobs that do not fit
 once every running job is seen), and when no waiting job outranks a running one it only fills
-free GPUs. If the state was not built by applying this policy's decisions (a fresh state per call,
-or counts that disagree), the indexes are rebuilt from it.
+free GPUs. The running jobs ranked between two waiting ones are taken in one step when together
+they fit (running_order.py: prefix sums of what each keeps), so a walk costs about a bisection
+per waiting job it visits, not a step per running job. If the state was not built by applying
+this policy's decisions (a fresh state per call, or counts that disagree), the indexes are
+rebuilt from it.
 """
 from __future__ import annotations
 
 import bisect
 import heapq
 import math
+from bisect import bisect_left
 
 from sortedcontainers import SortedList
 
 from mlsyskit.tools.sched.policies.base import Policy
-from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Preempt, Start
+from mlsyskit.tools.sched.policies.running_order import RunningOrder
+from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Preempt, Start, gpus_of
 from mlsyskit.tools.sched.throughput import compact_shape
 
 Key = tuple[int, float, int]   # (queue level, rank inside the queue: arrival, job id)
@@ -49,7 +54,7 @@ class Tiresias(Policy):
         self._state = state
         self._arrived, self._finished = len(state.arrived), len(state.finished)
         self._key: dict[int, Key] = {}
-        self._waiting, self._running = SortedList(), SortedList()
+        self._waiting, self._running = SortedList(), RunningOrder(self._hold_of)
         self._cross: list[tuple[float, int]] = []
         for job in state.queue.values():
             self._add(job, self._waiting, job.attained)
@@ -61,7 +66,10 @@ class Tiresias(Policy):
         """Order inside a queue: first come first served (by arrival)."""
         return job.arrival
 
-    def _add(self, job: JobView, index: SortedList, attained: float) -> None:
+    def _hold_of(self, job_id: int) -> int:
+        return self.holds(self._state, self._state.running[job_id])
+
+    def _add(self, job: JobView, index: SortedList | RunningOrder, attained: float) -> None:
         key = (self.level(attained), self.rank(job), job.job_id)
         self._key[job.job_id] = key
         index.add(key)
@@ -102,24 +110,22 @@ class Tiresias(Policy):
     def decide(self, state: ClusterState) -> Decision:
         self._sync(state)
         now = state.now
+        dropped: list[int] = []
         if self._waiting and (not self._running or self._waiting[0] < self._running[-1]):
-            admitted, keep = self._walk(state, heapq.merge(self._waiting, self._running), state.spec.total_gpus)
+            admitted, dropped = self._walk(state, state.spec.total_gpus)
         elif self._waiting and state.free.total > 0:
-            admitted, keep = self._walk(state, iter(self._waiting), state.free.total)
-            keep = None   # no waiting job outranks a running one: nothing is preempted
+            admitted = self._admit_waiting(state, state.free.total)   # nothing is preempted
         else:
-            admitted, keep = [], None
+            admitted = []
         actions: list[Action] = []
         free = state.free.copy()
         if admitted:
-            if keep is not None:
-                for job_id, job in state.running.items():
-                    if job_id not in keep:
-                        actions.append(Preempt(job_id))
-                        free.give(job.placement)
-                        key = self._key[job_id]
-                        self._running.discard(key)
-                        self._waiting.add(key)
+            for job_id in self.in_running_order(state, dropped):
+                actions.append(Preempt(job_id))
+                free.give(state.running[job_id].placement)
+                key = self._key[job_id]
+                self._running.discard(key)
+                self._waiting.add(key)
             for job, gpus in admitted:
                 placed = self.place(state, free, job, gpus)
                 if placed is None:
@@ -130,7 +136,7 @@ class Tiresias(Policy):
                 key = self._key[job.job_id]
                 self._waiting.discard(key)
                 self._running.add(key)
-                self._push_crossing(job, now, job.attained, sum(g for _, g in placement))
+                self._push_crossing(job, now, job.attained, sum(map(gpus_of, placement)))
         while self._cross and self._cross[0][1] not in state.running and \
                 not any(isinstance(a, Start) and a.job_id == self._cross[0][1] for a in actions):
             heapq.heappop(self._cross)   # drop stale crossings so the wake-up is a live one
@@ -149,35 +155,94 @@ class Tiresias(Policy):
     def place(self, state: ClusterState, free, job: JobView, gpus: int):
         """(placement, shape) for an admitted job, consolidated; None if the GPUs are fragmented."""
         placement = free.fit(compact_shape(gpus, state.spec.gpus_per_node)) or free.spread(gpus)
-        return None if placement is None else (placement, tuple(sorted((g for _, g in placement), reverse=True)))
+        return None if placement is None else (placement, tuple(sorted(map(gpus_of, placement), reverse=True)))
 
-    def _walk(self, state: ClusterState, order, capacity: int) -> tuple[list[tuple[JobView, int]], set[int]]:
-        """Admit jobs in priority order while they fit `capacity` (running jobs with what they hold)."""
+    @staticmethod
+    def in_running_order(state: ClusterState, job_ids: list[int]) -> list[int]:
+        """`job_ids` (running jobs) in the order of `state.running`."""
+        if len(job_ids) <= 1:
+            return job_ids
+        wanted = set(job_ids)
+        return [i for i in state.running if i in wanted]
+
+    def _admit_waiting(self, state: ClusterState, capacity: int) -> list[tuple[JobView, int]]:
+        """Admit waiting jobs in priority order while they fit `capacity` (running jobs untouched)."""
         admitted: list[tuple[JobView, int]] = []
-        keep: set[int] = set()
-        misses, seen_running = 0, 0
-        # the loop runs over every running job in most decisions: lookups hoisted out of it
-        running_jobs, queue, holds, grant = state.running, state.queue, self.holds, self.grant
-        depth, n_running = self.options.backfill_depth, len(running_jobs)
-        for _, _, job_id in order:
+        misses, queue, grant = 0, state.queue, self.grant
+        depth, any_running = self.options.backfill_depth, bool(state.running)
+        for _, _, job_id in self._waiting:
             if capacity <= 0:
                 break
-            job = running_jobs.get(job_id)
-            if job is not None:
-                seen_running += 1
-                gpus = holds(state, job)
-                if gpus <= capacity:
-                    capacity -= gpus
-                    keep.add(job_id)
-                    continue
-            else:
-                job = queue[job_id]
-                gpus = grant(state, job, capacity)
-                if gpus:
-                    capacity -= gpus
-                    admitted.append((job, gpus))
-                    continue
+            job = queue[job_id]
+            gpus = grant(state, job, capacity)
+            if gpus:
+                capacity -= gpus
+                admitted.append((job, gpus))
+                continue
             misses += 1
-            if misses > depth and seen_running == n_running:
+            if misses > depth and not any_running:   # the depth counts once every running job is seen
                 break
-        return admitted, keep
+        return admitted
+
+    def _walk(self, state: ClusterState, capacity: int) -> tuple[list[tuple[JobView, int]], list[int]]:
+        """Admit jobs in the merged priority order of waiting and running jobs while they fit
+        `capacity` (running jobs with what they keep, `holds`). Returns the admitted jobs and the
+        running jobs left out. A job that does not fit is passed over; the walk stops when the
+        capacity is used, or after `backfill_depth` misses once every running job was seen.
+        Running jobs ranked between two waiting ones are taken in one step when they fit together."""
+        admitted: list[tuple[JobView, int]] = []
+        dropped: list[int] = []
+        keys = self._running.keys
+        n = len(keys)
+        cum = self._running.prefix(n)
+        queue, grant, depth = state.queue, self.grant, self.options.backfill_depth
+        misses, i, stopped = 0, 0, False
+        for key in self._waiting:
+            if i < n:
+                j = bisect_left(keys, key, i)   # running jobs ranked ahead of this one
+                if j > i:
+                    i, capacity, misses, stopped = self._keep(cum, keys, i, j, capacity, misses, dropped)
+                    if stopped:
+                        break
+            if capacity <= 0:
+                break
+            job = queue[key[2]]
+            gpus = grant(state, job, capacity)
+            if gpus:
+                capacity -= gpus
+                admitted.append((job, gpus))
+                continue
+            misses += 1
+            if misses > depth and i == n:
+                break
+        else:
+            if i < n:
+                i, capacity, misses, stopped = self._keep(cum, keys, i, n, capacity, misses, dropped)
+        dropped.extend(key[2] for key in keys[i:])   # not reached: left out
+        return admitted, dropped
+
+    def _keep(self, cum: list[int], keys: list, i: int, j: int, capacity: int, misses: int,
+              dropped: list[int]) -> tuple[int, int, int, bool]:
+        """Running jobs keys[i:j] in order, each kept if what it keeps fits `capacity`, else
+        passed over (`dropped`); returns (next position, capacity, misses, whether the walk stops)."""
+        if capacity <= 0:
+            return i, capacity, misses, True
+        together = cum[j] - cum[i]
+        if together <= capacity:   # all of them, in one step
+            if together < capacity:
+                return j, capacity - together, misses, False
+            # the capacity is used up: the walk stops right after the job that used the last GPU
+            return bisect_left(cum, cum[i] + capacity, i, j + 1), 0, misses, True
+        depth, n = self.options.backfill_depth, len(keys)
+        for p in range(i, j):
+            if capacity <= 0:
+                return p, capacity, misses, True
+            gpus = cum[p + 1] - cum[p]
+            if gpus <= capacity:
+                capacity -= gpus
+                continue
+            dropped.append(keys[p][2])
+            misses += 1
+            if misses > depth and p + 1 == n:
+                return p + 1, capacity, misses, True
+        return j, capacity, misses, False
