@@ -1,6 +1,6 @@
-"""Model zoo: ordinary nn.Modules, unchanged, trained 10 steps with parameters on all three tiers and
+"""Model zoo: ordinary nn.Modules, unchanged, trained 7 steps with parameters on all three tiers and
 optimizer states partly on NVMe (every step rotates optimizer states through NVMe and the scheduler case's
-StepLR changes the rate at step 5, so 10 steps reach every path 20 did; the last step's batch is the first's).
+StepLR changes the rate at step 5, so 7 steps reach every path 20 did; the last step's batch is the first's).
 
 Each model must give per-step losses bit-identical to the plain in-memory reference with the same
 arithmetic (bf16 compute, `reference.plain`), and, in fp32, within 1e-5 relative of
@@ -22,12 +22,12 @@ from mlsyskit.tools.offload import Budgets, offload, profile
 from mlsyskit.tools.offload.memory import round_up
 from mlsyskit.tools.offload.reference import plain
 
-STEPS = 10
+STEPS = 7
 VOCAB, SEQ, BATCH = 61, 12, 3
 
 
 def tokens(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 + step % 3)  # three batches, cycled: learnable in 10 steps
+    g = torch.Generator().manual_seed(1000 + step % 3)  # three batches, cycled: learnable in 7 steps
     x = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
     return x[:, :-1], x[:, 1:]
 
