@@ -58,9 +58,11 @@ def submit(*, job_file: Path | None, cmd: str | None, app_name: str | None, gpus
            dependency: str | None, array: str | None, nodes: str | None, workdir: Path | None,
            state_dir: Path | None, addr: str | None, token_file: Path | None, tls_ca: Path | None,
            user_token_file: Path | None, as_json: bool) -> None:
-    from mlsyskit.tools.sched.daemon.specs import job_from_mapping, parse_array, read_job_file
+    data: dict[str, Any] = {}
+    if job_file:
+        from mlsyskit.tools.sched.daemon.specs import read_job_file
 
-    data: dict[str, Any] = dict(read_job_file(job_file)) if job_file else {}
+        data = dict(read_job_file(job_file))
     array = array if array is not None else data.pop("array", None)
     flags = {"cmd": cmd, "app": app_name, "gpus": _count("--gpus", gpus), "min_gpus": _count("--min-gpus", min_gpus),
              "max_gpus": _count("--max-gpus", max_gpus), "name": name,
@@ -76,6 +78,8 @@ def submit(*, job_file: Path | None, cmd: str | None, app_name: str | None, gpus
         # spec it takes passes here too: checked only when the submit failed (no daemon, refused, a value
         # that cannot be sent), a bad field is said in the job file's words before any other error, as
         # when it was checked before the call. (pydantic's check costs ~0.3 s of CPU per submit.)
+        from mlsyskit.tools.sched.daemon.specs import job_from_mapping, parse_array
+
         where = str(job_file) if job_file else "job"
         job_from_mapping(data, where=where)
         if array is not None:
