@@ -43,12 +43,13 @@ def test_profile_fits_the_model_and_writes_a_profile_the_daemon_can_load(tmp_pat
 
 @pytest.mark.slow
 def test_profile_errors_are_usage_or_runtime(tmp_path):
-    res = marble("profile", "--cmd", "true", "--gpus", "1,2", "--seconds", "0.5")
-    assert res.returncode == 1 and "wrote no measurement" in res.stderr
-    res = marble("profile", "--cmd", "exit 5", "--gpus", "1", "--seconds", "0.5")
-    assert res.returncode == 1 and "exit status 5" in res.stderr
-    res = marble("profile", "--cmd", "sleep 60", "--gpus", "1", "--seconds", "0.5", "--timeout", "1")
-    assert res.returncode == 1 and "ran past" in res.stderr
+    # in-process (invoke_cli, as run_app): the jobs are still real process groups, a CLI process each is not
+    res = invoke_cli(app, ["profile", "--cmd", "true", "--gpus", "1,2", "--seconds", "0.5"])
+    assert res.exit_code == 1 and "wrote no measurement" in res.output, res.output
+    res = invoke_cli(app, ["profile", "--cmd", "exit 5", "--gpus", "1", "--seconds", "0.5"])
+    assert res.exit_code == 1 and "exit status 5" in res.output, res.output
+    res = invoke_cli(app, ["profile", "--cmd", "sleep 60", "--gpus", "1", "--seconds", "0.5", "--timeout", "1"])
+    assert res.exit_code == 1 and "ran past" in res.output, res.output
     for gpus in ("0,2", "1,x", "2,2", "12"):   # refused before any run: asked in-process
         res = invoke_cli(app, ["profile", "--cmd", "true", "--gpus", gpus])
         assert res.exit_code == 2 and "error: --gpus" in res.output, res.output
