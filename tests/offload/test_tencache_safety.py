@@ -92,7 +92,7 @@ def test_two_concurrent_runs_one_refused_the_other_exact(tmp_path):
 
 @pytest.fixture(scope="module")
 def checkpointed(tmp_path_factory) -> tuple[Path, Path, list[float]]:
-    """One 5-step reference and one checkpointed 4-step run for the module; each test edits a copy."""
+    """One 3-step reference and one 2-step run checkpointed after each step, for the module; each test edits a copy."""
     return _checkpointed_run(tmp_path_factory.mktemp("checkpointed"))
 
 
@@ -105,39 +105,39 @@ def _checkpointed_run(tmp_path: Path) -> tuple[Path, Path, list[float]]:
     nvme, ckpt = tmp_path / "nvme", tmp_path / "ckpt"
     nvme.mkdir()
     ckpt.mkdir()
-    full = losses(invoke("train", *SMALL, "--steps", "5", "--nvme-dir", str(nvme), "--json"))
-    r = invoke("train", *SMALL, "--steps", "4", "--nvme-dir", str(nvme), "--checkpoint-dir", str(ckpt),
+    full = losses(invoke("train", *SMALL, "--steps", "3", "--nvme-dir", str(nvme), "--json"))
+    r = invoke("train", *SMALL, "--steps", "2", "--nvme-dir", str(nvme), "--checkpoint-dir", str(ckpt),
                "--checkpoint-every", "1", "--json")
-    assert losses(r) == full[:4]
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step-3", "step-4"]  # --keep-checkpoints 2 by default
+    assert losses(r) == full[:2]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-1", "step-2"]
     return nvme, ckpt, full
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(checkpointed, tmp_path):
     nvme, ckpt, full = _copy(checkpointed, tmp_path)
-    block = ckpt / "step-4" / "t5.blk"
+    block = ckpt / "step-2" / "t5.blk"
     data = bytearray(block.read_bytes())
     data[4096 + 7] ^= 0x01
     block.write_bytes(bytes(data))
-    r = invoke("train", *SMALL, "--steps", "5", "--nvme-dir", str(nvme), "--checkpoint-dir", str(ckpt),
+    r = invoke("train", *SMALL, "--steps", "3", "--nvme-dir", str(nvme), "--checkpoint-dir", str(ckpt),
                "--resume", "--json")
-    assert "skipping" in r.output and "step-4" in r.output and "checksum" in r.output
-    assert losses(r) == full[3:5]  # continued from step 3, exactly
+    assert "skipping" in r.output and "step-2" in r.output and "checksum" in r.output
+    assert losses(r) == full[1:3]  # continued from step 1, exactly
 
 
 def test_edited_manifest_fails_its_checksum(checkpointed, tmp_path):
     nvme, ckpt, full = _copy(checkpointed, tmp_path)
-    manifest = ckpt / "step-4" / "manifest.json"
+    manifest = ckpt / "step-2" / "manifest.json"
     body = json.loads(manifest.read_text())
     body["lr"] = 1.0
     manifest.write_text(json.dumps(body))
-    r = invoke("train", *SMALL, "--steps", "5", "--nvme-dir", str(nvme), "--checkpoint-dir", str(ckpt),
+    r = invoke("train", *SMALL, "--steps", "3", "--nvme-dir", str(nvme), "--checkpoint-dir", str(ckpt),
                "--resume", "--json")
     assert "fails its checksum" in r.output
-    assert losses(r) == full[3:5]
-    for step in ("step-3", "step-5"):  # nothing valid left: a runtime failure, exit 1
+    assert losses(r) == full[1:3]
+    for step in ("step-1", "step-3"):  # nothing valid left: a runtime failure, exit 1
         (ckpt / step / "manifest.json").write_text("{}")
-    r = invoke("train", *SMALL, "--steps", "6", "--nvme-dir", str(nvme), "--checkpoint-dir", str(ckpt), "--resume")
+    r = invoke("train", *SMALL, "--steps", "4", "--nvme-dir", str(nvme), "--checkpoint-dir", str(ckpt), "--resume")
     assert r.exit_code == 1 and "no valid checkpoint" in r.output, r.output
 
 
