@@ -104,22 +104,22 @@ def test_disk_full_during_training_is_a_clear_error(small_cfg, small_profile, mo
 def test_failed_checkpoint_leaves_no_partial_directory(small_cfg, small_profile, tmp_path, monkeypatch):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    train(replace(small_cfg, steps=2, checkpoint_dir=ckpt, checkpoint_every=2), small_profile)
-    assert [p.name for p in ckpt.iterdir()] == ["step-2"]
+    train(replace(small_cfg, steps=1, checkpoint_dir=ckpt, checkpoint_every=1), small_profile)
+    assert [p.name for p in ckpt.iterdir()] == ["step-1"]
     from mlsyskit.tools.offload import filetier
 
     real_write = filetier.FileTier.write
 
     def full_after_some(self, key, buf, length=None):
-        if self.directory.name.startswith(".step-4") and key == "t40":
+        if self.directory.name.startswith(".step-2") and key == "t40":
             raise DiskFullError(f"disk full while writing block {key!r}")
         return real_write(self, key, buf, length)
 
     monkeypatch.setattr(filetier.FileTier, "write", full_after_some)
     with pytest.raises(DiskFullError):
-        train(replace(small_cfg, steps=4, checkpoint_dir=ckpt, checkpoint_every=2, resume=True), small_profile)
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step-2"]  # no step-4, no temporary directory
-    assert checkpoint.latest(ckpt).step == 2
+        train(replace(small_cfg, steps=2, checkpoint_dir=ckpt, checkpoint_every=1, resume=True), small_profile)
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-1"]  # no step-2, no temporary directory
+    assert checkpoint.latest(ckpt).step == 1
 
 
 def test_checkpoint_refuses_up_front_when_disk_is_too_full(tmp_path, monkeypatch):
