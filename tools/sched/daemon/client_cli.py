@@ -22,6 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# At import, not in run(): `marble` without the sched extra (no grpc) must fail where core.entry turns a
+# missing package into its one-line "install the sched extra", as it did when cli.py built the app.
+from mlsyskit.core.errors import UserError
+from mlsyskit.tools.sched.daemon import client_commands
+
 
 @dataclass(frozen=True)
 class Param:
@@ -143,9 +148,6 @@ def run(argv: Sequence[str]) -> bool:
     parsed = parse(argv)
     if parsed is None:
         return False
-    from mlsyskit.core.errors import UserError
-    from mlsyskit.tools.sched.daemon import client_commands
-
     command, kwargs = parsed
     try:
         getattr(client_commands, command)(**kwargs)
