@@ -1,6 +1,6 @@
 """marble's entry point (the `marble` console script): a plain client command line (`marble status`,
-`queue`, `submit ...`) runs without building the typer app (daemon/client_cli.py: ~0.2 s of CPU
-instead of ~0.7); every other line, help and usage errors included, goes to the typer app in
+`queue`, `submit ...`) runs without building the typer app (daemon/client_cli.py: ~0.3 s of CPU
+instead of ~0.6 at load 24); every other line, help and usage errors included, goes to the typer app in
 cli_app.py, which is also `app` here (`from mlsyskit.tools.sched.cli import app`).
 
 `python -X importtime -m mlsyskit.tools.sched.cli queue` shows what a client command loads.
