@@ -92,3 +92,25 @@ def test_running_order_sums_follow_changes():
     order.discard((0, 1.0, 3))
     order.discard((9, 9.0, 9))        # not there: nothing changes
     assert order.prefix(3) == [0, 4, 10, 13] and (0, 1.0, 3) not in order and (0, 3.0, 4) in order
+
+
+def test_walk_asks_what_a_running_job_keeps_once_per_change():
+    # The cost the bulk walk removes: the plain walk asked every running job what it keeps in
+    # every decision. Here `holds` is asked again only after a start, crossing or resize.
+    class Counted(Tiresias):
+        asked = walked = 0
+
+        def holds(self, state, job):
+            Counted.asked += 1
+            return super().holds(state, job)
+
+        def _walk(self, state, capacity):
+            Counted.walked += len(state.running)
+            return super()._walk(state, capacity)
+
+    spec = ClusterSpec(8, 8)
+    jobs = WorkloadSource("synthetic:400@1.2/1:70,2:10,4:10,8:8~heavy").load(TRUTH, 4, spec)
+    result = Simulator(spec, Counted(TRUTH, OPTS), TRUTH, jobs, restart_cost=30.0).run()
+    assert Counted.walked > 5_000, Counted.walked   # running jobs the plain walk would have visited
+    assert Counted.asked <= result.counters["starts"] * 3, (Counted.asked, result.counters)
+    assert Counted.asked < Counted.walked / 4, (Counted.asked, Counted.walked)
