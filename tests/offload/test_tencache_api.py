@@ -65,12 +65,12 @@ def test_offload_user_model_matches_plain_training(tmp_path):
     with offload(model, opt, budgets, prof) as engine:
         occ = engine.occupancy()
         assert all(occ["bytes"][tier] > 0 for tier in ("device", "cpu", "nvme")) and occ["optimizer_nvme_tensors"]
-        for step in range(20):
+        for step in range(10):  # was 20; the plain run's loss falls 4.1 -> 1.0 in 10
             engine.begin_step()
             loss = model(*data(step))
             engine.backward(loss)
             losses.append(loss.item())
-    assert losses == plain_losses(20)
+    assert losses == plain_losses(10)
     assert losses[-1] < losses[0]
     up = model.blocks[0]["up"].weight
     assert up.shape == (128, 32) and up.dtype == torch.float32  # handed back in their original dtype
