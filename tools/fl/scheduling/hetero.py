@@ -62,8 +62,9 @@ FAST_UNITS = ("latency", "per-sample")
 # What `fast` ranks by, per preset (default "latency"): round latency, or latency per training sample. A client's
 # compute time grows with its data, so by latency a fast round also trains the clients with the least data (on
 # MNIST-1D, Dirichlet 0.3, adaptive's rounds 2-40 took clients of 23 samples on average against 32); per sample,
-# the same device and link are as fast whatever data they hold. No preset uses it yet: for adaptive it halved
-# the time to target on MNIST-1D seed 0 and cost 40% on synthetic seed 0 (README, issue 21 item 8).
+# the same device and link are as fast whatever data they hold. No preset uses it: for adaptive it halved the
+# time to target on MNIST-1D seed 0, and was 1.6x slower on seed 1 and 1.4x on synthetic seed 0 (README,
+# issue 21 item 8; docs/results/bench_fl_sched_variants.jsonl).
 PRESET_FAST_UNIT: dict[str, str] = {}
 
 
