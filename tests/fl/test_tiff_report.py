@@ -23,10 +23,19 @@ def simulate(path, strategy: str, seed: int = 0, attacks=ATTACKS):
     return load_run(path)
 
 
-def test_a_baseline_of_another_job_is_refused_unless_forced(tmp_path):
-    tiff = simulate(tmp_path / "tiff", "tiff")
-    same = simulate(tmp_path / "default", "fedavg")
-    other = simulate(tmp_path / "other", "fedavg", seed=1)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The three simulated runs the tests read (each is only read: load_run, summarize, `report --json`),
+    simulated once for the module: tiff and the default (fedavg) for seed 0, fedavg for seed 1."""
+    root = tmp_path_factory.mktemp("runs")
+    simulate(root / "tiff", "tiff")
+    simulate(root / "default", "fedavg")
+    simulate(root / "other", "fedavg", seed=1)
+    return root
+
+
+def test_a_baseline_of_another_job_is_refused_unless_forced(runs):
+    tiff, same, other = load_run(runs / "tiff"), load_run(runs / "default"), load_run(runs / "other")
     summary = summarize(tiff, same)
     assert "warnings" not in summary and summary["baseline"]["strategy"] == "fedavg"
     assert summary["honest_tokens_vs_baseline"] is not None
@@ -37,8 +46,8 @@ def test_a_baseline_of_another_job_is_refused_unless_forced(tmp_path):
     assert forced["honest_tokens_vs_baseline"] is not None  # compared, but said loudly
 
 
-def test_attackers_are_ground_truth_in_simulation_and_declared_otherwise(tmp_path):
-    run = simulate(tmp_path / "sim", "tiff")
+def test_attackers_are_ground_truth_in_simulation_and_declared_otherwise(runs, tmp_path):
+    run = load_run(runs / "tiff")
     summary = summarize(run)
     assert summary["attackers"] == "simulation ground truth" and run.malicious == [1, 4]
     assert summary["malicious_providers"] == 2
@@ -55,15 +64,13 @@ def test_attackers_are_ground_truth_in_simulation_and_declared_otherwise(tmp_pat
     assert summarize(real)["attackers"] == "declared by clients" and real.malicious == [2]
 
 
-def test_report_cli_exits_2_for_another_jobs_baseline_and_warns_with_force(tmp_path):
+def test_report_cli_exits_2_for_another_jobs_baseline_and_warns_with_force(runs):
     from typer.testing import CliRunner
 
     from mlsyskit.core.errors import UsageError
     from mlsyskit.tools.fl.server_cli import app
 
-    simulate(tmp_path / "tiff", "tiff")
-    simulate(tmp_path / "other", "fedavg", seed=1)
-    args = ["report", "--run-dir", str(tmp_path / "tiff"), "--baseline", str(tmp_path / "other"), "--json"]
+    args = ["report", "--run-dir", str(runs / "tiff"), "--baseline", str(runs / "other"), "--json"]
     refused = CliRunner().invoke(app, args)
     assert isinstance(refused.exception, UsageError) and refused.exception.exit_code == 2
     assert "different job" in str(refused.exception)
