@@ -15,7 +15,7 @@ from mlsyskit.core.config import ConfigError
 from mlsyskit.core.net import free_range
 from mlsyskit.tools.kv.ops.processes import ClusterSpec, port_free, up
 from tests.conftest import VENV_BIN
-from tests.kv.conftest import needs_redis
+from tests.kv.conftest import down_if_recorded, needs_redis
 
 pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
 
@@ -35,8 +35,7 @@ def cli(*args: str, check: bool = True, timeout: float = 60, env: dict | None = 
 def cluster_dir(tmp_path):
     """A data dir whose cluster is always brought down, whatever the test did."""
     yield tmp_path / "cluster"
-    if (tmp_path / "cluster" / "cluster.json").exists():
-        cli("down", "--data-dir", str(tmp_path / "cluster"), check=False)
+    down_if_recorded(tmp_path / "cluster")
 
 
 def test_up_put_get_down_and_lmdb_survives_a_restart(cluster_dir) -> None:

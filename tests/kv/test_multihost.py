@@ -17,6 +17,7 @@ from mlsyskit.core.config import ConfigError
 from mlsyskit.core.net import free_range
 from mlsyskit.tools.kv.cli_client import cluster_address, cluster_password, fetch_map
 from mlsyskit.tools.kv.ops.placement import Host, place
+from tests.kv.conftest import down_if_recorded
 from tests.kv.test_cli import cli
 
 
@@ -105,4 +106,4 @@ def test_up_with_hosts_places_nodes_in_namespaces_and_fails_over(namespaces, tmp
         cli("put", "city", "Oslo", "--data-dir", d)
         assert cli("get", "city", "--data-dir", d).stdout.strip() == "Oslo"
     finally:
-        cli("down", "--data-dir", d, check=False)
+        down_if_recorded(d)

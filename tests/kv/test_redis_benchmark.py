@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from mlsyskit.core.net import free_range
+from tests.kv.conftest import down_if_recorded
 from tests.kv.test_cli import cli
 
 pytestmark = pytest.mark.slow  # every test here starts servers, clusters or processes
@@ -29,7 +30,7 @@ def bench_cluster(tmp_path):
     try:
         yield base
     finally:
-        cli("down", "--data-dir", d, check=False)
+        down_if_recorded(d)
 
 
 def test_redis_benchmark_default_list_runs_to_the_end(bench_cluster: int) -> None:

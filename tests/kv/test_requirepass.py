@@ -14,6 +14,7 @@ from mlsyskit.core.config import ConfigError
 from mlsyskit.core.net import free_range
 from mlsyskit.tools.kv.client.call import call
 from mlsyskit.tools.kv.ops.processes import ClusterSpec, read_password
+from tests.kv.conftest import down_if_recorded
 from tests.kv.test_cli import cli
 
 PASSWORD = "s3cret pass-é"  # a space and a non-ASCII letter: bytes on the wire as in the file
@@ -37,8 +38,7 @@ def raw(port: int, *commands: tuple[bytes, ...]) -> list:
 @pytest.fixture
 def cluster_dir(tmp_path):
     yield tmp_path / "cluster"
-    if (tmp_path / "cluster" / "cluster.json").exists():
-        cli("down", "--data-dir", str(tmp_path / "cluster"), check=False)
+    down_if_recorded(tmp_path / "cluster")
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from mlsyskit.core.net import free_range
 from mlsyskit.tools.kv.check.switchcheck import run_switches
 from mlsyskit.tools.kv.coord.failover import PlanError, plan_switch
 from mlsyskit.tools.kv.shardmap import layout
+from tests.kv.conftest import down_if_recorded
 from tests.kv.test_cli import cli
 
 
@@ -63,7 +64,7 @@ def test_switch_cli_switches_a_cluster_and_refuses_what_it_cannot(tmp_path) -> N
         same = cli("switch", "--topology", "ms", "--consistency", "strong", "--data-dir", d, check=False)
         assert same.returncode == 2 and "already runs ms-sc" in same.stderr
     finally:
-        cli("down", "--data-dir", d, check=False)
+        down_if_recorded(d)
 
 
 def test_the_strong_claim_ends_where_the_next_switch_begins() -> None:
