@@ -70,13 +70,11 @@ class RunningOrder:
         start = len(cum) - 1
         if start < j:
             held, run = self._held, self.keys[start:j]
-            try:
-                values = [held[key[2]] for key in run]
-            except KeyError:   # jobs started or resized since: ask the policy
-                for key in run:
-                    if key[2] not in held:
-                        held[key[2]] = self._hold(key[2])
-                values = [held[key[2]] for key in run]
+            values = [held.get(key[2]) for key in run]
+            if None in values:   # jobs started or resized since: ask the policy
+                for p, key in enumerate(run):
+                    if values[p] is None:
+                        values[p] = held[key[2]] = self._hold(key[2])
             sums = accumulate(values, initial=cum[-1])
             next(sums)   # the initial value, already there
             cum.extend(sums)
