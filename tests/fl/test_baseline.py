@@ -35,8 +35,7 @@ def _torch_baseline(client: ClientData, seed: int) -> dict[str, np.ndarray]:
     return get_weights(model)
 
 
-@pytest.mark.slow  # no process, but torch.optim's first use costs ~0.6 s of CPU (it imports torch._dynamo)
-def test_numpy_baselines_follow_the_torch_loop() -> None:
+def test_numpy_baselines_follow_the_torch_loop() -> None:  # (training.py no longer imports torch._dynamo)
     ours = local_only_models(CLIENTS, SEEDS, SPEC, FEATURES, CLASSES)
     for client, seed, weights in zip(CLIENTS, SEEDS, ours, strict=True):
         reference = _torch_baseline(client, seed)

@@ -33,6 +33,7 @@ def _trained(model: nn.Module, optimiser, x: torch.Tensor, y: torch.Tensor) -> l
     return [p.detach().clone() for p in model.parameters()]
 
 
+@pytest.mark.slow  # no process, but torch.optim's first use imports torch._dynamo: ~3 CPU s
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
 def test_sgd_equals_torch_optim_sgd_bit_for_bit(kind, momentum):
