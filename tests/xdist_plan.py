@@ -15,45 +15,50 @@ from __future__ import annotations
 from xdist.scheduler import LoadFileScheduling
 
 # CPU seconds of a file's tests, everything they start included (a cpuacct cgroup per file, -n 0, on the
-# 2-core machine; ~ marks an estimate from wall times). Only the order depends on these: a wrong figure
-# makes the run slower, never wrong. Refresh: /usr/bin/time or a cgroup around `pytest -n 0 FILE`.
+# 2-core machine, pytest's ~5 s start-up included; ~ marks an estimate from wall times; refreshed
+# 2026-12-02). Only the order depends on these: a wrong figure makes the run slower, never wrong. Refresh: /usr/bin/time or a cgroup around `pytest -n 0 FILE`.
 COST_S: dict[str, float] = {
-    "tests/demo/test_demo.py": 280,              # ~ (--quick: 13 + ~50 + ~65 + 64 + 83 per section)
-    "tests/kv/test_failover.py": 85,
+    "tests/demo/test_demo.py": 127,              # (--quick: 00-core 10, 10-tencache 30, 20-fl 25, 30-marble 50, 40-bespokv 23)
+    "tests/kv/test_failover.py": 51,
     "tests/fl/test_ray_backend.py": 60,          # ~ (Ray's own daemons)
     "tests/fl/test_ray_local.py": 40,            # ~
-    "tests/sched/test_daemon_slurmlike.py": 70,
-    "tests/kv/test_cli.py": 60,                  # ~
-    "tests/sched/test_daemon.py": 45,
+    "tests/sched/test_daemon_slurmlike.py": 32,
+    "tests/kv/test_cli.py": 48,
+    "tests/sched/test_daemon.py": 29,
     "tests/fl/test_real_federation.py": 46,
-    "tests/sched/test_profile.py": 45,
-    "tests/kv/test_check_repro.py": 40,
-    "tests/kv/test_check.py": 37,
-    "tests/sched/test_bench.py": 35,             # ~
+    "tests/sched/test_profile.py": 27,
+    "tests/kv/test_check_repro.py": 17,
+    "tests/kv/test_check.py": 28,
+    "tests/sched/test_bench.py": 16,
     "tests/fl/test_real_scheduling.py": 33,
-    "tests/sched/test_cli.py": 20,
-    "tests/sched/test_daemon_preempt.py": 10,
-    "tests/sched/test_daemon_scheduler.py": 9,
+    "tests/sched/test_cli.py": 18,
+    "tests/sched/test_daemon_preempt.py": 8,
+    "tests/sched/test_daemon_scheduler.py": 7.5,
     "tests/fl/test_real_tls_door.py": 9,
     "tests/kv/test_check_client.py": 8,
-    "tests/sched/test_executor_local.py": 8,
+    "tests/sched/test_executor_local.py": 5,
     "tests/kv/test_failover_node.py": 8,
     "tests/offload/test_tencache_ranks.py": 66,
-    "tests/offload/test_tencache_safety.py": 23,
+    "tests/offload/test_tencache_safety.py": 33,
     "tests/offload/test_tencache_lazy.py": 21,
     "tests/offload/test_tencache_memory.py": 16,
-    "tests/offload/test_tencache_errors.py": 13,
-    "tests/kv/test_matrix.py": 10,
-    "tests/core/test_help_pages.py": 62,
+    "tests/offload/test_tencache_errors.py": 23,
+    "tests/kv/test_matrix.py": 7,
+    "tests/core/test_help_pages.py": 10,
     "tests/fl/test_chaos.py": 50,
-    "tests/kv/test_switch.py": 34,
-    "tests/kv/test_supervisor.py": 29,
-    "tests/core/test_packaging_cli.py": 28,
-    "tests/kv/test_redis_lost.py": 22,
-    "tests/kv/test_requirepass.py": 18,
-    "tests/kv/test_multihost.py": 16,
-    "tests/kv/test_redis_benchmark.py": 15,
+    "tests/kv/test_switch.py": 27.5,
+    "tests/kv/test_supervisor.py": 21,
+    "tests/core/test_packaging_cli.py": 13.5,
+    "tests/kv/test_redis_lost.py": 15,
+    "tests/kv/test_requirepass.py": 14,
+    "tests/kv/test_multihost.py": 14,
+    "tests/kv/test_redis_benchmark.py": 10,
     "tests/fl/test_identity.py": 12,
+    "tests/kv/test_coord_zk.py": 19,
+    "tests/kv/test_ride_through.py": 19,
+    "tests/kv/test_bench_script.py": 15,
+    "tests/kv/test_coord_server.py": 11,
+    "tests/kv/test_copy_then_join.py": 9,
 }
 SPREAD = frozenset({"tests/demo/test_demo.py"})
 SHARE_A_WORKER = {"tests/fl/test_ray_backend.py": "ray", "tests/fl/test_ray_local.py": "ray"}
