@@ -80,3 +80,11 @@ def test_buffers_survive_a_checkpoint_and_the_rule_is_the_default_tiff_variant()
     a, b = rounds(rule, first, [DELTA]), rounds(restored, first, [DELTA])
     assert all(np.array_equal(a[0][k], b[0][k]) for k in START)
     assert DEFAULT_STRATEGY == "tiff+fedadam-sf" and STRATEGIES.get(DEFAULT_STRATEGY).rule is ScaleFreeAdamRule
+
+
+def test_the_job_default_is_the_strategy_packages_default():
+    from mlsyskit.tools.fl.config import JobConfig
+    from mlsyskit.tools.fl.strategy import DEFAULT_STRATEGY, STRATEGIES
+
+    assert JobConfig().strategy == DEFAULT_STRATEGY
+    assert DEFAULT_STRATEGY in STRATEGIES.names()

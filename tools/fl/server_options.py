@@ -19,9 +19,9 @@ from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.plugins import UserCodeError
 from mlsyskit.tools.fl.report import DB_NAME
 from mlsyskit.tools.fl.selectors import SELECTORS
-from mlsyskit.tools.fl.strategy import STRATEGIES
+from mlsyskit.tools.fl.strategy import DEFAULT_STRATEGY, STRATEGIES
 
-STRATEGY = typer.Option(None, "--strategy", help=f"{' | '.join(STRATEGIES.names())} (default tiff).")
+STRATEGY = typer.Option(None, "--strategy", help=f"{' | '.join(STRATEGIES.names())} (default {DEFAULT_STRATEGY}: chosen on the tuning sweep, see docs/tiff.md).")
 DATASET = typer.Option(None, "--dataset", help=f"{' | '.join(DATASETS)} or package.module:loader, a function "
                        "(num_clients, seed) -> (x, y) or (x, y, client_of) (default digits).")
 SCHEDULER = typer.Option(None, "--scheduler", help=f"Who trains each round and its deadline: {' | '.join(SELECTORS)} "
