@@ -17,7 +17,7 @@ grows to about 2 (no bias correction), so it moves up to twice as far as FedAvg;
 label skew: each round's few clients pull toward their own classes), m averages the swings out and the
 step shrinks. It has no constant that depends on the model or the data. Not robust on its own: a scaled
 update inflates delta and so the lr. TIFF bounds every update's size first, which is why it is TIFF's
-rule (`tiff`'s default, strategy/tiff.py), not one of the robust baselines.
+rule (`tiff+fedadam-sf`, the default strategy), not one of the robust baselines.
 """
 from __future__ import annotations
 
