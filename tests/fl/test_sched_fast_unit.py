@@ -31,8 +31,8 @@ def test_per_sample_prefers_fast_devices_latency_prefers_small_data():
 
 
 def test_presets_and_state():
-    assert HeteroConfig(preset="adaptive").unit() == HeteroConfig(preset="fast").unit() == "latency"
-    assert HeteroConfig(preset="adaptive", fast_unit="per-sample").unit() == "per-sample"
+    assert HeteroConfig(preset="adaptive").fast_unit == HeteroConfig(preset="fast").fast_unit == "latency"
+    assert HeteroConfig(preset="adaptive", fast_unit="per-sample").fast_unit == "per-sample"
     with pytest.raises(ConfigError):
         HeteroConfig(fast_unit="throughput")
     scheduler = observed("per-sample")

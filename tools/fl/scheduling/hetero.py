@@ -59,13 +59,12 @@ PRESETS: dict[str, dict[str, float]] = {
 # afair by per-client accuracy spread, adaptive by time to target. Others: not tuned.
 PRESET_TUNED: dict[str, tuple[float, bool]] = {"afair": (3.0, True), "adaptive": (0.0, True)}
 FAST_UNITS = ("latency", "per-sample")
-# What `fast` ranks by, per preset (default "latency"): round latency, or latency per training sample. A client's
+# What `fast` ranks by (HeteroConfig.fast_unit, default "latency"): round latency, or latency per training sample. A client's
 # compute time grows with its data, so by latency a fast round also trains the clients with the least data (on
 # MNIST-1D, Dirichlet 0.3, adaptive's rounds 2-40 took clients of 23 samples on average against 32); per sample,
 # the same device and link are as fast whatever data they hold. No preset uses it: for adaptive it halved the
 # time to target on MNIST-1D seed 0, and was 1.6x slower on seed 1 and 1.4x on synthetic seed 0 (README,
 # issue 21 item 8; docs/results/bench_fl_sched_variants.jsonl).
-PRESET_FAST_UNIT: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ class HeteroConfig:
     fast_pool: float | None = None
     afair_client_share: float = 0.7  # afair: weight of the client's own accuracy against its tier's
     afair_staleness_decay: float = 0.9  # afair: per round, how much of an accuracy reading's signal stays
-    fast_unit: str | None = None  # fast: "latency" or "per-sample" (latency / samples); None: the preset's
+    fast_unit: str = "latency"  # fast: "latency" or "per-sample" (latency / samples)
 
     def __post_init__(self) -> None:
         require(self.preset in PRESETS, f"preset must be one of {', '.join(PRESETS)}")
@@ -96,13 +95,10 @@ class HeteroConfig:
                 "afair_client_share and afair_staleness_decay must be in [0, 1]")
         require(self.temperature >= 0 and (self.fast_pool is None or self.fast_pool >= 0),
                 "temperature and fast_pool must be >= 0")
-        require(self.fast_unit is None or self.fast_unit in FAST_UNITS, f"fast_unit must be one of {FAST_UNITS}")
+        require(self.fast_unit in FAST_UNITS, f"fast_unit must be one of {FAST_UNITS}")
 
     def pool(self) -> float:
         return PRESET_TUNED.get(self.preset, (0.0, False))[0] if self.fast_pool is None else self.fast_pool
-
-    def unit(self) -> str:
-        return PRESET_FAST_UNIT.get(self.preset, "latency") if self.fast_unit is None else self.fast_unit
 
     def initial_weights(self) -> dict[str, float]:
         chosen = dict(self.weights) if self.weights else dict(PRESETS[self.preset])
@@ -138,7 +134,7 @@ class HeteroScheduler(TrackingScheduler):
         """What `fast` minimises per profiled client: its EMA latency, or that per training sample (fast_unit);
         a client whose sample count was never reported counts as the median client."""
         latency = {c: v for c in ids if (v := self.tiers.expected_latency(c)) is not None}
-        if self.config.unit() == "latency" or not self.samples:
+        if self.config.fast_unit == "latency" or not self.samples:
             return latency
         typical = statistics.median(self.samples.values())
         return {c: v / self.samples.get(c, typical) for c, v in latency.items()}
