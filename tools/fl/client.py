@@ -4,8 +4,9 @@ The client holds its own data (`--data`, loaded in this process only: local_data
 sends it anywhere. It asks the server for the job (the task's features and classes, the training
 recipe and the model it names; `--model` says where this client finds that model's factory),
 checks that its data fit the task, trains its local-only baseline once (the consumer's reference
-for the utility ratio) and then follows the server's task stream on one `session` call. It tells the
-server its number of training samples and the shapes of its model, nothing else about its data.
+for the utility ratio) and then follows the server's task stream on one `session` call (reading batch
+messages: a round's receipt, its end and the next task come as one). It tells the server its number of
+training samples and the shapes of its model, nothing else about its data.
 
 Any transport failure (refused, reset, a stream torn down by a server killed mid-call: UNAVAILABLE,
 INTERNAL, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED) sends it back to reconnect, after a capped
@@ -29,7 +30,6 @@ longer, as on a slower or contended device (fault injection for tests and demos)
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import random
 import time
@@ -103,7 +103,7 @@ class FlClient:
         self._ever_connected = False  # before the first answer, a refused connection is a server not up yet
         self._tasks_seen = 0  # messages other than the welcome, over all sessions
         self._barren = 0
-        self._trained: tuple[tuple, dict] | None = None  # (task key, update): a re-sent task is not retrained
+        self._trained: tuple | None = None  # (task key, its weights, the update): a re-sent task is not retrained
 
     def _spec(self, train: dict) -> TrainSpec:
         """The job's training recipe, with the model found where this client says (--model)."""
@@ -226,6 +226,7 @@ class FlClient:
     async def _follow(self) -> None:
         hello = {"client_id": self.client_id, "num_samples": self._data.num_samples,
                  "local_only_accuracy": self._local_only, "declared_attack": self.attack,
+                 "batches": True,  # several messages queued at once (round end + next task) come as one
                  # the model this client will train: the server refuses it at registration if names or shapes differ
                  "shapes": {name: list(shape) for name, shape in shapes(init_weights(
                      self.num_features, self.num_classes, self.train_spec.hidden, 0, self.train_spec.model)).items()}}
@@ -239,26 +240,27 @@ class FlClient:
         heartbeat: asyncio.Task | None = None
         try:
             await send(hello)
-            async for task in session:
+            async for message in session:
                 self._touch()
                 self._refused_since = None
-                kind = task.get("type")
-                self._tasks_seen += kind != "welcome"
-                if kind == "welcome" and float(task.get("heartbeat_s") or 0) > 0 and heartbeat is None:
-                    heartbeat = asyncio.create_task(self._heartbeats(send, float(task["heartbeat_s"])))
-                if kind == "train":
-                    log.info("round %s: selected; training", task["round"])
-                    await send(self._train(task))
-                elif kind == "receipt":
-                    self._receipt(task)
-                elif kind == "round_end":
-                    self._round_end(task)
-                elif kind == "evaluate":
-                    await self._evaluate(task)
-                elif kind == "done":
-                    self._books(task)
-                    self.summary.done = True
-                    return
+                for task in message["messages"] if message.get("type") == "batch" else [message]:
+                    kind = task.get("type")
+                    self._tasks_seen += kind != "welcome"
+                    if kind == "welcome" and float(task.get("heartbeat_s") or 0) > 0 and heartbeat is None:
+                        heartbeat = asyncio.create_task(self._heartbeats(send, float(task["heartbeat_s"])))
+                    if kind == "train":
+                        log.info("round %s: selected; training", task["round"])
+                        await send(self._train(task))
+                    elif kind == "receipt":
+                        self._receipt(task)
+                    elif kind == "round_end":
+                        self._round_end(task)
+                    elif kind == "evaluate":
+                        await self._evaluate(task)
+                    elif kind == "done":
+                        self._books(task)
+                        self.summary.done = True
+                        return
         finally:
             if heartbeat is not None:
                 heartbeat.cancel()
@@ -277,10 +279,10 @@ class FlClient:
             return
 
     def _train(self, task: dict) -> dict:
-        key = (task["round"], task["seed"], _digest(task["weights"]), repr(sorted(task["train"].items())))
-        if self._trained is not None and self._trained[0] == key:
+        key = (task["round"], task["seed"], repr(sorted(task["train"].items())))
+        if self._trained is not None and self._trained[0] == key and _same_weights(self._trained[1], task["weights"]):
             log.info("round %s: the same task again (server restarted); re-sending the update", task["round"])
-            return self._trained[1]
+            return self._trained[2]
         spec = self._spec(task["train"])
         start = Snapshot.take()
         # inline, not in a worker thread: the client has nothing else to do meanwhile, and the hop to a
@@ -300,7 +302,7 @@ class FlClient:
             "accuracy": result.consumer_accuracy}  # the received model on this client's data: the schedulers' signal
         update = {"client_id": self.client_id, "round": task["round"], "weights": result.weights,
                   "metrics": metrics}
-        self._trained = (key, update)
+        self._trained = (key, task["weights"], update)  # the task's arrays: compared only if a task comes again
         return update
 
     def _receipt(self, receipt: dict) -> None:
@@ -350,10 +352,7 @@ def _training():
     return training
 
 
-def _digest(weights: dict) -> str:
-    h = hashlib.sha256()
-    for name in sorted(weights):
-        array = np.ascontiguousarray(weights[name])
-        h.update(f"{name}:{array.dtype}:{array.shape}".encode())
-        h.update(array.tobytes())
-    return h.hexdigest()
+def _same_weights(a: dict, b: dict) -> bool:
+    """The same model, array for array (dtype, shape and values; a NaN never matches)."""
+    return a.keys() == b.keys() and all(np.asarray(a[k]).dtype == np.asarray(b[k]).dtype
+                                        and np.array_equal(a[k], b[k]) for k in a)

@@ -1,21 +1,6 @@
 """`fl-server run`: the Coordinator behind core.rpc.
 
-RPC methods (msgpack payloads, weights as raw arrays):
-  job      unary   -> the task (num_features, num_classes), the TrainSpec (its model target), strategy, rounds
-                   and seed: never any data; each client loads its own
-  session  bidi    what fl-client uses: its first message registers (as `join`), later ones are its
-                   updates (as `submit`); the server sends the `join` tasks, a
-                   {"type": "receipt", round, accepted, reason} per update (received or refused at once) and,
-                   to every connected client after each round, {"type": "round_end", round, balance, and for
-                   the selected: status, reason, aggregated, paid}: the verdict after every check, the truth
-                   to print. A session's later messages may also be {"type": "heartbeat", client_id, and resource
-                   fields: host_cpu_percent, cpu_percent, load1, memory_available_bytes, cpu_count}, sent every
-                   `heartbeat_s` (given in the welcome) while the client is not training. One call for the whole job.
-  join     stream  register (num_samples, local-only accuracy) and receive tasks:
-                   {"type": "train", round, weights, train, seed} | {"type": "evaluate", weights} | {"type": "done"}
-  submit   unary   a round's update + metrics -> {"accepted", "reason"}
-  evaluate unary   the consumer's accuracy of the final model on its own test split (once, when asked)
-  status   unary   round, registered and connected clients
+The RPC methods and their messages: server_wire.py.
 
 Identity: with mutual TLS (a client CA) every call that names a client id must come from the
 certificate with that id as its common name; the token alone does not make anyone a client. One
@@ -62,7 +47,15 @@ from mlsyskit.tools.fl.coordinator import Coordinator
 from mlsyskit.tools.fl.incentive.ledger import client_account
 from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.sched_report import observe_late, scheduling_record
-from mlsyskit.tools.fl.server_wire import Books, field, round_end_message, transport_limit
+from mlsyskit.tools.fl.server_wire import (
+    Books,
+    Receipts,
+    SessionQueue,
+    field,
+    next_messages,
+    round_end_message,
+    transport_limit,
+)
 from mlsyskit.tools.fl.task import ServerData
 from mlsyskit.tools.fl.tls_door import TlsDoor
 
@@ -75,7 +68,7 @@ class FlServer:
                  telemetry: Telemetry | None = None, on_round=None, eval_timeout_s: float = 10.0,
                  max_message_bytes: int | None = None, crash_after_round: int | None = None,
                  require_identity: bool | None = None, linger_s: float = 10.0, heartbeat_s: float = 2.0,
-                 heartbeat_misses: int = 3, tls_door: bool = True) -> None:
+                 heartbeat_misses: int = 3, tls_door: bool = True, receipt_hold_s: float = 1.0) -> None:
         self.config = config
         self.clock = clock or RealClock()
         self.coordinator = Coordinator(config, store, self.clock, server=server)  # None: an experiment's (tests)
@@ -95,12 +88,14 @@ class FlServer:
             self.rpc.unary(name, getattr(self, f"_{name}"))
         self.rpc.stream("join", self._join)
         self.rpc.bidi("session", self._session)
-        self._queues: dict[int, asyncio.Queue] = {}
+        self._queues: dict[int, SessionQueue] = {}
         self._generation: dict[int, int] = {}
         self._changed = asyncio.Event()  # something happened that may end a wait
         self._eval_results: dict[int, float] = {}
         self._eval_asked: set[int] = set()
         self._received: set[int] = set()  # clients whose update got an "accepted" receipt this round
+        self.receipts = Receipts(receipt_hold_s)  # when each receipt leaves (server_wire)
+        self._console: list[tuple] = []  # info lines (format, args) printed once the next tasks are out
         self.linger_s = linger_s  # after the job: how long to wait for away clients to come back and hear "done"
         self._told_done: set[int] = set()
         self.outcomes: list[RoundOutcome] = []
@@ -153,10 +148,9 @@ class FlServer:
                     self.activity.heartbeat(cid, self.clock.now(), update)
                     self._poke()
                     continue
-                reply = self._take_update(update)
-                queue = self._queues.get(cid)
-                if queue is not None:
-                    queue.put_nowait({"type": "receipt", "round": update["round"], **reply})
+                receipt = {"type": "receipt", "round": update["round"], **self._take_update(update)}
+                if (queue := self._queues.get(cid)) is not None:
+                    self.receipts.send(queue, receipt, self._closes_round(receipt["round"]))
         except RpcError as e:  # garbage or a bad message ends this client's session, not the job
             queue = self._queues.get(cid)
             if queue is not None:
@@ -186,7 +180,7 @@ class FlServer:
             old.put_nowait(None)  # a rejoin supersedes the old stream
             # ... and whatever that stream was doing this round is lost: do not wait for it until the deadline
             self.coordinator.drop(cid, "reconnected mid-round (the old stream was dropped)")
-        queue: asyncio.Queue = asyncio.Queue()
+        queue = SessionQueue(batches=payload.get("batches") is True)  # its client reads batch messages
         self._queues[cid] = queue
         peer = self._peer(call)
         self.telemetry.event("join", client=cid, peer=peer)
@@ -201,13 +195,13 @@ class FlServer:
                 yield {"type": "done", **Books.read(self.coordinator.ledger).of(cid)}
                 return
             while True:
-                message = await queue.get()
-                if message is None:
-                    return
-                if isinstance(message, RpcError):
-                    raise message
-                yield message
-                if message["type"] == "done":
+                items = await next_messages(queue)
+                messages = [m for m in items if isinstance(m, dict)]  # only the last item may be a None/RpcError
+                if messages:
+                    yield messages[0] if len(messages) == 1 else {"type": "batch", "messages": messages}
+                if isinstance(items[-1], RpcError):
+                    raise items[-1]
+                if items[-1] is None or items[-1]["type"] == "done":
                     return
         finally:
             if self._generation.get(cid) == generation:
@@ -272,11 +266,21 @@ class FlServer:
             remaining = None if deadline is None else deadline - self.clock.now()
             if remaining is not None and remaining <= 0:
                 return False
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
+            try:  # asyncio.timeout, not wait_for: no task per wait, and the wake-up is one loop pass sooner
+                async with asyncio.timeout(remaining):
+                    await self._changed.wait()
             except TimeoutError:
                 return condition()
         return True
+
+    def _print_console(self) -> None:
+        """The info lines held back while a round's tasks went out (serve), in order."""
+        while self._console:
+            log.info(*self._console.pop(0))
+
+    def _closes_round(self, round_num: int) -> bool:
+        plan = self.coordinator.open_round
+        return plan is not None and plan.round == round_num and not self.coordinator.waiting_for()
 
     def _peer(self, call: CallContext) -> str:
         """The client's address (behind the TLS door, gRPC sees the door's)."""
@@ -306,14 +310,19 @@ class FlServer:
             self._received = set()
             self.telemetry.event("round_start", round=plan.round, selected=plan.selected,
                                  connected=sorted(self._queues), available=available, deadline_s=deadline_s)
-            log.info("round %d: selected %s of %d available (%d connected); deadline %.3gs", plan.round,
-                     plan.selected, len(available), len(self._queues), deadline_s)
+            self._console.append(("round %d: selected %s of %d available (%d connected); deadline %.3gs", plan.round,
+                                  plan.selected, len(available), len(self._queues), deadline_s))
             for cid in plan.selected:
                 self.activity.task_sent(cid, plan.round, self.clock.now())
                 self._queues[cid].put_nowait({"type": "train", "round": plan.round, "weights": plan.weights,
                                               "train": plan.train, "seed": plan.seeds[cid]})
+            # the tasks leave first (one loop pass: every session's handler writes its own), then the console lines
+            # of the last round's end and this round's start (~0.3 ms of CPU each), while the clients train
+            await asyncio.sleep(0)
+            self._print_console()
             await self._wait(lambda: not c.waiting_for(), deadline)
             collected = self.clock.now()
+            self.receipts.flush()  # no await until the round's end and the next task: they leave together
             outcome = c.finish_round(collected - start)
             outcome.phases = {"collect_s": collected - start, **outcome.phases}
             self.outcomes.append(outcome)
@@ -326,8 +335,10 @@ class FlServer:
             if self.on_round:
                 self.on_round(outcome)
             if self.crash_after_round is not None and outcome.round >= self.crash_after_round:
+                self._print_console()
                 log.error("crashing after round %d (fault injection)", outcome.round)
                 os._exit(3)  # like a kill: the round is committed, nothing else is
+        self._print_console()
         if not c.finished:
             await self._final_evaluation()
         books = Books.read(c.ledger)
@@ -364,7 +375,7 @@ class FlServer:
                             cid, outcome.round, report.reason)
                 self.telemetry.event("rejected", client=cid, round=outcome.round, reason=report.reason)
         pay_line = ", ".join(f"{cid}: {paid.get(client_account(cid), 0.0):.4g}" for cid in outcome.selected)
-        log.info("round %d: paid %s", outcome.round, pay_line or "nobody")
+        self._console.append(("round %d: paid %s", outcome.round, pay_line or "nobody"))
         books = Books.read(ledger)
         for cid, queue in list(self._queues.items()):
             queue.put_nowait(round_end_message(outcome, cid, books, paid))

@@ -1,4 +1,26 @@
-"""fl-server's wire details: the transport limit, field checks, and what a client hears after a round.
+"""fl-server's wire details: the methods, the transport limit, field checks, batching, and what a client
+hears after a round.
+
+RPC methods (msgpack payloads, weights as raw arrays):
+  job      unary   -> the task (num_features, num_classes), the TrainSpec (its model target), strategy, rounds
+                   and seed: never any data; each client loads its own
+  session  bidi    what fl-client uses: its first message registers (as `join`), later ones are its
+                   updates (as `submit`); the server sends the `join` tasks, a
+                   {"type": "receipt", round, accepted, reason} per update (received or refused at once) and,
+                   to every connected client after each round, {"type": "round_end", round, balance, and for
+                   the selected: status, reason, aggregated, paid}: the verdict after every check, the truth
+                   to print. A session's later messages may also be {"type": "heartbeat", client_id, and resource
+                   fields: host_cpu_percent, cpu_percent, load1, memory_available_bytes, cpu_count}, sent every
+                   `heartbeat_s` (given in the welcome) while the client is not training. One call for the whole job.
+                   A client whose hello says `"batches": true` gets whatever is queued for it at once as one
+                   {"type": "batch", "messages": [...]} (in order): its receipt, the round's end and the next
+                   task. To such a client a refusal still leaves at once; an accepted receipt leaves with the
+                   round's end, or after at most `receipt_hold_s` (1 s) if the round is still open (`Receipts`).
+  join     stream  register (num_samples, local-only accuracy) and receive tasks:
+                   {"type": "train", round, weights, train, seed} | {"type": "evaluate", weights} | {"type": "done"}
+  submit   unary   a round's update + metrics -> {"accepted", "reason"}
+  evaluate unary   the consumer's accuracy of the final model on its own test split (once, when asked)
+  status   unary   round, registered and connected clients
 
 A client's balance and earnings come from the ledger every time (`Books`), never from a sum the
 client keeps: a client that was away for rounds (a lost connection, a server restart) hears the
@@ -6,6 +28,7 @@ same totals as the ledger holds.
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,3 +75,60 @@ def round_end_message(outcome: RoundOutcome, cid: int, books: Books, paid: dict[
         message.update(status=report.status, reason=report.reason, aggregated=report.aggregated,
                        paid=paid.get(client_account(cid), 0.0))
     return message
+
+
+class SessionQueue(asyncio.Queue):
+    """What the server has for one session, in order; `batches`: its client reads batch messages."""
+
+    def __init__(self, batches: bool = False) -> None:
+        super().__init__()
+        self.batches = batches
+
+
+async def next_messages(queue: SessionQueue) -> list[Any]:
+    """The next item of a session's queue and, for a client that reads batches, every other item queued by
+    now, so a round's receipts, its end and the next task leave as one wire message (one write and one read
+    instead of three on each side). Ends at a control item (None: the session ends; an RpcError: it
+    fails) or at "done", the last message a session carries; the order is the queue's."""
+    items = [await queue.get()]
+    while queue.batches and isinstance(items[-1], dict) and items[-1]["type"] != "done" and not queue.empty():
+        items.append(queue.get_nowait())
+    return items
+
+
+class Receipts:
+    """When a receipt leaves (the verdict in it is made when the update arrives, and never changes).
+
+    A refusal leaves at once. An accepted update's receipt to a client that reads batches waits for
+    the round's close (`flush`, just before the round's end and the next task, in the same wire
+    message) or `hold_s`, whichever comes first; so does the receipt of the update that closes the
+    round, for every client (serve() flushes it at once). A session's messages keep their order: a
+    receipt sent at once first releases the ones held for that session."""
+
+    def __init__(self, hold_s: float) -> None:
+        self.hold_s = hold_s
+        self._held: dict[int, tuple[SessionQueue, dict, asyncio.TimerHandle | None]] = {}
+        self._count = 0
+
+    def send(self, queue: SessionQueue, receipt: dict, closes_round: bool) -> None:
+        if not closes_round and not (queue.batches and receipt["accepted"]):
+            self._release(lambda q: q is queue)
+            queue.put_nowait(receipt)
+            return
+        self._count += 1
+        key = self._count
+        timer = None if closes_round else asyncio.get_running_loop().call_later(
+            self.hold_s, self._release, lambda q: q is queue)
+        self._held[key] = (queue, receipt, timer)
+
+    def flush(self) -> None:
+        """Every held receipt, now (the round closed)."""
+        self._release(lambda q: True)
+
+    def _release(self, which) -> None:
+        for key, (queue, receipt, timer) in list(self._held.items()):
+            if which(queue):
+                del self._held[key]
+                if timer is not None:
+                    timer.cancel()
+                queue.put_nowait(receipt)
