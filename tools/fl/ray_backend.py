@@ -14,7 +14,8 @@ so a retry is safe); a task that raises stops the job with the remote error.
 
 Without `--ray-address` it joins a Ray already running on this machine (RAY_ADDRESS, or one started
 by `ray start`), else starts a local Ray for the run (all CPUs, no dashboard) and stops it at the
-end, as Flower's simulation does. For several machines start a cluster first (`ray start --head` on
+end, as Flower's simulation does (a start that misses Ray's fixed 30 s wait for its node on a busy
+host is tried again). For several machines start a cluster first (`ray start --head` on
 one, `ray start --address HEAD:PORT` on the others, each with this project installed) and pass its
 address. Needs the optional extra: pip install 'mlsyskit[fl-ray]'.
 """
@@ -23,13 +24,38 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.core.errors import RuntimeFailure
+from mlsyskit.core.retry import retry_call
 from mlsyskit.tools.fl.backends import BaselineTask, RoundJob, TrainTask, run_baseline_tasks, run_train_task
 from mlsyskit.tools.fl.config import TrainSpec
 from mlsyskit.tools.fl.training import LocalResult
 
 LOCAL_OBJECT_STORE = 256 * 1024 * 1024  # bytes, for a Ray this backend starts (round models are small)
 CHUNKS_PER_CPU = 2  # enough chunks to balance uneven clients, few enough to amortise each task's overhead
+# Ray waits a fixed 30 s for a new node to register, and the raylet registers only once its dashboard
+# agent has imported (~9 s at load 14 on 2 cores): a busy host can miss it. A second start usually
+# makes it; past this deadline (3 tries: each takes >= 30 s) the last error stands.
+LOCAL_START_DEADLINE_S = 75.0
+
+
+def _ray_start_timed_out(error: BaseException) -> bool:
+    return "timed out during startup" in str(error)
+
+
+def _stop_new_ray_children(before: set[int]) -> None:
+    """Kill the Ray daemons a failed start left running (children of this process it did not have
+    before), so a retry does not leave a half-started cluster beside the new one."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        if child.pid in before:
+            continue
+        try:
+            if "ray" in " ".join(child.cmdline()):
+                child.kill()
+        except psutil.Error:
+            pass  # already gone
 
 
 def _train_chunk(job: RoundJob, tasks: list[TrainTask]) -> list[LocalResult]:
@@ -61,12 +87,13 @@ def _chunks(items: Sequence[Any], count: int) -> list[list[Any]]:
 class RayBackend:
     name = "ray"
 
-    def __init__(self, address: str | None = None) -> None:
+    def __init__(self, address: str | None = None, clock: Clock | None = None) -> None:
         try:
             import ray
         except ImportError:
             raise RuntimeFailure("--backend ray needs Ray: pip install 'mlsyskit[fl-ray]'") from None
         self._ray = ray
+        self._clock = clock or RealClock()
         self._owns_connection = not ray.is_initialized()
         self.started_local = False  # True: this backend started a local Ray and stops it at close()
         if self._owns_connection:
@@ -90,11 +117,24 @@ class RayBackend:
         except Exception as e:  # noqa: BLE001 (Ray raises bare Exceptions; the user gets one line)
             raise RuntimeFailure(f"cannot join the Ray cluster at {address or 'auto'} ({e})") from None
         try:
-            self._ray.init(address="local", include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE,
-                           **common)
-        except Exception as e:  # noqa: BLE001 (e.g. "the current node timed out during startup" on a loaded host)
+            retry_call(lambda: self._start_local(common), retriable=_ray_start_timed_out,
+                       deadline_s=LOCAL_START_DEADLINE_S, clock=self._clock)
+        except Exception as e:  # noqa: BLE001 (Ray raises bare Exceptions; the user gets one line)
             raise RuntimeFailure(f"cannot start a local Ray ({e})") from None
         self.started_local = True
+
+    def _start_local(self, common: dict[str, Any]) -> None:
+        import psutil
+
+        before = {child.pid for child in psutil.Process().children(recursive=True)}
+        try:
+            self._ray.init(address="local", include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE,
+                           **common)
+        except Exception as e:
+            if _ray_start_timed_out(e):
+                self._ray.shutdown()
+                _stop_new_ray_children(before)
+            raise
 
     def _chunk_count(self, tasks: int) -> int:
         cpus = int(self._ray.cluster_resources().get("CPU", 1))
