@@ -17,14 +17,17 @@ from mlsyskit.tools.kv.controlets.base import (
     GET,
     RMW,
     Action,
+    Apply,
     Forward,
     Read,
     Reply,
     Send,
+    StreamFailure,
     op_code,
     stored,
     wire_write,
 )
+from mlsyskit.tools.kv.controlets.batch import BATCH, batch_applies, batch_fields
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
 from mlsyskit.tools.kv.redis import rmw
 
@@ -84,8 +87,32 @@ class AsyncPrimaryBackup(OrderedStream):
         out.extend(Send(n, b"REPL", fields) for n in self.others)
         return out
 
+    def on_client_batch(self, reqs: Sequence[Any]) -> list[Action]:
+        """Plain SETs a connection pipelined in one read: one numbered stream entry (batch.py)."""
+        if self.node_id != self.master or self.mode is not self.READY_MODE or not self.others:
+            return [a for r in reqs for a in self.on_client(r)]  # one at a time, as ever
+        self.applied += 1
+        out: list[Action] = []
+        for r in reqs:
+            out.append(Apply(r.key, r.value, r))
+            out.append(Reply(r))
+        fields = batch_fields(self.applied, reqs)
+        self.record(fields)
+        out.extend(Send(n, b"REPL", fields) for n in self.others)
+        return out
+
     def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
+        if fields[1] == BATCH:
+            return batch_applies(fields, 0)
         return [stored(fields[1], fields[2], fields[3])]
+
+    def on_apply_failed(self, req: Any) -> list[Action]:
+        """The master's datalet refused a write that it numbered and recorded but did not send (its
+        Sends were dropped): its log no longer matches its state, so a replica that finds the gap
+        copies a snapshot instead of replaying a tail that holds the failed write."""
+        if self.upstream is None and type(req) is StreamFailure and req.req is not None:
+            self.history.forget(self.applied)
+        return super().on_apply_failed(req)
 
     def on_peer(self, src: str, kind: bytes, fields: Sequence[Any]) -> list[Action]:
         if kind == b"REPL":

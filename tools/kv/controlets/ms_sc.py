@@ -32,6 +32,7 @@ from mlsyskit.tools.kv.controlets.base import (
     RMW,
     TRYAGAIN,
     Action,
+    Apply,
     Fail,
     Forward,
     Read,
@@ -42,6 +43,7 @@ from mlsyskit.tools.kv.controlets.base import (
     stored,
     wire_write,
 )
+from mlsyskit.tools.kv.controlets.batch import BATCH, batch_applies, batch_fields
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
 from mlsyskit.tools.kv.controlets.undo import failed_message
 from mlsyskit.tools.kv.redis import rmw
@@ -130,8 +132,32 @@ class ChainReplication(OrderedStream):
         self.record(fields)
         return [write, Send(self.successor, b"CHAIN", fields)]
 
+    def on_client_batch(self, reqs: Sequence[Any]) -> list[Action]:
+        """Plain SETs a connection pipelined in one read: one numbered chain entry (batch.py)."""
+        if (self.node_id != self.head or self.successor is None or self.mode is not self.READY_MODE
+                or len(self.in_flight) + len(reqs) > self.options.max_pending):
+            return [a for r in reqs for a in self.on_client(r)]  # one at a time, as ever
+        self.applied += 1
+        seq, deadline = self.applied, self.now + self.options.write_timeout
+        out: list[Action] = []
+        for r in reqs:
+            out.append(Apply(r.key, r.value, r, seq))
+            self.in_flight.append((seq, r, deadline))
+        fields = batch_fields(seq, reqs)
+        self.record(fields)
+        out.append(Send(self.successor, b"CHAIN", fields))
+        return out
+
     def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
-        code, key, value = fields[1], fields[2], fields[3]
+        code = fields[1]
+        if code == BATCH:
+            out = batch_applies(fields, seq)
+            if self.successor is None:
+                self.ack_due = seq
+                return out
+            out.append(Send(self.successor, b"CHAIN", tuple(fields)))
+            return out
+        key, value = fields[2], fields[3]
         apply = stored(code, key, value, None, seq)
         if self.successor is None:  # acks are cumulative: one per drained read covers them all
             self.ack_due = seq

@@ -18,7 +18,7 @@ from mlsyskit.tools.kv.frontend import admin
 from mlsyskit.tools.kv.frontend.commands import HANDLERS
 from mlsyskit.tools.kv.frontend.session import PIPELINE_PAUSE, Session
 from mlsyskit.tools.kv.node.control import LeaseExpired
-from mlsyskit.tools.kv.node.requests import PEER_MESSAGE
+from mlsyskit.tools.kv.node.requests import PEER_MESSAGE, Request
 from mlsyskit.tools.kv.redis import resp, values
 
 
@@ -49,9 +49,43 @@ class ClientConnection(Session):
         all_mine = node.only_shard
         out, slots, ok, gets, first = self.out, self.slots, resp.OK, reader.gets, values.FIRST
         budget = self.limits.max_output_bytes - self.transport.get_write_buffer_size()
+        # Plain SETs gathered for one stream entry at a stream origin (controlets/batch.py); at a proxy,
+        # plain SETs or GETs gathered to be relayed as one frame (Rider.forward_batch)
+        relay = node.controlet is None
+        batching, puts = node.batch_puts or relay, self.puts
         try:
             while (cmd := gets()) is not False:
                 count += 1
+                if batching and not gated and type(cmd) is list and 2 <= len(cmd) <= 3:
+                    key = cmd[1]
+                    if len(cmd) == 3:
+                        value = cmd[2]
+                        take = (cmd[0] == b"SET" and type(key) is bytes and type(value) is bytes and as_is(key, value)
+                                and (relay or all_mine or owns(key)))
+                        op = PUT
+                    else:
+                        value, op = None, GET
+                        take = relay and cmd[0] == b"GET" and type(key) is bytes and fits(key)
+                    if take:
+                        if puts and puts[0].op is not op:  # a batch is of one kind: GETs, or SETs
+                            self.submit_puts()
+                            if self.transport is None:
+                                return
+                        # session order: nothing of the connection waits, no read (write) before a write (read)
+                        if not self.held and not (self.unanswered_reads if op is PUT else self.unacked_writes):
+                            req = Request(op, key, value, self)
+                            slots.append(req)
+                            if op is PUT:
+                                self.unacked_writes += 1
+                            else:
+                                self.unanswered_reads += 1
+                            puts.append(req)
+                            continue
+                if puts:  # anything else goes after the requests before it
+                    self.submit_puts()
+                    if self.transport is None:
+                        return
+                    fast_get, fast_put, batching = node.fast_get, node.fast_put, node.batch_puts or relay
                 if not slots and not gated and type(cmd) is list:
                     n = len(cmd)
                     if n == 2 and fast_get is not None and cmd[0] == b"GET":
@@ -119,6 +153,10 @@ class ClientConnection(Session):
                     return
                 fast_get, fast_put = node.fast_get, node.fast_put  # a peer message may change them
                 gated = self.in_refused_multi or not self.authed
+            if puts:
+                self.submit_puts()
+                if self.transport is None:
+                    return
             if reader.len() > self.limits.max_request_bytes:
                 self.fatal(f"Protocol error: request larger than {self.limits.max_request_bytes} bytes")
                 return
@@ -137,6 +175,8 @@ class ClientConnection(Session):
             self.fatal(f"Protocol error: {e}")
             return
         finally:
+            if puts:  # admitted (their slots are taken): submitted even when the read ended in an error
+                self.submit_puts()
             node.stats["commands"] += count
             self.in_batch = False
             if node.quiet_due:  # after every message of this read: deferred peer actions (cumulative acks)

@@ -122,6 +122,7 @@ class Session(asyncio.Protocol):
         self.unacked_writes = 0
         self.unanswered_reads = 0
         self.held: deque[tuple[bool, Any]] = deque()  # (is_write, request) waiting for session order
+        self.puts: list[Request] = []  # plain SETs (or GETs) of the current read, admitted, for one batch
         self.reading_paused = False  # past PIPELINE_PAUSE unanswered requests (module docstring)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -204,6 +205,16 @@ class Session(asyncio.Protocol):
             self.flush_due = True
             asyncio.get_running_loop().call_soon(self._flush_due)
 
+    def slots_done(self, reqs: list[Request]) -> None:
+        """slot_done for a relayed batch (all reads or all writes) whose payloads are all set."""
+        if reqs[0].op in WRITES:
+            self.unacked_writes -= len(reqs)
+        else:
+            self.unanswered_reads -= len(reqs)
+        if self.held:
+            self._release()
+        self.slot_done()
+
     def _flush_due(self) -> None:
         self.flush_due = False
         self.flush()
@@ -222,6 +233,14 @@ class Session(asyncio.Protocol):
         self.out_bytes = 0
 
     # -- requests --------------------------------------------------------------
+    def submit_puts(self) -> None:
+        """The plain SETs (a proxy's: or GETs) gathered from this read, admitted in order: to the node
+        as one batch (Node.submit_batch)."""
+        puts = self.puts
+        batch = puts[:]
+        puts.clear()
+        self.node.submit_batch(batch)
+
     def single(self, op: str, key: bytes, value: bytes | None, rmw: list[bytes] | None = None) -> None:
         """One single-key request; _admit, _begin and _start inlined (the per-request path)."""
         req = Request(op, key, value, self)

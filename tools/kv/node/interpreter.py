@@ -172,11 +172,15 @@ class Interpreter:
         """A synchronous datalet: every action now; after a failure the rest as _skipped says."""
         failed: set[int] | None = None
         for a in actions:
-            if failed is not None and self._skipped(a, failed):
-                continue
+            if failed is not None and (self._skipped(a, failed) or type(a) is Apply and -a.seq in failed):
+                continue  # (-seq: a batch entry's writes after one that failed: never issued, see below)
             res = self._issue(a) if type(a) in DATALET_KINDS else None
             if type(res) is Failed:
                 failed = failed or set()
+                if type(a) is Apply and a.seq:
+                    # the rest of its numbered entry (a pipeline batch, controlets/batch.py) is not
+                    # issued: on_apply_failed's Undo has already run, and would not take them back
+                    failed.add(-a.seq)
                 self._datalet_failed(a, res.error, failed)
             else:
                 self._finish(a, res)

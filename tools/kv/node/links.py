@@ -63,6 +63,16 @@ class Link:
         else:
             self._queue(frame, waiter)
 
+    def call_many(self, frame: bytes, n: int, fn: Callable[[list], None]) -> bool:
+        """`frame` holds n commands: `fn(replies)` runs once all n replies are parsed, each the value
+        or the exception it failed with (a reply error, the connection lost). False, and nothing
+        sent, unless the connection is open (the caller then sends them one by one)."""
+        if not self._ready():
+            return False
+        self.conn.waiters.extend([Replies(fn, n)] * n)  # one slot per reply, resolved in order
+        self.conn.send(frame)
+        return True
+
     def _queue(self, frame: bytes, fut: asyncio.Future | Waiter | None) -> None:
         self.pending.append((frame, fut))
         if len(self.pending) > self.max_queued:
@@ -179,6 +189,34 @@ class Waiter:
         if self.error is not None:
             raise self.error
         return self.value
+
+
+class Replies:
+    """The n replies of a batch of commands sent as one frame (call_many): RespConnection resolves
+    each of the batch's n waiter slots, all this object, in order; `fn(replies)` runs on the last."""
+
+    __slots__ = ("fn", "n", "replies")
+
+    def __init__(self, fn: Callable[[list], None], n: int) -> None:
+        self.fn, self.n = fn, n
+        self.replies: list = []
+
+    def done(self) -> bool:
+        return len(self.replies) >= self.n
+
+    def set_result(self, value: object) -> None:
+        self.replies.append(value)
+        if len(self.replies) == self.n:
+            self._fire()
+
+    set_exception = set_result  # an error reply or a lost connection: delivered as the value
+
+    def _fire(self) -> None:
+        try:
+            self.fn(self.replies)
+        except Exception as e:  # noqa: BLE001 - as Waiter: reported, the reader goes on
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": "exception in a link batch's callback", "exception": e})
 
 
 def _chain(src: asyncio.Future, dst: asyncio.Future) -> None:

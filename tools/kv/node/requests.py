@@ -115,7 +115,13 @@ def write_reply(req: Request) -> bytes:
 def relay_answer(req: Request, fut: asyncio.Future) -> bytes:
     """Re-encode a forwarded request's answer the way this op answers."""
     exc = fut.exception()
-    if exc is not None:
+    return relay_reply(req, exc if exc is not None else fut.result())
+
+
+def relay_reply(req: Request, reply: object) -> bytes:
+    """relay_answer for a reply as a link delivers it: the value, or the exception it failed with."""
+    if isinstance(reply, BaseException):
+        exc = reply
         if isinstance(exc, hiredis.ReplyError):
             if req.parent is not None and req.op is GET and str(exc).startswith("WRONGTYPE"):
                 return resp.NULL  # MGET answers nil for a key of another kind
@@ -124,7 +130,7 @@ def relay_answer(req: Request, fut: asyncio.Future) -> bytes:
             # the link never connected (or closed, or gave up) with it still queued: it was never sent
             return resp.error(f"CLUSTERDOWN the shard's node is unreachable, not applied: {exc}")
         return resp.error(f"TRYAGAIN forward failed: {exc}")  # it may have been sent: the outcome is unknown
-    value = fut.result()
+    value = reply
     if req.rmw is not None:
         return for_client(req, rmw.relayed(req.rmw, value))
     if req.op is FLUSH:

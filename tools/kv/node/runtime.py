@@ -79,6 +79,7 @@ class Node(ControlledNode):
         self.src_bytes = (node_id or "proxy").encode()
         self.sync_datalet = datalet is not None and not datalet.is_async
         self.fast_get = self.fast_put = None
+        self.batch_puts = False
         self._fast_ready: bool | None = None
         self.rider = Rider(self)  # forwards, holding and retrying them across a failover (ridethrough.py)
         self.riding = self.rider.held  # non-empty: some connection's requests are held (see submit)
@@ -103,7 +104,8 @@ class Node(ControlledNode):
         self.stats = {"commands": 0, "forwarded": 0, "peer_messages": 0, "fenced": 0, "errors": 0,
                       "connections": 0, "refused_peer_messages": 0, "auth_failures": 0,
                       "datalet_errors": 0, "sends_dropped": 0, "link_give_ups": 0,
-                      "rejected_connections": 0, "output_limit_closes": 0}
+                      "rejected_connections": 0, "output_limit_closes": 0,
+                      "batches": 0}  # pipeline batches numbered as one stream entry or relayed as one frame
         self.actions = Interpreter(datalet, self, self.stats)
         self.redirect = False  # True: answer -MOVED for another shard's key, as a Redis Cluster node does
         self.execute = self.actions.execute  # the controlet's actions, in order (node/interpreter.py)
@@ -121,6 +123,8 @@ class Node(ControlledNode):
         if ready == self._fast_ready:
             return
         self._fast_ready = ready
+        # Plain SETs of one read go to the controlet as one batch (controlets/batch.py) at a stream origin.
+        self.batch_puts = ready and getattr(c, "on_client_batch", None) is not None and bool(c.downstream())
         local = self.sync_datalet and ready
         if not local:
             self.fast_get = self.fast_put = None
@@ -244,6 +248,36 @@ class Node(ControlledNode):
             self.forward(req, targets[pick % len(targets)])
         else:
             self.forward(req, targets[0])
+
+    def submit_batch(self, reqs: list[Request]) -> None:
+        """Plain SETs (or, at a proxy, plain GETs) one connection pipelined in one read, in its order:
+        one controlet batch at their shard's stream origin, one relayed frame at a proxy when they all
+        go to one node; else each submitted as it would be alone."""
+        if len(reqs) > 1 and not self.riding and not self.deposed and self.lease_until is None \
+                and self.controlet is None and self._relay(reqs):
+            return
+        if len(reqs) == 1 or not self.batch_puts or self.riding or self.deposed \
+                or (self.lease_until is not None and self.fenced() is not None) \
+                or (not self.only_shard and any(self.map.shard_for(r.key) != self.shard for r in reqs)):
+            for r in reqs:
+                self.submit(r)
+            return
+        self.stats["batches"] += 1
+        self.execute(self.controlet.on_client_batch(reqs))
+
+    def _relay(self, reqs: list[Request]) -> bool:
+        """A proxy's batch for one node, as one frame (Rider.forward_batch); False: not one node."""
+        smap = self.map
+        shard = 0
+        if len(smap.shards) > 1:
+            shard = smap.shard_for(reqs[0].key)
+            if any(smap.shard_for(r.key) != shard for r in reqs):
+                return False
+        replicas = smap.shards[shard]
+        targets = (self.controlet_cls.read_targets(replicas) if reqs[0].op is GET
+                   else self.controlet_cls.write_targets(replicas))
+        target = targets[reqs[0].conn.id % len(targets)] if len(targets) > 1 else targets[0]  # as submit picks
+        return self.rider.forward_batch(reqs, self.links.get(target) or self.link(target))
 
     def forward(self, req: Request, node_id: str) -> None:
         self.rider.forward(req, node_id)
