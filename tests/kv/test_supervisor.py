@@ -202,6 +202,8 @@ def test_the_supervisor_acts_on_its_decisions_and_keeps_the_record(tmp_path: Pat
         assert e["given_up"] is True and e["restarts"] == 2
         log = (tmp_path / "logs" / "supervisor.log").read_text()
         assert log.count("node:s0r1 GIVE UP") == 1 and "backing off 1 s" in log
+        (line,) = [x for x in log.splitlines() if "GIVE UP" in x]  # one line: the node, the count, what to do
+        assert "2 restarts within 60 s" in line and f"{tmp_path}/logs/node-s0r1.log" in line and "bespokv up" in line
     finally:
         for p in [*procs.values(), *(p for _, p in started)]:
             p.kill()

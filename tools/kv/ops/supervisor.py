@@ -89,6 +89,14 @@ def policy_config(record: dict[str, Any]) -> PolicyConfig:
                         window_s=float(sup.get("window_s", 60.0)))
 
 
+def give_up_line(why: str, data_dir: Path, name: str) -> str:
+    """The one line a give-up leaves (after the stamp and the name): how many restarts, where the
+    process's own output says why it exits, and what brings it back."""
+    own_log = data_dir / "logs" / f"{name.replace(':', '-')}.log"  # record.spawn's log of that process
+    return (f"GIVE UP: {why}. Why it exits: {own_log}; fix that, then `bespokv down --data-dir {data_dir}` "
+            f"and `bespokv up` with the same options start it again")
+
+
 class Supervisor:
     def __init__(self, data_dir: Path, clock: Clock | None = None, map_source: Any = None) -> None:
         self.data_dir = Path(data_dir).resolve()
@@ -140,7 +148,7 @@ class Supervisor:
             if action.restarts:
                 self._restart(record, e, action, decision.why)
             elif action is Action.GIVE_UP:
-                self.log(name, f"GIVE UP: {decision.why}")
+                self.log(name, give_up_line(decision.why, self.data_dir, name))
                 update_record(self.data_dir, lambda r, n=name: _mark(r, n, given_up=True))
             elif action is not self.last.get(name) and action is not Action.GIVEN_UP:
                 if not (action is Action.LEAVE and decision.why == "running"):
