@@ -57,7 +57,7 @@ from marblebench.breakdown import breakdown, rows_for_table  # noqa: E402
 from marblebench.heldout import APP_REQUESTS, HELDOUT, heldout_rows, philly_windows, write_csv  # noqa: E402
 from marblebench.speed import daemon_part, latency_part, scale_child, scale_part  # noqa: E402
 
-POLICIES = ["fifo", "backfill", "optimus", "tiresias", "marble-las", "marble"]
+POLICIES = ["fifo", "backfill", "optimus", "tiresias", "marble-las", "pollux", "marble"]
 CLUSTERS = ["16x4", "16x6"]
 # The four shipped workloads, at their own arrival times and with arrivals compressed to load 8
 # (the held-out workloads run at loads 4-24; the shipped ones at 1.3-4.9): the only tuning data.
@@ -67,7 +67,9 @@ TUNE_MARGIN = 0.005   # a grid point replaces the shipped defaults only if its g
 TUNE_GRID = [{}, {"marble_thresholds": ()}, {"marble_thresholds": (3600.0,)}, {"marble_thresholds": (1800.0, 18000.0)},
              {"marble_thresholds": (7200.0, 72000.0)}, {"rank_by_estimate": False}, {"admit_threshold": 0.5},
              {"admit_threshold": 0.2}, {"grow_threshold": 0.5}, {"marble_grow_gain": 1.0}, {"marble_grow_gain": 8.0},
-             {"elastic_max_scale": 2.0}, {"resize_interval": 3600.0, "grow_period": 900.0}, {"starvation_s": 43200.0}]
+             {"elastic_max_scale": 2.0}, {"resize_interval": 3600.0, "grow_period": 900.0}, {"starvation_s": 43200.0},
+             {"adapt_batch": False, "admit_threshold": 0.35}, {"goodput_sizing": False, "admit_threshold": 0.35},
+             {"admit_threshold": 0.9}]
 def floor_alone(jobs, model: ThroughputModel, spec: ClusterSpec) -> float:
     """Mean JCT if every job ran alone on the whole cluster at its fastest GPU count (no queueing)."""
     best = {}

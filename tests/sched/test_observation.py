@@ -30,11 +30,12 @@ def test_the_observation_has_no_ground_truth_fields():
         view.work = 1.0   # __slots__: nothing can be attached by accident
     fields = {f.name for f in dataclasses.fields(ClusterState)}
     assert fields == {"spec", "free", "now", "queue", "running", "by_end", "restart_cost", "history", "arrived",
-                      "finished", "samples"}
+                      "finished", "samples", "noise_reports"}
 
 
 @pytest.mark.parametrize("module", ["base", "common", "fifo", "backfill", "marble", "marble_fifo", "marble_elastic",
-                                    "marble_las", "optimus", "tiresias", "loss_fit", "sizing", "learned"])
+                                    "marble_las", "optimus", "tiresias", "loss_fit", "sizing", "learned",
+                                    "goodput"])
 def test_policy_code_does_not_import_the_truth(module):
     tree = ast.parse(inspect.getsource(__import__(f"mlsyskit.tools.sched.policies.{module}", fromlist=["x"])))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -51,7 +52,9 @@ class Enough(Exception):
 
 class Recorder:
     """Wraps a policy; records its decisions until the observation could differ between two
-    truths: the first finished job (history) or a third loss report on any job (optimus' fit)."""
+    truths: the first finished job (history), a third loss report on any job (optimus' fit), or a
+    noise scale measured after some progress (a report, or a restart's: it depends on the
+    fraction of the true work done)."""
 
     def __init__(self, policy):
         self.policy, self.name, self.log = policy, policy.name, []
@@ -60,6 +63,9 @@ class Recorder:
 
     def decide(self, state):
         if state.history.by_app or any(len(j.loss_reports) >= loss_fit.MIN_REPORTS for j in state.running.values()):
+            raise Enough
+        if state.noise_reports or any(j.restarts and j.noise_scale for j in (*state.running.values(),
+                                                                             *state.queue.values())):
             raise Enough
         decision = self.policy.decide(state)
         self.log.append((state.now, decision))

@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from mlsyskit.core.sim import EventHandle, EventLoop
 from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.sched.cluster import ClusterSpec, FreeMap
-from mlsyskit.tools.sched.ground_truth import LossCurve, loss_curve, measured_rate, noisy_loss
+from mlsyskit.tools.sched.efficiency import gain
+from mlsyskit.tools.sched.ground_truth import (
+    LossCurve,
+    loss_curve,
+    measured_noise_scale,
+    measured_rate,
+    noise_scale_segments,
+    noisy_loss,
+)
 from mlsyskit.tools.sched.policies.base import Policy
 from mlsyskit.tools.sched.state import (
     ClusterState,
@@ -28,6 +36,7 @@ from mlsyskit.tools.sched.state import (
     JobSpec,
     JobView,
     Preempt,
+    Rebatch,
     Resize,
     Start,
     estimated_remaining,
@@ -38,6 +47,7 @@ from mlsyskit.tools.sched.throughput import ThroughputModel, compact_shape
 RELEASES = (Preempt, Resize)   # actions that give GPUs back (applied before any start)
 LOSS_REPORT_S = 300.0    # a running job reports its loss at most this often (seconds)
 MAX_LOSS_REPORTS = 64    # older reports are thinned to every other one beyond this
+GNS_REPORT_S = 1800.0    # a running job reports its gradient noise scale this often (seconds)
 
 
 class PolicyError(RuntimeError):
@@ -108,6 +118,10 @@ class Simulator:
         self.curves: dict[int, LossCurve] = {j.job_id: loss_curve(seed, j) for j in self.jobs}
         self.views = {j.job_id: JobView.of(j, self.curves[j.job_id].target) for j in self.jobs}
         self._wants_losses = getattr(policy, "wants_loss_reports", None)   # callable(now) -> bool
+        self._wants_gns = bool(getattr(policy, "wants_noise_scale", False))
+        self._phis: dict[int, tuple[float, ...]] = {}   # hidden noise scale per slice of work (efficiency.py)
+        self._gns_event: dict[int, EventHandle] = {}    # a running job's next noise-scale report
+        self._eff: dict[int, float] = {}                # effective GPUs each running job added
         self._last_report: dict[int, float] = {}
         self._released: dict[int, object] = {}     # placement a resized job gave back, for its event
         self.finish: dict[int, float] = {}
@@ -119,7 +133,7 @@ class Simulator:
         self._gpu_seconds = 0.0
         self.timeline: list[tuple[float, int, float]] = []
         self.decision_ms: list[float] = []
-        self.counters = {"starts": 0, "preemptions": 0, "resizes": 0, "decisions": 0}
+        self.counters = {"starts": 0, "preemptions": 0, "resizes": 0, "rebatches": 0, "decisions": 0}
 
     # ---- events -------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -236,20 +250,22 @@ class Simulator:
             if action.job_id not in self.state.queue:
                 raise PolicyError(f"{self.policy.name}: started job {rec.spec.name}, which is not waiting")
             del self.state.queue[action.job_id]
-            self._run(rec, action.placement, action.shape, now, restart=rec.started_before)
+            self._run(rec, action.placement, action.shape, now, restart=rec.started_before, batch=action.batch)
             self.counters["starts"] += 1
             self.telemetry.event("start", job=rec.spec.name, placement=action.placement)
         elif isinstance(action, Preempt):
             pass  # released above
+        elif isinstance(action, Rebatch):
+            self._rebatch(rec, action.batch, now)
         elif isinstance(action, Resize):
-            self._run(rec, action.placement, action.shape, now, restart=True)
+            self._run(rec, action.placement, action.shape, now, restart=True, batch=action.batch)
             self.counters["resizes"] += 1
             self.telemetry.event("resize", job=rec.spec.name, placement=action.placement,
                                  released=self._released.pop(action.job_id))
         else:
             raise PolicyError(f"{self.policy.name}: unknown action {action!r}")
 
-    def _run(self, rec: JobRecord, placement, shape, now: float, restart: bool) -> None:
+    def _run(self, rec: JobRecord, placement, shape, now: float, restart: bool, batch: int | None = None) -> None:
         try:
             self.state.free.take(placement)
         except (ValueError, IndexError, KeyError) as e:
@@ -258,39 +274,98 @@ class Simulator:
         if sum(shape) > sum(map(gpus_of, placement)) or sum(shape) == 0:
             raise PolicyError(f"{self.policy.name}: {rec.spec.name} computes on {shape} but holds {placement}")
         rec.placement, rec.shape, rec.since = placement, shape, now
-        rec.rate = self.model.rate(rec.spec.app, shape, rec.spec.batch_size)
         rec.busy_until = now + (self.state.restart_cost if restart else 0.0)
         if rec.first_start is None:
             rec.first_start = now
         rec.started_before = True
-        rec.end = rec.busy_until + rec.remaining(rec.busy_until) / rec.rate
-        job_id = rec.spec.job_id
-        self._completion[job_id] = self.loop.schedule_at(rec.end, lambda: self._complete(job_id))
-        self._effective_now += self._speedup(rec)
-        # What the scheduler sees: a measured rate, and its own estimate of the end.
-        view = self.views[job_id]
+        view = self.views[rec.spec.job_id]
         view.placement, view.shape, view.since, view.busy_until = placement, shape, now, rec.busy_until
         view.first_start, view.started_before = rec.first_start, True
-        view.measured_rate = measured_rate(self.seed, rec.spec, rec.restarts, rec.rate, self.rate_noise)
-        self.state.samples.append((rec.spec.app, shape, rec.spec.batch_size, view.measured_rate))
+        self._go(rec, batch, now, measure=True)
+        self.state.running[rec.spec.job_id] = view
+
+    def _go(self, rec: JobRecord, batch: int | None, now: float, measure: bool) -> None:
+        """Run `rec` at `batch` from now: its true rate and end, the next noise-scale report, and
+        what the scheduler sees (a measured rate, its own estimate of the end)."""
+        spec, job_id = rec.spec, rec.spec.job_id
+        batch = spec.batch_size if batch is None else batch
+        if not 1 <= batch <= 1e7:
+            raise PolicyError(f"{self.policy.name}: {spec.name} given a global batch of {batch}")
+        rec.batch, rec.rate = batch, self.model.rate(spec.app, rec.shape, batch)
+        phis = self._phis_of(spec) if self._wants_gns or batch != spec.batch_size else ()
+        rec.gains = tuple(gain(p, spec.batch_size, batch) for p in phis) if batch != spec.batch_size else ()
+        rec.end = max(rec.busy_until, now) + rec.seconds_left()
+        self._completion[job_id] = self.loop.schedule_at(rec.end, lambda: self._complete(job_id))
+        self._eff[job_id] = speedup = self._speedup(rec)
+        self._effective_now += speedup
+        view = self.views[job_id]
+        if phis and (measure or not view.noise_scale):
+            k = min(int(rec.done / spec.work * len(phis)), len(phis) - 1)
+            view.noise_scale = measured_noise_scale(self.seed, spec, f"{rec.restarts}/{k}", phis[k])
+        if phis and self._wants_gns and measure:
+            self._next_report(rec, now, 0)
+        # measured throughput (samples/s at `batch`), journalled for the learned model; the view's
+        # rate is in samples at the submitted batch, by the efficiency the measured noise scale gives
+        raw = measured_rate(self.seed, spec, rec.restarts, rec.rate, self.rate_noise)
+        self.state.samples.append((spec.app, rec.shape, batch, raw))
+        view.batch = batch
+        view.measured_rate = raw if not rec.gains else raw * gain(view.noise_scale, spec.batch_size, batch)
         left = estimated_remaining(self.state.history, view, now, view.measured_rate)
-        view.est_end = rec.busy_until + left / view.measured_rate
-        self.state.running[job_id] = view
+        view.est_end = max(rec.busy_until, now) + left / view.measured_rate
         self.state.by_end.add((view.est_end, job_id))
 
-    def _stop(self, rec: JobRecord, now: float) -> None:
-        """Settle progress and release GPUs of a running job."""
+    def _phis_of(self, spec: JobSpec) -> tuple[float, ...]:
+        phis = self._phis.get(spec.job_id)
+        if phis is None:
+            phis = self._phis[spec.job_id] = noise_scale_segments(self.seed, spec.name, spec.app)
+        return phis
+
+    def _next_report(self, rec: JobRecord, now: float, n: int) -> None:
+        """A running job reports its noise scale every GNS_REPORT_S while it runs (times that
+        depend on its run time only, never on its true work); the policy reads it at its next
+        decision (state.noise_reports)."""
+        job_id = rec.spec.job_id
+        self._gns_event[job_id] = self.loop.schedule_at(now + GNS_REPORT_S, lambda: self._report_noise(job_id, n + 1))
+
+    def _report_noise(self, job_id: int, n: int) -> None:
+        rec, now = self.records[job_id], self.loop.now()
+        phis = self._phis[job_id]
+        k = min(int(rec.done_at(now) / rec.spec.work * len(phis)), len(phis) - 1)
+        self.views[job_id].noise_scale = measured_noise_scale(self.seed, rec.spec, f"{rec.restarts}/r{n}", phis[k])
+        self.state.noise_reports.append(job_id)
+        self._next_report(rec, now, n)
+
+    def _rebatch(self, rec: JobRecord, batch: int, now: float) -> None:
+        job_id = rec.spec.job_id
+        if job_id not in self.state.running:
+            raise PolicyError(f"{self.policy.name}: rebatch of job {job_id}, which is not running")
+        self._settle(rec, now, stop=False)
+        view = self.views[job_id]
+        self.state.by_end.remove((view.est_end, job_id))
+        view.progress, view.attained, view.since = rec.done, rec.attained, now
+        self._go(rec, batch, now, measure=False)
+        self.counters["rebatches"] += 1
+
+    def _settle(self, rec: JobRecord, now: float, stop: bool = True) -> None:
+        """Progress and service up to now; its end event cancelled (and its reports when it stops)."""
         rec.done = min(rec.spec.work, rec.done_at(now))
         held = rec.held_gpus
         rec.attained += held * (now - rec.since)
         self._gpu_seconds += held * (now - rec.since)
         rec.since = now
-        self.state.free.give(rec.placement)
         self._completion.pop(rec.spec.job_id).cancel()
+        event = self._gns_event.pop(rec.spec.job_id, None) if stop else None
+        if event is not None:
+            event.cancel()
+        self._effective_now -= self._eff.pop(rec.spec.job_id)
+
+    def _stop(self, rec: JobRecord, now: float) -> None:
+        """Settle progress and release GPUs of a running job."""
+        self._settle(rec, now)
+        self.state.free.give(rec.placement)
         view = self.views[rec.spec.job_id]
         self.state.by_end.remove((view.est_end, rec.spec.job_id))
         del self.state.running[rec.spec.job_id]
-        self._effective_now -= self._speedup(rec)
         if self._wants_losses is not None and rec.done < rec.spec.work:
             self._report_loss(rec, now)
         view.progress, view.attained, view.since = rec.done, rec.attained, now   # the job's step counter
@@ -298,7 +373,9 @@ class Simulator:
         rec.placement, rec.shape, rec.rate, rec.end = (), (), 0.0, math.inf
 
     def _speedup(self, rec: JobRecord) -> float:
-        return rec.rate / self.model.rate(rec.spec.app, (1,), rec.spec.batch_size)
+        """Effective GPUs: the job's progress rate (at its current slice) over one GPU's at its own batch."""
+        g = rec.gains[min(int(rec.done / rec.spec.work * len(rec.gains)), len(rec.gains) - 1)] if rec.gains else 1.0
+        return rec.rate * g / self.model.rate(rec.spec.app, (1,), rec.spec.batch_size)
 
     def _effective_gpu_seconds(self) -> float:
         """Work done, in single-GPU seconds: the throughput-weighted GPU time."""

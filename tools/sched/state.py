@@ -3,7 +3,8 @@
 A trace entry (`JobSpec`) carries the job's true work; only the simulator reads it. A policy sees
 a `ClusterState` whose jobs are `JobView`s: what a real scheduler knows about a job (the request,
 its placement, elapsed time, attained service, samples processed as the job reports them, its
-throughput as measured with noise, its loss reports) and never its true work or true rate. The
+throughput as measured with noise, its loss reports, its gradient noise scale as measured) and
+never its true work, true rate or true noise scale. The
 simulator (or the scheduler daemon) owns the state and updates it incrementally; a policy reads
 it and returns actions. Policies must not mutate it.
 """
@@ -53,28 +54,57 @@ class JobRecord:
     started_before: bool = False
     restarts: int = 0
     end: float = math.inf           # true end while running
+    batch: int = 0                  # global batch it runs with (0: the submitted one)
+    gains: tuple[float, ...] = ()   # per slice of its work: progress per sample at `batch` (efficiency.py)
 
     @property
     def held_gpus(self) -> int:
         return sum(map(gpus_of, self.placement))
 
     def done_at(self, now: float) -> float:
+        """Progress in samples at the submitted batch (statistically efficient samples)."""
         if not self.placement:
             return self.done
-        return self.done + self.rate * max(0.0, now - max(self.since, self.busy_until))
+        dt = max(0.0, now - max(self.since, self.busy_until))
+        if not self.gains:   # the submitted batch: one sample counts one
+            return self.done + self.rate * dt
+        work, gains = self.spec.work, self.gains
+        n = len(gains)
+        p, k = self.done, min(int(self.done / work * n), n - 1)
+        while k < n:
+            edge = work * (k + 1) / n
+            r = self.rate * gains[k]
+            if p + r * dt <= edge or k == n - 1:
+                return p + r * dt
+            dt -= (edge - p) / r
+            p, k = edge, k + 1
+        return p
 
-    def remaining(self, now: float) -> float:
-        return max(0.0, self.spec.work - self.done_at(now))
+    def seconds_left(self) -> float:
+        """Seconds of running (from `done`) until the work is done at the current batch."""
+        left = max(0.0, self.spec.work - self.done)
+        if not self.gains:
+            return left / self.rate
+        work, gains = self.spec.work, self.gains
+        n = len(gains)
+        p, k, t = self.done, min(int(self.done / work * n), n - 1), 0.0
+        while k < n and p < work:
+            edge = work if k == n - 1 else work * (k + 1) / n
+            t += max(0.0, edge - p) / (self.rate * gains[k])
+            p, k = max(p, edge), k + 1
+        return t
 
 
 class JobView:
     """What a scheduler knows about one job. It has no true work and no true rate: `progress` is
     the samples the job reported (exact when it stopped last; extrapolated with the measured rate
-    while it runs), `measured_rate` the samples/s measured on its current shape (with noise)."""
+    while it runs), `measured_rate` the samples/s measured on its current shape (with noise), in
+    samples at the submitted batch: at another `batch` the measured throughput times the
+    efficiency its measured `noise_scale` gives (efficiency.py). Progress counts the same way."""
 
     __slots__ = ("job_id", "name", "app", "arrival", "gpus", "batch_size", "target_loss", "_placement", "held_gpus",
                  "shape", "since", "busy_until", "first_start", "started_before", "restarts", "attained", "progress",
-                 "measured_rate", "est_end", "loss_reports")
+                 "measured_rate", "est_end", "loss_reports", "batch", "noise_scale")
 
     def __init__(self, job_id: int, name: str, app: str, arrival: float, gpus: int, batch_size: int,
                  target_loss: float = 0.0) -> None:
@@ -92,6 +122,8 @@ class JobView:
         self.measured_rate = 0.0    # samples/s measured on `shape` (0 while waiting)
         self.est_end = math.inf     # the scheduler's estimate of the end while running
         self.loss_reports: list[tuple[float, float]] = []  # (samples processed, training loss)
+        self.batch = batch_size     # global batch it runs (ran) with
+        self.noise_scale = 0.0      # gradient noise scale measured when it last started (0: never)
 
     @classmethod
     def of(cls, spec: JobSpec, target_loss: float = 0.0) -> JobView:
@@ -175,6 +207,8 @@ class ClusterState:
     # throughput samples the cluster reported, (app, shape, global batch, samples/s measured with
     # noise), one per start or resize, append-only: what policies.learned.LearnedModel learns from
     samples: list[tuple[str, Shape, int, float]] = field(default_factory=list)
+    # ids of running jobs that reported a fresh gradient noise scale (JobView.noise_scale), append-only
+    noise_reports: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -182,6 +216,7 @@ class Start:
     job_id: int
     placement: Placement
     shape: Shape | None = None  # defaults to the placement's per-node counts
+    batch: int | None = None    # global batch to run with (None: the submitted one)
 
 
 @dataclass(frozen=True)
@@ -196,9 +231,19 @@ class Resize:
     job_id: int
     placement: Placement
     shape: Shape | None = None
+    batch: int | None = None
 
 
-Action = Start | Preempt | Resize
+@dataclass(frozen=True)
+class Rebatch:
+    """Change a running job's global batch in place, as an adaptive-batch job does between steps
+    (AdaptDL): no restart, same GPUs. A caller that cannot (the daemon) ignores it."""
+
+    job_id: int
+    batch: int
+
+
+Action = Start | Preempt | Resize | Rebatch
 
 
 @dataclass(frozen=True)

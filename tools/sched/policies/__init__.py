@@ -14,9 +14,10 @@ from mlsyskit.tools.sched.policies.marble_elastic import MarbleElastic
 from mlsyskit.tools.sched.policies.marble_fifo import MarbleFifo
 from mlsyskit.tools.sched.policies.marble_las import MarbleLas
 from mlsyskit.tools.sched.policies.optimus import Optimus
+from mlsyskit.tools.sched.policies.pollux import Pollux
 from mlsyskit.tools.sched.policies.tiresias import Tiresias
 
-for _cls in (Fifo, Backfill, Optimus, Tiresias, Marble, MarbleFifo, MarbleElastic, MarbleLas):
+for _cls in (Fifo, Backfill, Optimus, Tiresias, Marble, MarbleFifo, MarbleElastic, MarbleLas, Pollux):
     register(_cls)
 
 DEFAULT_POLICY = Marble.name

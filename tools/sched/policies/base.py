@@ -10,16 +10,21 @@ the simulator's truth) and options, and answers `decide(state) -> Decision`:
 - a `JobView` is what a scheduler observes of a job: the request (app, gpus asked, global
   batch, arrival, target loss), placement and shape, first start, restarts, `attained_at(now)`
   (GPU-seconds), `progress_at(now)` (samples reported), `measured_rate` (samples/s measured
-  with noise on the current shape) and `loss_reports` ((samples, loss) pairs). It has no true
-  work and no true rate.
-- the Decision lists `Start(job, placement, shape)`, `Preempt(job)`, `Resize(job, placement,
-  shape)` and an optional `wake_at`; the caller applies all releases before all starts.
+  with noise on the current shape), `loss_reports` ((samples, loss) pairs), `batch` (the global
+  batch it runs with) and `noise_scale` (its gradient noise scale as last measured). It has no
+  true work, rate or noise scale.
+- the Decision lists `Start(job, placement, shape[, batch])`, `Preempt(job)`, `Resize(job,
+  placement, shape[, batch])`, `Rebatch(job, batch)` (a running job's batch in place, no
+  restart; the daemon ignores it) and an optional `wake_at`; the caller applies all releases
+  before all starts.
 
 A policy may keep memo tables and its own event bookkeeping (optimus remembers when it last
 re-planned, tiresias keeps a priority index); the simulator and the scheduler daemon call it the
 same way, once per decision, with the same kind of state. A policy that reads loss reports
 defines `wants_loss_reports(now) -> bool`; the caller refreshes the reports of running jobs
-before a decision for which it answers True.
+before a decision for which it answers True. A policy with `wants_noise_scale = True` gets each
+job's measured noise scale at every start and every GNS_REPORT_S of running (`state.noise_reports`
+journals which jobs reported).
 """
 from __future__ import annotations
 
@@ -45,7 +50,7 @@ class PolicyOptions:
     # scripts/bench_marble.py (0.5 = pressure sizing off won on every held-out family).
     las_pressure_threshold: float = 0.5
     # marble (scripts/bench_marble.py --tune chose these on the four shipped Pollux workloads only):
-    admit_threshold: float = 0.35         # marble's p*: least marginal gain of a GPU within the request
+    admit_threshold: float = 0.7          # marble's p*: least marginal gain of a GPU within the request
     grow_threshold: float = 0.3           # least marginal gain of a GPU beyond a job's p*, in single-GPU units
     elastic_max_scale: float = 4.0        # a job gets at most this many times the GPUs it asked for
     resize_interval: float = 1800.0       # seconds between two growths of one running job (bounded restarts)
@@ -56,6 +61,9 @@ class PolicyOptions:
     # () = one queue, ordered by the estimate alone (shortest estimated remaining time first)
     marble_thresholds: tuple[float, ...] = (3600.0, 36000.0)
     marble_grow_gain: float = 4.0         # marble: grow a running job only if it saves this many restart costs
+    # marble: pick each job's global batch with its GPU count for goodput (Pollux); off = the submitted batch
+    adapt_batch: bool = True
+    goodput_sizing: bool = True           # marble: GPU counts from the goodput curve (else throughput at the submitted batch)
 
     def __post_init__(self) -> None:
         require(0.0 <= self.efficiency_threshold <= 1.5, "efficiency_threshold must be in [0, 1.5]")

@@ -23,6 +23,14 @@ corrected by the throughput the cluster reports; never the simulator's truth).
   that grown jobs hold, the lowest-priority grown jobs shrink back to p* (one restart each)
   before anything else happens.
 
+Which batch (Pollux's co-adaptation, `adapt_batch`): a job may run with another global batch than
+it asked for (efficiency.batch_choices); its curve is then goodput, the learned throughput at the
+best batch times the statistical efficiency at its measured gradient noise scale (policies.goodput),
+in samples at the submitted batch, and p*, the ladder and the order all read that curve
+(`goodput_sizing`; off: sizes from the throughput at the submitted batch, batches still chosen).
+Starts and resizes carry the chosen batch; a running job that reports a new noise scale moves to
+its best batch in place (Rebatch, no restart). Without a measurement (the daemon) it keeps its batch.
+
 Where: each count on its best layout (sizing.best_shape), best fit onto nodes so jobs share
 nodes; a layout the node sizes cannot hold goes onto any nodes with free GPUs (`FreeMap.spread`),
 so on mixed node sizes every job that fits the cluster's GPU count can start.
@@ -34,8 +42,10 @@ import heapq
 import math
 
 from mlsyskit.tools.sched.cluster import FreeMap, Placement
+from mlsyskit.tools.sched.efficiency import gain
 from mlsyskit.tools.sched.policies.common import remaining_work
-from mlsyskit.tools.sched.policies.sizing import efficient_size, ladder, layouts
+from mlsyskit.tools.sched.policies.goodput import NoiseScales, Rebatcher, goodput_layouts, phi_of
+from mlsyskit.tools.sched.policies.sizing import efficient_size, ladder
 from mlsyskit.tools.sched.policies.tiresias import Tiresias
 from mlsyskit.tools.sched.profiles import Shape
 from mlsyskit.tools.sched.state import (
@@ -49,7 +59,8 @@ from mlsyskit.tools.sched.state import (
     gpus_of,
 )
 
-Curve = tuple[int, list[int], list[Shape], list[float]]   # (p*, sizes to grow to, shapes, rates)
+# (p*, sizes to grow to, shapes, goodput rates, batch per size)
+Curve = tuple[int, list[int], list[Shape], list[float], list[int]]
 MAX_ELASTIC = 128   # the most GPUs a curve is laid out for (a job's own request may be more)
 
 
@@ -72,12 +83,17 @@ class Marble(Tiresias):
         self._grown: set[int] = set()          # running jobs holding more than their p*
         self._promoted: set[int] = set()       # waiting jobs the starvation guard moved ahead
         self._last_grow = -math.inf
+        self.wants_noise_scale = self.options.adapt_batch   # the simulator then reports measured noise scales
+        self._noise = NoiseScales()
+        self._rebatcher = Rebatcher(self._noise)
 
     # ---- sizes -----------------------------------------------------------------------------------
     def curve(self, state: ClusterState, job: JobView) -> Curve:
-        """(p*, ladder, shapes, rates) of the job's kind, recomputed when the model's estimates
-        for its application and batch changed (a learned model's `versions`)."""
-        key = (job.app, job.batch_size, job.gpus)
+        """(p*, ladder, shapes, goodput rates, batches) of the job's kind and noise scale,
+        recomputed when the model's estimates for its application and batch changed (a learned
+        model's `versions`)."""
+        bucket = self._noise.bucket(job) if self.wants_noise_scale else None
+        key = (job.app, job.batch_size, job.gpus, bucket)
         found = self._curves.get(key)
         if found is not None and state.spec is self._spec and found[1] == self._spec_key \
                 and found[0] == self._model_versions.get(key[:2], 0):
@@ -90,10 +106,12 @@ class Marble(Tiresias):
             gpn, total = self._spec_key
             opts = self.options
             cap = max(job.gpus, min(total, int(job.gpus * opts.elastic_max_scale), MAX_ELASTIC))
-            shapes, rates = layouts(self.model, job.app, job.batch_size, cap, gpn)
+            shapes, plain, good, batches = goodput_layouts(self.model, job.app, job.batch_size, cap, gpn, bucket,
+                                                          self._noise.memo)
+            rates = good if opts.goodput_sizing else plain
             base = efficient_size(rates, job.gpus, opts.admit_threshold)
             found = self._curves[key] = (version, self._spec_key,
-                                         (base, ladder(rates, base, opts.grow_threshold), shapes, rates))
+                                         (base, ladder(rates, base, opts.grow_threshold), shapes, rates, batches))
         return found[2]
 
     def grant(self, state: ClusterState, job: JobView, capacity: int) -> int:
@@ -189,12 +207,14 @@ class Marble(Tiresias):
             if placement is None:
                 continue
             free.take(placement)
-            actions.append(Start(job.job_id, placement, _shape_of(placement)))
             gpus = sum(map(gpus_of, placement))
+            actions.append(Start(job.job_id, placement, _shape_of(placement), self._batch(state, job, gpus)))
             if gpus > base:
                 self._grown.add(job.job_id)
             self._to_running(job, now, gpus)
         self._grow_running(state, free, targets, changed, actions)
+        if self.wants_noise_scale:
+            actions.extend(self._rebatcher.actions(self.model, state, changed))
         return Decision(tuple(actions), self._wake(state, now, actions, starve_wake, grow_wake))
 
     def _place(self, state: ClusterState, free: FreeMap, job: JobView, gpus: int) -> Placement | None:
@@ -218,7 +238,7 @@ class Marble(Tiresias):
             free.give(job.placement)
             placement = self._place(state, free, job, base)
             free.take(placement)
-            actions.append(Resize(job_id, placement, _shape_of(placement)))
+            actions.append(Resize(job_id, placement, _shape_of(placement), self._batch(state, job, base)))
             self._running.touch(self._key[job_id])
             changed.add(job_id)
             self._grown.discard(job_id)
@@ -272,7 +292,7 @@ class Marble(Tiresias):
     def _step(self, state: ClusterState, job: JobView, k: int, left: float) -> tuple[float, int, int] | None:
         """(-seconds saved per added GPU, job, size) of growing from k GPUs to the next size on
         the job's ladder (the concave envelope of its curve), None at the top."""
-        _, ladder_sizes, _, rates = self.curve(state, job)
+        _, ladder_sizes, _, rates, _ = self.curve(state, job)
         i = bisect.bisect_right(ladder_sizes, k)
         if i == len(ladder_sizes) or rates[k] <= 0:
             return None
@@ -290,23 +310,40 @@ class Marble(Tiresias):
             shapes = self.curve(state, job)[2]
             free.give(job.placement)
             placement = free.fit(shapes[k - 1])
-            model_now = self.model.rate(job.app, job.shape, job.batch_size)
+            model_now = self._goodput(state, job)
             if placement is None or model_now <= 0 or job.measured_rate <= 0:
                 free.take(job.placement)
                 continue
             # The measured rate gives the level, the model the gain of the larger shape.
             left = remaining_work(self.model, state, job)
-            grown = job.measured_rate * self.model.rate(job.app, shapes[k - 1], job.batch_size) / model_now
+            grown = job.measured_rate * self.curve(state, job)[3][k] / model_now
             saves = left / job.measured_rate - (cost + left / grown)
             if saves <= self.options.marble_grow_gain * cost:
                 free.take(job.placement)
                 continue
             free.take(placement)
-            actions.append(Resize(job_id, placement, shapes[k - 1]))
+            actions.append(Resize(job_id, placement, shapes[k - 1], self._batch(state, job, k)))
             self._running.touch(self._key[job_id])
             self._grown.add(job_id)
             self._resized[job_id] = now
             self._push_crossing(job, now, job.attained_at(now), k)
+
+    def _batch(self, state: ClusterState, job: JobView, gpus: int) -> int | None:
+        """The batch of the job's goodput curve for `gpus` (None: the submitted one)."""
+        batches = self.curve(state, job)[4]
+        batch = batches[gpus] if gpus < len(batches) else job.batch_size
+        return None if batch == job.batch_size else batch
+
+    def _goodput(self, state: ClusterState, job: JobView) -> float:
+        """The model's rate of a running job as it runs, as its curve counts (goodput, or the
+        throughput at the submitted batch when sizes come from throughput)."""
+        bucket = self._noise.bucket(job) if self.wants_noise_scale else None
+        if not self.options.goodput_sizing:
+            return self.model.rate(job.app, job.shape, job.batch_size)
+        rate = self.model.rate(job.app, job.shape, job.batch)
+        if job.batch == job.batch_size or bucket is None:
+            return rate
+        return rate * gain(phi_of(bucket), job.batch_size, job.batch)
 
     def _wake(self, state: ClusterState, now: float, actions: list[Action], *times: float | None) -> float | None:
         started = {a.job_id for a in actions if isinstance(a, Start)}

@@ -73,7 +73,7 @@ class Optimus(Policy):
             left = work[job.job_id]
             return left / self._rate(job, k, gpn) - left / self._rate(job, k + 1, gpn)
 
-        heap = [(-gain(by_id[i], 1), i) for i in counts if by_id[i].gpus > 1]
+        heap = [(-gain(by_id[i], 1), i) for i in counts if self._cap(state, by_id[i]) > 1]
         heapq.heapify(heap)
         while gpus > 0 and heap:
             neg_gain, job_id = heapq.heappop(heap)
@@ -82,12 +82,20 @@ class Optimus(Policy):
             counts[job_id] += 1
             gpus -= 1
             job, k = by_id[job_id], counts[job_id]
-            if k < job.gpus:
+            if k < self._cap(state, job):
                 heapq.heappush(heap, (-gain(job, k), job_id))
         return counts
 
     def _rate(self, job: JobView, gpus: int, gpn: int) -> float:
         return self.model.rate(job.app, compact_shape(gpus, gpn), job.batch_size) if gpus else math.inf
+
+    def _cap(self, state: ClusterState, job: JobView) -> int:
+        """The most GPUs a job gets: what it asked for."""
+        return job.gpus
+
+    def _batch(self, job: JobView, gpus: int, gpn: int) -> int | None:
+        """The global batch a job runs with on `gpus` GPUs (None: the submitted one, always here)."""
+        return None
 
     def decide(self, state: ClusterState) -> Decision:
         now, gpn = state.now, state.spec.gpus_per_node
@@ -109,7 +117,7 @@ class Optimus(Policy):
                     actions.append(Preempt(job.job_id))
                     continue
                 free.take(placement)
-                actions.append(Resize(job.job_id, placement, _shape(placement)))
+                actions.append(Resize(job.job_id, placement, _shape(placement), self._batch(job, k, gpn)))
             waiting = [j for j in state.queue.values() if counts.get(j.job_id, 0) > 0]
         else:
             if not state.queue or free.total == 0:
@@ -124,7 +132,7 @@ class Optimus(Policy):
             if placement is None:
                 continue
             free.take(placement)
-            actions.append(Start(job.job_id, placement, _shape(placement)))
+            actions.append(Start(job.job_id, placement, _shape(placement), self._batch(job, k, gpn)))
         if due and state.running and not actions:
             return Decision()   # nothing to change: the next arrival or completion re-plans
         return Decision(tuple(actions), self._wake(state, now, interval))
