@@ -71,6 +71,10 @@ class Aggregator:
         """The next global model from `updates` ((weights, num_samples), at least one)."""
         return fedavg(updates)
 
+    def see_reference(self, delta: Weights | None) -> None:
+        """The server's own update this round per tensor (TIFF's reference, None without one), told before
+        aggregate; only rules that take their rate from it (strategy/fedadam.py) keep it."""
+
     def state_dict(self) -> dict:
         return {}
 

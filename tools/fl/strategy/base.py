@@ -18,6 +18,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from mlsyskit.tools.fl.aggregation import Aggregator
 from mlsyskit.tools.fl.config import JobConfig
 from mlsyskit.tools.fl.data import ClientData
@@ -42,6 +44,15 @@ class Validation:
         """Accuracy of always answering the most frequent class."""
         y = self.data.y_train
         return float(max((y == c).mean() for c in set(y.tolist()))) if len(y) else 0.0
+
+
+def per_tensor(reference: Reference) -> dict[str, np.ndarray]:
+    """The reference update (flattened in the model's order, model.flatten) split back into its tensors."""
+    out, at = {}, 0
+    for name, w in reference.weights.items():
+        out[name] = reference.delta[at:at + w.size].reshape(w.shape)
+        at += w.size
+    return out
 
 
 WEIGHT_POWER = 1  # an update bounded by f weighs n * f ** WEIGHT_POWER in the aggregate
@@ -110,6 +121,7 @@ class Strategy:
             report.aggregated = True
         if not chosen:
             return global_weights
+        self.aggregator.see_reference(per_tensor(self._reference) if self._reference is not None else None)
         return self.aggregator.aggregate(global_weights, [bounded[r.client_id] for r in chosen])
 
     def evaluate(self, weights: Weights) -> dict[str, float]:
