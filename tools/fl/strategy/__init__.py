@@ -26,7 +26,8 @@ from mlsyskit.tools.fl.strategy.trimmed_mean import TrimmedMean
 ROBUST = (Median, TrimmedMean, Krum, FedAvgM, FedAdam)  # FedAvg with another aggregation rule
 
 STRATEGIES: Registry[Strategy] = Registry("strategy")
-for _cls in (FedAvg, Tiff, *ROBUST, *(with_rule(s.rule) for s in ROBUST), *(with_rule(r) for r in (ScaleFreeAdamRule, CappedScaleFreeAdamRule))):
+TIFF_ONLY_RULES = (ScaleFreeAdamRule, CappedScaleFreeAdamRule)  # not robust alone: offered only composed with TIFF
+for _cls in (FedAvg, Tiff, *ROBUST, *(with_rule(r) for r in (*(s.rule for s in ROBUST), *TIFF_ONLY_RULES))):
     STRATEGIES.add(_cls)
 
 # The strategy a user gets when they name none (JobConfig.strategy, `fl-server run|simulate`): TIFF with
