@@ -97,7 +97,7 @@ class EconomyConfig:
 
 @dataclass(frozen=True)
 class JobConfig:
-    strategy: str = "tiff+fedadam-sf"  # strategy.DEFAULT_STRATEGY (a literal: the strategy package imports this module)
+    strategy: str = "tiff+fedadam-sfcap"  # strategy.DEFAULT_STRATEGY (a literal: the strategy package imports this module)
     scheduler: str = ""  # "" = the strategy's own selector; else a name in scheduling.SCHEDULERS (random, tifl,
     # oort, fast, rfair, afair, perf, adaptive): it picks who trains and sets each round's deadline
     rounds: int = 10

@@ -30,11 +30,10 @@ TIFF_ONLY_RULES = (ScaleFreeAdamRule, CappedScaleFreeAdamRule)  # not robust alo
 for _cls in (FedAvg, Tiff, *ROBUST, *(with_rule(r) for r in (*(s.rule for s in ROBUST), *TIFF_ONLY_RULES))):
     STRATEGIES.add(_cls)
 
-# The strategy a user gets when they name none (JobConfig.strategy, `fl-server run|simulate`): TIFF with
-# scale-free FedAdam, the best TIFF variant on the tuning data (digits). On held-out data no variant meets every
-# issue-21 target: this one misses 2 of 8 cells (-11.0, -3.0 points), tiff+fedadam 2 (-1.4, -11.6), plain tiff
-# 4 (docs/tiff.md, "Measured at strong skew"). tiff+fedadam-sfcap (the rate capped by the server's reference update)
-# was better on digits and in 5 of the 6 other cells but misses the same 2 (-11.7, -2.3; README, issue 21).
-DEFAULT_STRATEGY = "tiff+fedadam-sf"
+# The strategy a user gets when they name none (JobConfig.strategy, `fl-server run|simulate`): TIFF with scale-free
+# FedAdam capped by the server's reference update, the best TIFF variant on the tuning data (digits). On held-out
+# data no variant meets every issue-21 target: this one misses 2 of 8 cells (-11.7, -2.3 points), tiff+fedadam-sf
+# the same 2 (-11.0, -3.0), tiff+fedadam 2 (-1.4, -11.6), plain tiff 4 (README, issue 21; docs/tiff.md).
+DEFAULT_STRATEGY = "tiff+fedadam-sfcap"
 
 __all__ = ["DEFAULT_STRATEGY", "ROBUST", "STRATEGIES", "Strategy"]
