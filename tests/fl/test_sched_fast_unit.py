@@ -23,7 +23,8 @@ def observed(unit: str | None, preset: str = "adaptive") -> HeteroScheduler:
 
 
 def test_per_sample_prefers_fast_devices_latency_prefers_small_data():
-    per_sample, latency = observed("per-sample"), observed("latency")
+    # preset fast: adaptive's own cut-off (utility-rate) would tie both groups here
+    per_sample, latency = observed("per-sample"), observed("latency", preset="fast")
     assert per_sample.select(2, list(CLIENTS), 4, random.Random(0)) == [0, 1, 2, 3]  # 1 s for 100 samples
     assert latency.select(2, list(CLIENTS), 4, random.Random(0)) == [4, 5, 6, 7]  # 0.5 s for 5 samples
     terms = per_sample.terms(list(CLIENTS), k=1)["fast"]

@@ -10,6 +10,7 @@ import pytest
 from mlsyskit.tools.fl.scheduling.availability import SyntheticAvailability
 from mlsyskit.tools.fl.scheduling.base import TrackingConfig
 from mlsyskit.tools.fl.scheduling.harness import HarnessConfig, run
+from mlsyskit.tools.fl.scheduling.hetero import HeteroConfig
 from mlsyskit.tools.fl.scheduling.resources import ResourceModel, Slowdown
 from mlsyskit.tools.fl.selectors import make_selector
 
@@ -134,7 +135,9 @@ def test_adaptive_leaves_fast_after_a_plateau_and_spreads_participation():
     for seed in SEEDS:
         adaptive = make_selector("adaptive")
         result = run(adaptive, SMALL, seed)
-        fast = run(make_selector("fast"), SMALL, seed)
+        # adaptive starts as fast with the utility-rate cut-off and deadlines from profiled clients (its presets)
+        start = HeteroConfig(preset="fast", fast_cutoff="utility-rate")
+        fast = run(make_selector("fast", start, TrackingConfig(deadline_profiled_only=True)), SMALL, seed)
         assert adaptive.shifts and adaptive.weights["fast"] < 1.0
         assert result.selections[:adaptive.shifts[0][0]] == fast.selections[:adaptive.shifts[0][0]]  # fast until then
         assert result.summary()["participation_jain"] > fast.summary()["participation_jain"]

@@ -188,7 +188,7 @@ def test_perf_favours_the_tier_whose_rounds_raised_accuracy():
 
 def test_free_weights_override_presets_and_are_validated():
     scheduler = HeteroScheduler(HeteroConfig(preset="fast", weights={"rfair": 3.0, "fast": 1.0}))
-    assert scheduler.weights == {"fast": 0.25, "rfair": 0.75, "afair": 0.0, "perf": 0.0}
+    assert scheduler.weights == {"fast": 0.25, "rfair": 0.75, "afair": 0.0, "perf": 0.0, "util": 0.0}
     assert not scheduler.adaptive
     with pytest.raises(ConfigError):
         HeteroConfig(weights={"speed": 1.0})
@@ -272,7 +272,7 @@ def test_scheduler_configs_load_from_toml_with_unknown_keys_refused(tmp_path):
     path.write_text('[hetero]\npreset = "perf"\nweights = { fast = 1, afair = 3 }\n\n'
                     '[oort]\nexplore_min = 0.2\n\n[tracking]\nnum_tiers = 3\n')
     hetero = load_config(HeteroConfig, path, section="hetero")
-    assert HeteroScheduler(hetero).weights == {"fast": 0.25, "rfair": 0.0, "afair": 0.75, "perf": 0.0}
+    assert HeteroScheduler(hetero).weights == {"fast": 0.25, "rfair": 0.0, "afair": 0.75, "perf": 0.0, "util": 0.0}
     assert load_config(OortConfig, path, section="oort").explore_min == 0.2
     assert load_config(TrackingConfig, path, section="tracking", overrides={"retier_every": 4}).retier_every == 4
     path.write_text('[hetero]\nweigths = { fast = 1 }\n')

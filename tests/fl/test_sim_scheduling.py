@@ -124,7 +124,7 @@ def test_resuming_with_another_scheduler_is_refused(tmp_path):
 
 def test_free_weights_and_bad_names_are_checked():
     sim = simulate(job(rounds=2), scheduler="fast", weights={"fast": 0.5, "rfair": 0.5})
-    assert sim.coordinator.strategy.selector.weights == {"fast": 0.5, "rfair": 0.5, "afair": 0.0, "perf": 0.0}
+    assert sim.coordinator.strategy.selector.weights == {"fast": 0.5, "rfair": 0.5, "afair": 0.0, "perf": 0.0, "util": 0.0}
     with pytest.raises(ValueError, match="free weights"):
         SimulationOptions(scheduler="oort", weights={"fast": 1.0}).make_scheduler()
     with pytest.raises(KeyError, match="choose from"):

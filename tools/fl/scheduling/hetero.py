@@ -3,13 +3,15 @@
 From the BigData'22 abstract: adapt selection to the accuracy trend and to each client's
 changing resources and availability, with knobs for resource-efficient fast training, resource
 fairness, accuracy fairness and model performance. Its scoring is not public; this one is ours
-(docs/fl-scheduling.md). Each available client i in tier t(i) gets four terms in [0, 1]:
+(docs/fl-scheduling.md). Each available client i in tier t(i) gets five terms in [0, 1]:
   fast   min(1, L* / EMA latency of i), L* = the q-quantile (nearest rank) of the available
          profiled clients' EMA latencies, q = `fast_pool` x k / available clients: about the
          fast_pool x k fastest of the population tie at 1 and the random tie-break rotates among
          them, so fast training still covers that many clients' data (the profiled clients stand
          for the population; fast_pool 0: only the fastest scores 1)   (unprofiled: 0.5); with
          `fast_unit` "per-sample", EMA latency / the client's training samples instead of latency
+         `fast_cutoff` "utility-rate" (adaptive's): L* = the latency whose k most useful clients no slower
+         than it teach the most statistical utility per second of round (utility_rate.py)
   rfair  1 - (0.75 participation_i / max + 0.25 cpu_s_i / max)        (maxima over the population;
          0.25 is `rfair_cpu_share`: equal CPU-seconds means fast clients take part more often, so
          the two goals pull apart and participation gets the larger share)
@@ -21,10 +23,13 @@ fairness, accuracy fairness and model performance. Its scoring is not public; th
                      less about the current model, so it fades to the unknown value   (unknown: 0.5)
   perf   normalised gain of t(i): EMA of the global accuracy change of rounds it took part in,
          weighted by its share of the round                            (unknown: 0.5)
+  util   Oort's statistical utility, min(U_i, cap) / cap, U_i = samples_i x sqrt(mean loss^2) from i's
+         latest on-time update, cap = the `util_clip` percentile of the known clients' U (as Oort's
+         code clips): a client with much data the model still gets wrong   (unknown: 0.5)
 score_i = sum of weight x term; the top k by score are chosen, except ceil(`explore` x k) slots drawn
 at random (unprofiled clients first), so new and changed clients get measured. Ties are broken
 by a per-round random key; clients never selected share one score (FRESH_TERMS) and rank after
-known clients of equal score, in random order. `adaptive` starts as `fast`; each time the plateau detector fires (at
+known clients of equal score, in random order. `adaptive` starts as `fast` (utility-rate cut-off); each time the plateau detector fires (at
 most once per plateau window) it moves `shift` of the weight from fast (or, once fast is spent,
 half of that from the largest other knob) to: rfair if participation Jain's index is below
 `rfair_target` (and rfair has < 0.5), else afair if the tier accuracy gap exceeds `afair_gap`,
@@ -40,13 +45,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlsyskit.core.config import require
+from mlsyskit.core.telemetry import percentile
 from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.scheduling.base import TrackingConfig, TrackingScheduler
 from mlsyskit.tools.fl.scheduling.oort import weighted_sample
 from mlsyskit.tools.fl.scheduling.signals import signals
+from mlsyskit.tools.fl.scheduling.utility_rate import utility_rate_cutoff
 
-KNOBS = ("fast", "rfair", "afair", "perf")
-FRESH_TERMS = {"fast": 0.5, "rfair": 1.0, "afair": 0.5, "perf": 0.5}  # never selected, never measured
+KNOBS = ("fast", "rfair", "afair", "perf", "util")
+FRESH_TERMS = {"fast": 0.5, "rfair": 1.0, "afair": 0.5, "perf": 0.5, "util": 0.5}  # never selected, never measured
 PRESETS: dict[str, dict[str, float]] = {
     "fast": {"fast": 1.0},
     "rfair": {"rfair": 1.0},
@@ -59,6 +66,11 @@ PRESETS: dict[str, dict[str, float]] = {
 # afair by per-client accuracy spread, adaptive by time to target. Others: not tuned.
 PRESET_TUNED: dict[str, tuple[float, bool]] = {"afair": (3.0, True), "adaptive": (0.0, True)}
 FAST_UNITS = ("latency", "per-sample")
+FAST_CUTOFFS = ("pool", "utility-rate")  # fast's L*: the fast_pool quantile, or utility_rate.py's cut-off
+# adaptive's fast takes every client within the latency that buys the most statistical utility per second: by plain
+# latency it trained the clients with the least data and lost to Oort on MNIST-1D (issue 21 item 8; chosen on
+# bench_fl_sched's tuning seeds 0-2, README). Others: the fast_pool quantile.
+PRESET_FAST_CUTOFF = {"adaptive": "utility-rate"}
 # What `fast` ranks by (HeteroConfig.fast_unit, default "latency"): round latency, or latency per training sample. A client's
 # compute time grows with its data, so by latency a fast round also trains the clients with the least data (on
 # MNIST-1D, Dirichlet 0.3, adaptive's rounds 2-40 took clients of 23 samples on average against 32); per sample,
@@ -83,6 +95,8 @@ class HeteroConfig:
     afair_client_share: float = 0.7  # afair: weight of the client's own accuracy against its tier's
     afair_staleness_decay: float = 0.9  # afair: per round, how much of an accuracy reading's signal stays
     fast_unit: str = "latency"  # fast: "latency" or "per-sample" (latency / samples)
+    fast_cutoff: str | None = None  # fast's L*: "pool" or "utility-rate"; None: the preset's (PRESET_FAST_CUTOFF)
+    util_clip: float = 95.0  # util: percentile of the known clients' statistical utility taken as its cap
 
     def __post_init__(self) -> None:
         require(self.preset in PRESETS, f"preset must be one of {', '.join(PRESETS)}")
@@ -96,9 +110,18 @@ class HeteroConfig:
         require(self.temperature >= 0 and (self.fast_pool is None or self.fast_pool >= 0),
                 "temperature and fast_pool must be >= 0")
         require(self.fast_unit in FAST_UNITS, f"fast_unit must be one of {FAST_UNITS}")
+        require(0 < self.util_clip <= 100, "util_clip must be in (0, 100]")
+        require(self.fast_cutoff in (None, *FAST_CUTOFFS), f"fast_cutoff must be one of {FAST_CUTOFFS}")
+        require(self.fast_cutoff != "utility-rate" or self.fast_unit == "latency",
+                "fast_cutoff 'utility-rate' compares round latencies: it needs fast_unit 'latency'")
 
     def pool(self) -> float:
         return PRESET_TUNED.get(self.preset, (0.0, False))[0] if self.fast_pool is None else self.fast_pool
+
+    def cutoff(self) -> str:
+        if self.fast_cutoff is not None:
+            return self.fast_cutoff
+        return PRESET_FAST_CUTOFF.get(self.preset, "pool") if self.fast_unit == "latency" else "pool"
 
     def initial_weights(self) -> dict[str, float]:
         chosen = dict(self.weights) if self.weights else dict(PRESETS[self.preset])
@@ -129,6 +152,7 @@ class HeteroScheduler(TrackingScheduler):
         self.last_shift = 0
         self.shifts: list[tuple[int, str]] = []
         self.samples: dict[int, int] = {}  # each client's latest reported training-sample count
+        self.utility: dict[int, float] = {}  # each client's latest statistical utility (util)
 
     def speed_cost(self, ids: Sequence[int]) -> dict[int, float]:
         """What `fast` minimises per profiled client: its EMA latency, or that per training sample (fast_unit);
@@ -145,12 +169,16 @@ class HeteroScheduler(TrackingScheduler):
         quantile = min(1.0, self.config.pool() * k / max(available or len(ids), 1))
         rank = max(1, math.ceil(quantile * len(ordered) - 1e-9))
         pool_latency = ordered[min(rank, len(ordered)) - 1] if ordered else 1.0
+        if self.config.cutoff() == "utility-rate" and latency:
+            pool_latency = utility_rate_cutoff(latency, {c: self.utility[c] for c in latency if c in self.utility},
+                                               k) or pool_latency
         max_part = max(self.participation.values(), default=0) or 1
         max_cpu = max(self.cpu_s.values(), default=0.0) or 1.0
         tier_acc = self.tier_accuracies()
         gap = _normalise({t: -a for t, a in tier_acc.items()})  # worst accuracy -> 1
         gain = _normalise(self.tier_gain)
         client_term = self.client_accuracy_terms(ids)
+        util_term = self.utility_terms(ids)
         share = self.config.afair_client_share
         out: dict[str, dict[int, float]] = {k: {} for k in KNOBS}
         for c in ids:
@@ -162,7 +190,16 @@ class HeteroScheduler(TrackingScheduler):
             tier_term = gap.get(tier, 0.5) if tier is not None else 0.5
             out["afair"][c] = (1 - share) * tier_term + share * client_term.get(c, 0.5)
             out["perf"][c] = gain.get(tier, 0.5) if tier is not None else 0.5
+            out["util"][c] = util_term.get(c, 0.5)
         return out
+
+    def utility_terms(self, ids: Sequence[int]) -> dict[int, float]:
+        """Per-client util term: statistical utility over its cap, so one absurd loss gains nothing over the top few."""
+        known = sorted(self.utility[c] for c in ids if c in self.utility)
+        cap = percentile(known, self.config.util_clip, presorted=True) if known else 0.0
+        if cap <= 0:
+            return {}
+        return {c: min(self.utility[c], cap) / cap for c in ids if c in self.utility}
 
     def client_accuracy_terms(self, ids: Sequence[int]) -> dict[int, float]:
         """Per-client afair term: the worst latest accuracy -> 1, faded to 0.5 with the reading's age."""
@@ -218,6 +255,8 @@ class HeteroScheduler(TrackingScheduler):
         for s in signals(outcome):
             if s.samples > 0:
                 self.samples[s.client_id] = s.samples
+            if not s.late and s.loss_sq_mean is not None:  # a late update taught nothing about its data
+                self.utility[s.client_id] = s.samples * math.sqrt(s.loss_sq_mean)
         accuracy = outcome.global_metrics.get("accuracy")
         if accuracy is not None and self.last_accuracy is not None and outcome.selected:
             delta = float(accuracy) - self.last_accuracy
@@ -260,16 +299,18 @@ class HeteroScheduler(TrackingScheduler):
         return super().state_dict() | {
             "weights": dict(self.weights), "tier_gain": {str(k): v for k, v in self.tier_gain.items()},
             "last_accuracy": self.last_accuracy, "last_shift": self.last_shift,
-            "shifts": [list(s) for s in self.shifts], "samples": {str(k): v for k, v in self.samples.items()}}
+            "shifts": [list(s) for s in self.shifts], "samples": {str(k): v for k, v in self.samples.items()},
+            "utility": {str(k): v for k, v in self.utility.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.weights = {k: float(state["weights"][k]) for k in KNOBS}
+        self.weights = {k: float(state["weights"].get(k, 0.0)) for k in KNOBS}  # util absent: saved before it
         self.tier_gain = {int(k): float(v) for k, v in state["tier_gain"].items()}
         self.last_accuracy = state["last_accuracy"]
         self.last_shift = int(state["last_shift"])
         self.shifts = [(int(r), str(t)) for r, t in state["shifts"]]
         self.samples = {int(k): int(v) for k, v in state.get("samples", {}).items()}  # absent: saved before it
+        self.utility = {int(k): float(v) for k, v in state.get("utility", {}).items()}
 
 
 def _preset_class(preset_name: str) -> type[HeteroScheduler]:
