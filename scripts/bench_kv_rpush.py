@@ -7,8 +7,10 @@ One client pushes `--elements` elements of `--size` bytes into a fresh list, one
 time (each waits for its answer), against a Redis 7 server and against a cluster of real bespokv
 node processes (memory datalet), alternating rounds (Redis, bespokv, Redis, ...) on the same
 machine. Reported per system: the total seconds, the mean microseconds per push in the first and
-the last tenth of the list (a push must not slow down as the list grows), and bespokv / Redis.
-os.getloadavg() goes into the JSON; on a busy machine read the ratios, not the rates.
+the last tenth of the list (a push must not slow down as the list grows), the same in CPU time of
+the server processes (redis-server; the three nodes together), which a busy machine distorts far
+less than wall time, and bespokv / Redis. os.getloadavg() goes into the JSON; on a busy machine
+read the ratios, not the rates.
 """
 from __future__ import annotations
 
@@ -25,22 +27,34 @@ import time
 from pathlib import Path
 
 import hiredis
+import psutil
 
 from mlsyskit.core.net import free_port, port_is_free
 from mlsyskit.tools.kv.check.procs import ProcCluster
 
 
-def push_round(port: int, key: bytes, elements: int, size: int) -> dict:
+def cpu_of(pids: list[int]):
+    """A reader of the CPU seconds (user + system) the processes (and their children) used so far."""
+    procs = [psutil.Process(p) for p in pids]
+    procs += [c for p in procs for c in p.children(recursive=True)]
+
+    def seconds() -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in procs)
+    return seconds
+
+
+def push_round(port: int, key: bytes, elements: int, size: int, cpu) -> dict:
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     reader = hiredis.Reader()
     value = b"x" * size
     tenth = max(elements // 10, 1)
-    marks = []
+    marks, cpu_marks = [], []
     began = time.perf_counter()
     for i in range(elements):
         if i % tenth == 0:
             marks.append(time.perf_counter())
+            cpu_marks.append(cpu())
         sock.sendall(hiredis.pack_command((b"RPUSH", key, value)))
         reply = False
         while reply is False:
@@ -50,11 +64,15 @@ def push_round(port: int, key: bytes, elements: int, size: int) -> dict:
             raise RuntimeError(f"RPUSH answered {reply!r} at element {i + 1}")
     end = time.perf_counter()
     marks.append(end)
+    cpu_marks.append(cpu())
     sock.sendall(hiredis.pack_command((b"DEL", key)))
     reader.feed(sock.recv(65536))
     sock.close()
     per = [(b - a) / tenth * 1e6 for a, b in zip(marks, marks[1:], strict=False)]
-    return {"seconds": round(end - began, 3), "first_tenth_us": round(per[0], 1), "last_tenth_us": round(per[-1], 1)}
+    cpu_per = [(b - a) / tenth * 1e6 for a, b in zip(cpu_marks, cpu_marks[1:], strict=False)]
+    return {"seconds": round(end - began, 3), "first_tenth_us": round(per[0], 1), "last_tenth_us": round(per[-1], 1),
+            "cpu_seconds": round(cpu_marks[-1] - cpu_marks[0], 3), "first_tenth_cpu_us": round(cpu_per[0], 1),
+            "last_tenth_cpu_us": round(cpu_per[-1], 1)}
 
 
 def main() -> int:
@@ -78,9 +96,11 @@ def main() -> int:
             time.sleep(0.05)
         asyncio.run(cluster.start())
         head = cluster.map.nodes[cluster.map.shards[0][0]].port
+        cpus = {"redis": cpu_of([redis.pid]), "bespokv": cpu_of([p.pid for p in cluster.procs.values()])}
         for r in range(args.rounds):
             for system, port in (("redis", redis_port), ("bespokv", head)):
-                row = {"round": r, "system": system, **push_round(port, b"L%d" % r, args.elements, args.size),
+                row = {"round": r, "system": system,
+                       **push_round(port, b"L%d" % r, args.elements, args.size, cpus[system]),
                        "loadavg": [round(x, 2) for x in os.getloadavg()]}
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr)
@@ -88,14 +108,17 @@ def main() -> int:
         asyncio.run(cluster.stop())
         redis.terminate()
         redis.wait()
-    ratios = []
+    ratios, cpu_ratios = [], []
     for r in range(args.rounds):
         red, bkv = (next(x for x in rows if x["round"] == r and x["system"] == s) for s in ("redis", "bespokv"))
         ratios.append(round(bkv["seconds"] / red["seconds"], 2))
+        cpu_ratios.append(round(bkv["cpu_seconds"] / max(red["cpu_seconds"], 1e-3), 2))
     bkv_rows = [x for x in rows if x["system"] == "bespokv"]
     result = {"elements": args.elements, "size": args.size, "controlet": args.controlet, "rows": rows,
-              "time_ratio_bespokv_over_redis": ratios,
-              "bespokv_last_over_first_tenth": [round(x["last_tenth_us"] / x["first_tenth_us"], 2) for x in bkv_rows]}
+              "time_ratio_bespokv_over_redis": ratios, "cpu_ratio_bespokv_over_redis": cpu_ratios,
+              "bespokv_last_over_first_tenth": [round(x["last_tenth_us"] / x["first_tenth_us"], 2) for x in bkv_rows],
+              "bespokv_cpu_last_over_first_tenth": [round(x["last_tenth_cpu_us"] / max(x["first_tenth_cpu_us"], 1e-3), 2)
+                                                    for x in bkv_rows]}
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text)

@@ -53,6 +53,9 @@ class FaultyDatalet(Datalet):
     def get(self, key: bytes) -> Any:
         return self.inner.get(key)
 
+    def get_live(self, key: bytes) -> Any:
+        return self.inner.get_live(key)
+
     def exists(self, key: bytes) -> Any:
         return self.inner.exists(key)
 

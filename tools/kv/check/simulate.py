@@ -72,7 +72,7 @@ class SimShard:
     def _controlet(self, node: str):
         replicas = self.members if node in self.members else self.ids
         c = self.cls(node, replicas, self.epoch, self.options, incarnation=self.incarnations[node])
-        c.read_local = lambda key: self.datalets[node].get(key)
+        c.read_local = lambda key: self.datalets[node].get_live(key)
         return c
 
     @property
@@ -189,7 +189,7 @@ class SimShard:
             olds[node] = self.controlets[node]
             self.incarnations[node] += 1
             new = self.cls(node, replicas, self.epoch, self.options, incarnation=self.incarnations[node])
-            new.read_local = lambda key, node=node: self.datalets[node].get(key)
+            new.read_local = lambda key, node=node: self.datalets[node].get_live(key)
             new.now = self.loop.now()
             self.controlets[node] = new
         for node in replicas:

@@ -1,8 +1,8 @@
 """The data plane: single-server stores behind a node (memory, lmdb, redis) behind one Datalet API,
 and their registry (CLI names to classes; adding a datalet is one class and one line here).
 
-May import client.pipeline (the redis datalet's connection) and mlsyskit.core; only node and ops
-(which build a node's datalet) import it.
+May import client.pipeline (the redis datalet's connection), redis (the memory datalet keeps lists
+live: redis/livelist.py) and mlsyskit.core; only node and ops (which build a node's datalet) import it.
 """
 from __future__ import annotations
 

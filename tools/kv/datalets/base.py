@@ -39,7 +39,15 @@ class Datalet(ABC):
     def get(self, key: bytes) -> Any: ...
 
     @abstractmethod
-    def put(self, key: bytes, value: bytes) -> Any: ...
+    def put(self, key: bytes, value: bytes) -> Any:
+        """Store `value`: bytes, or a live value from a read-modify-write (redis/livelist.py), which
+        a datalet that keeps only bytes stores as bytes(value)."""
+
+    def get_live(self, key: bytes) -> Any:
+        """A local datalet's value for a read-modify-write (Controlet.read_local): a live value
+        where this datalet keeps one (the memory datalet's lists: a push then costs O(pushed)),
+        else the bytes get() gives."""
+        return self.get(key)
 
     @abstractmethod
     def delete(self, key: bytes) -> Any:
@@ -51,7 +59,8 @@ class Datalet(ABC):
     def swap(self, key: bytes, value: bytes | None) -> Any:
         """Write `value` (None: delete) and return what the key held before (None: absent): the
         before-image a strong controlet keeps to undo a write that failed on another replica.
-        Remote datalets override it with one atomic command returning a future."""
+        Remote datalets override it with one atomic command returning a future; the memory
+        datalet returns a live value itself (an immutable version: the image costs O(1))."""
         before = self.get(key)
         done = self.delete(key) if value is None else self.put(key, value)
         if not self.is_async:

@@ -42,7 +42,7 @@ class LmdbDatalet(Datalet):
 
     def put(self, key: bytes, value: bytes) -> None:
         with self.env.begin(write=True) as txn:
-            txn.put(key, value)
+            txn.put(key, value if value.__class__ is bytes else bytes(value))  # a live value: its bytes
 
     def delete(self, key: bytes) -> bool:
         with self.env.begin(write=True) as txn:

@@ -1,9 +1,23 @@
-"""`memory`: a hash table in the controlet's process (fast, volatile)."""
+"""`memory`: a hash table in the controlet's process (fast, volatile).
+
+A value is bytes, or a list kept live (redis/livelist.py: immutable chunks, so a push costs
+O(pushed) and the old version stays valid as an undo image or a snapshot's view). get(), exports
+and scans hand out bytes (a live list's record, built once per version); get_live() (read-modify-
+write) hands out the live list, first turning a list record stored as bytes (a snapshot's, or
+one a generic command rewrote) into one, which keeps those very bytes.
+"""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from mlsyskit.tools.kv.datalets.base import Datalet
+from mlsyskit.tools.kv.redis.livelist import promote
+from mlsyskit.tools.kv.redis.values import FIRST
+
+
+def _bytes(value: Any) -> bytes:
+    return value if value.__class__ is bytes else value.stored()
 
 
 class MemoryDatalet(Datalet):
@@ -11,16 +25,38 @@ class MemoryDatalet(Datalet):
     ordered = True  # by sorting on demand: fine for small scans, O(n log n) per call
 
     def __init__(self) -> None:
-        self.data: dict[bytes, bytes] = {}
+        self.data: dict[bytes, Any] = {}  # bytes or a live value
         # Bound methods as attributes: the node calls these per request, so skip a lookup level.
-        self.get = self.data.get  # type: ignore[method-assign]
+        self._lookup = self.data.get
         self.put = self.data.__setitem__  # type: ignore[method-assign]
 
-    def get(self, key: bytes) -> bytes | None:  # replaced per instance in __init__
-        return self.data.get(key)
+    def get(self, key: bytes) -> bytes | None:
+        value = self._lookup(key)
+        if value is None or value.__class__ is bytes:
+            return value
+        return value.stored()
 
-    def put(self, key: bytes, value: bytes) -> None:
+    def get_live(self, key: bytes) -> Any:
+        value = self._lookup(key)
+        if value is not None and value.__class__ is bytes and value[:1] == FIRST:
+            live = promote(value)
+            if live is not value:
+                self.data[key] = live  # the same bytes, another form: not a write (no put, no undo)
+            return live
+        return value
+
+    def put(self, key: bytes, value: Any) -> None:  # replaced per instance in __init__
         self.data[key] = value
+
+    def swap(self, key: bytes, value: Any) -> Any:
+        if self.is_async:  # a subclass answering with futures: the generic form awaits both
+            return super().swap(key, value)
+        before = self._lookup(key)  # a live value as it is: immutable, so it is the image
+        if value is None:
+            self.delete(key)
+        else:
+            self.put(key, value)
+        return before
 
     def delete(self, key: bytes) -> bool:
         return self.data.pop(key, None) is not None
@@ -35,17 +71,17 @@ class MemoryDatalet(Datalet):
         return len(self.data)
 
     async def export_pairs(self) -> AsyncIterator[tuple[bytes, bytes]]:
-        for item in list(self.data.items()):
-            yield item
+        for key, value in list(self.data.items()):
+            yield key, _bytes(value)
 
     def export_now(self) -> AsyncIterator[tuple[bytes, bytes]]:
-        items = list(self.data.items())
+        items = list(self.data.items())  # references: a live value is never changed in place
 
         async def pairs() -> AsyncIterator[tuple[bytes, bytes]]:
-            for item in items:
-                yield item
+            for key, value in items:
+                yield key, _bytes(value)
         return pairs()
 
     def scan(self, start: bytes = b"", limit: int = 100) -> list[tuple[bytes, bytes]]:
         keys = sorted(k for k in self.data if k >= start)[:limit]
-        return [(k, self.data[k]) for k in keys]
+        return [(k, _bytes(self.data[k])) for k in keys]

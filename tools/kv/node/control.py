@@ -96,7 +96,7 @@ class ControlledNode:
             new = self.controlet_cls(self.node_id, new_map.shards[shard], new_map.epoch, self.options,
                                      incarnation=_secrets.randbits(30))
             if self.sync_datalet_of(self.datalet):
-                new.read_local = self.datalet.get
+                new.read_local = self.datalet.get_live
             new.now = self.clock.now()
             self.controlet = new
             self.execute(new.take_over(old) if was_member and old is not None else new.on_start())

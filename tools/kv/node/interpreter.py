@@ -152,7 +152,7 @@ class Interpreter:
         """A write replicated as its command: the key's bytes it makes here (now, in apply order)."""
         if not self.sync:
             raise RuntimeError("a write replicated as a command needs a local datalet (memory or lmdb)")
-        return rmw.apply(a.op, self.datalet.get(a.key))[0]
+        return rmw.apply(a.op, self.datalet.get_live(a.key))[0]  # a live list: the push is O(pushed)
 
     def _undo(self, seq: int) -> Any:
         """Restore the before-images of every write numbered >= seq (the last operation's result)."""

@@ -72,7 +72,7 @@ class Node(ControlledNode):
             cls(node_id, shard_map.shards[self.shard], shard_map.epoch, options,
                 incarnation=_secrets.randbits(30)) if node_id else None)
         if self.controlet is not None and self.sync_datalet_of(datalet):
-            self.controlet.read_local = datalet.get
+            self.controlet.read_local = datalet.get_live
         self.time_per_op = cls.time_per_op and self.controlet is not None
         self.visible = getattr(cls, "visible", None)  # stored bytes -> client value (aa-ec's versions)
         self.epoch_bytes = str(shard_map.epoch).encode()

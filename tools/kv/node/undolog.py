@@ -6,6 +6,9 @@ that a write which failed on another replica can be taken back here (Undo: newes
 forgets the images once the controlet says the writes are final (Commit: every replica applied
 them). A bound (bytes and entries) keeps a replica that never hears a Commit from growing
 without limit; an Undo that would need a forgotten image fails, and the replica catches up.
+An image that is a live value (a memory datalet's list, redis/livelist.py) shares all but one
+chunk with the value after it and is counted by what it holds alone (undo_bytes), not its length:
+keeping it is O(1), however long the list.
 """
 from __future__ import annotations
 
@@ -13,6 +16,13 @@ import sys
 from collections import deque
 
 ENTRY_OVERHEAD = 64  # bytes counted per kept image besides the key and value
+
+
+def image_bytes(before) -> int:
+    """What keeping a before-image costs: bytes, or a live value's own part (never its length)."""
+    if before is None:
+        return 0
+    return len(before) if before.__class__ is bytes else before.undo_bytes
 UNKNOWN = sys.maxsize  # after a reset: nothing can be undone until the controlet commits the snapshot's base
 
 
@@ -26,13 +36,13 @@ class UndoLog:
 
     def keep(self, seq: int, key: bytes, before: bytes | None) -> None:
         self.entries.append((seq, key, before))
-        self.bytes += ENTRY_OVERHEAD + len(key) + len(before or b"")
+        self.bytes += ENTRY_OVERHEAD + len(key) + image_bytes(before)
         while self.entries and (self.bytes > self.limit_bytes or len(self.entries) > self.limit_entries):
             self._drop_oldest()
 
     def _drop_oldest(self) -> None:
         seq, key, before = self.entries.popleft()
-        self.bytes -= ENTRY_OVERHEAD + len(key) + len(before or b"")
+        self.bytes -= ENTRY_OVERHEAD + len(key) + image_bytes(before)
         self.final = max(self.final, seq)
 
     def commit(self, seq: int) -> None:
@@ -55,7 +65,7 @@ class UndoLog:
         out = []
         while self.entries and self.entries[-1][0] >= seq:
             s, key, before = self.entries.pop()
-            self.bytes -= ENTRY_OVERHEAD + len(key) + len(before or b"")
+            self.bytes -= ENTRY_OVERHEAD + len(key) + image_bytes(before)
             out.append((s, key, before))
         self.undone += len(out)
         return out

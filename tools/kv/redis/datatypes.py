@@ -8,7 +8,8 @@ replica holds into the answer. A key holding another kind raises values.WrongTyp
 (-WRONGTYPE, nothing changes); an emptied collection is removed (values.encode), as in Redis.
 
 Cost: a collection is one stored value, so a write decodes and re-encodes it -- O(size) per
-command -- except a push (listpush.py: one copy of the bytes, no decode). The controlets replicate
+command -- except a push (listpush.py: O(pushed) on a list the memory datalet keeps live,
+livelist.py; one copy of the bytes, no decode, on a blob datalet such as lmdb). The controlets replicate
 the command, not the value (rmw.DELTAS), and refuse a value past the limit (rmw.too_large).
 """
 from __future__ import annotations

@@ -22,6 +22,9 @@ or, for a collection, recomputed by each replica from the same command on the sa
 (rmw.DELTAS), so every replica holds the same bytes. Deadlines are absolute wall-clock
 instants, never relative: replicas that apply the record later still agree on when it
 expires (the clock assumption is in docs/bespokv.md).
+
+The memory datalet may hold a list as a live value instead (livelist.py): immutable chunks that
+stand for exactly the record's bytes. decode, deadline_of and unwrap_versioned take one as it is.
 """
 from __future__ import annotations
 
@@ -61,6 +64,11 @@ class CorruptValue(ValueError):
 CORRUPT = b"-ERR the stored value of this key is corrupt\r\n"
 
 
+def _is_live(stored: Any) -> bool:
+    """A live value (livelist.py: a list the memory datalet keeps as chunks), not bytes."""
+    return stored.__class__ is not bytes and not isinstance(stored, bytearray | memoryview)
+
+
 def is_tagged(stored: bytes) -> bool:
     return stored[:1] == FIRST and stored[:4] == MAGIC
 
@@ -72,6 +80,8 @@ def wrap_versioned(counter: int, index: int, stored: bytes | None) -> bytes:
 
 def unwrap_versioned(raw: bytes) -> tuple[tuple[int, int], bytes | None]:
     """(version, stored bytes or None for a delete); bytes stored without a version are (0, 0)."""
+    if _is_live(raw):  # a live value (livelist.py) is never versioned
+        return (0, 0), raw
     if len(raw) >= _VERSIONED.size and raw[4:5] == VERSIONED and raw[:4] == MAGIC:
         _, _, counter, index, state = _VERSIONED.unpack_from(raw)
         return (counter, index), (raw[_VERSIONED.size:] if state == LIVE else None)
@@ -83,6 +93,8 @@ def decode(stored: bytes | None) -> Entry | None:
         return None
     if not is_tagged(stored):
         return Entry(STRING, 0, stored)
+    if _is_live(stored):  # its elements, no bytes built
+        return stored.entry()
     if stored[4:5] == VERSIONED:
         if len(stored) < _VERSIONED.size:
             raise CorruptValue("a versioned record shorter than its header")
@@ -147,6 +159,8 @@ def expired(stored: bytes | None, now_ms: int) -> bool:
 def deadline_of(stored: bytes | None) -> int:
     if stored is None or not is_tagged(stored) or len(stored) < _HEADER.size:
         return 0
+    if _is_live(stored):
+        return stored.deadline
     if stored[4:5] == VERSIONED:
         return deadline_of(unwrap_versioned(stored)[1]) if len(stored) >= _VERSIONED.size else 0
     return _HEADER.unpack_from(stored)[2]

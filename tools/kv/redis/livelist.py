@@ -1,0 +1,157 @@
+"""A list as an in-memory datalet keeps it: an immutable chunked deque, so a push costs O(pushed).
+
+Stored bytes of a list are one record (values.py: header + a msgpack array), and a push on them
+copies the whole list (listpush.py's bytes path, the one a blob store such as lmdb needs). The
+memory datalet instead keeps a list as a LiveList: chunks of at most CHUNK elements on two
+persistent linked lists (`front`, leftmost chunk first, takes LPUSH; `back`, rightmost chunk
+first, takes RPUSH). A push makes a new LiveList that copies one edge chunk (at most CHUNK
+pointers) and shares everything else with the old one, which stays valid and unchanged. So:
+
+- rmw.apply stays a pure function (current -> after), and the whole-value machinery around it
+  holds as it is: the before-image a strong controlet keeps for undo is the old LiveList itself,
+  pinning one chunk of its own (`undo_bytes`), and a snapshot's view (export_now) is a list of
+  references that later pushes cannot change;
+- the stored size (`len`) is counted as elements are added (msgpack's bin and array headers are
+  known from lengths alone), so the value limit is checked before anything is applied, O(pushed);
+- the stored bytes (`stored()`, `bytes()`) are values.encode of the elements -- the canonical
+  record every other path (the generic commands, listpush's bytes path) produces -- built on
+  demand (a read, a snapshot, a digest) and kept with that version. Replicas holding a LiveList
+  and replicas holding the record's bytes therefore export, digest and compare equal.
+
+A LiveList also answers len(), slicing and == as the stored bytes it stands for, so code that only
+peeks at a stored value's header (values.is_tagged, a deadline check) works on it unchanged.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+
+from mlsyskit.tools.kv.redis.values import _HEADER, LIST, MAGIC, CorruptValue, Entry, decode
+
+CHUNK = 64  # elements per chunk: a push copies at most this many pointers
+Cell = tuple  # (chunk: tuple[bytes, ...], rest: Cell | None) -- a persistent singly linked list
+
+
+def packed_size(item: bytes) -> int:
+    """Bytes msgpack takes for one bin element (use_bin_type=True, the record's encoding)."""
+    n = len(item)
+    return n + (2 if n < 0x100 else 3 if n < 0x10000 else 5)
+
+
+def array_header_size(count: int) -> int:
+    return 1 if count < 16 else 3 if count < 0x10000 else 5
+
+
+class LiveList:
+    __slots__ = ("back", "count", "deadline", "front", "packed", "_stored")
+
+    def __init__(self, deadline: int, front: Cell | None, back: Cell | None, count: int, packed: int,
+                 stored: bytes | None = None) -> None:
+        self.deadline = deadline
+        self.front, self.back = front, back
+        self.count, self.packed = count, packed  # elements, and their msgpack bytes
+        self._stored = stored
+
+    # -- building ------------------------------------------------------------------------------
+    @classmethod
+    def of(cls, deadline: int, items: list[bytes], stored: bytes | None = None) -> LiveList:
+        return cls(deadline, None, None, 0, 0, stored).pushed(items, right=True, keep_stored=True)
+
+    def pushed(self, items: list[bytes], right: bool, keep_stored: bool = False) -> LiveList:
+        """A new LiveList with `items` pushed as RPUSH (right) or LPUSH does (each to the head, so
+        the last ends leftmost); this one is unchanged. Costs O(len(items) + CHUNK)."""
+        added = sum(packed_size(x) for x in items)
+        front, back = self.front, self.back
+        if right:
+            back = _onto_back(back, tuple(items))
+        else:
+            front = _onto_front(front, tuple(reversed(items)))  # LPUSH a b: b ends leftmost
+        return LiveList(self.deadline, front, back, self.count + len(items), self.packed + added,
+                        self._stored if keep_stored else None)
+
+    # -- reading -------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[bytes]:
+        cell = self.front
+        while cell is not None:
+            yield from cell[0]
+            cell = cell[1]
+        chunks = []
+        cell = self.back
+        while cell is not None:
+            chunks.append(cell[0])
+            cell = cell[1]
+        for chunk in reversed(chunks):
+            yield from chunk
+
+    def entry(self) -> Entry:
+        return Entry(LIST, self.deadline, list(self))
+
+    def header(self) -> bytes:
+        return _HEADER.pack(MAGIC, LIST, self.deadline)
+
+    def stored(self) -> bytes:
+        """The record's bytes (values.encode of the elements), built once per version."""
+        if self._stored is None:
+            self._stored = self.header() + msgpack.packb(list(self), use_bin_type=True)
+        return self._stored
+
+    __bytes__ = stored
+
+    def __len__(self) -> int:
+        return _HEADER.size + array_header_size(self.count) + self.packed
+
+    def __getitem__(self, index: Any) -> Any:
+        """Slices within the record's header without building the bytes (is_tagged, kind checks)."""
+        if isinstance(index, slice) and index.step is None and 0 <= (index.start or 0) \
+                and index.stop is not None and 0 <= index.stop <= _HEADER.size:
+            return self.header()[index]
+        return self.stored()[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LiveList | bytes):
+            return self.stored() == (other if isinstance(other, bytes) else other.stored())
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # compared as its bytes, never a dict key
+
+    @property
+    def undo_bytes(self) -> int:
+        """Memory this version holds that the version after it does not: its edge chunk and cell
+        (elements are shared), and its bytes if a read built them."""
+        return 8 * CHUNK + 128 + (len(self._stored) if self._stored is not None else 0)
+
+
+def _onto_back(cell: Cell | None, new: tuple) -> Cell | None:
+    """The back list (rightmost chunk on top) with `new` appended on the right."""
+    if cell is not None and len(cell[0]) + len(new) <= CHUNK:
+        return (cell[0] + new, cell[1])
+    for at in range(0, len(new), CHUNK):
+        cell = (new[at:at + CHUNK], cell)
+    return cell
+
+
+def _onto_front(cell: Cell | None, new: tuple) -> Cell | None:
+    """The front list (leftmost chunk on top) with `new` (in element order) prepended on the left."""
+    if cell is not None and len(cell[0]) + len(new) <= CHUNK:
+        return (new + cell[0], cell[1])
+    for at in reversed(range(0, len(new), CHUNK)):
+        cell = (new[at:at + CHUNK], cell)
+    return cell
+
+
+def promote(stored: bytes) -> bytes | LiveList:
+    """A list record's bytes as a LiveList keeping those very bytes; anything else unchanged (a
+    string, another kind, a damaged or non-canonical record)."""
+    if stored[4:5] != LIST or stored[:4] != MAGIC:
+        return stored
+    try:
+        entry = decode(stored)
+    except CorruptValue:
+        return stored
+    if entry is None or entry.kind != LIST or not all(type(x) is bytes for x in entry.data):
+        return stored
+    live = LiveList.of(entry.deadline, entry.data, stored)
+    return live if len(live) == len(stored) else stored  # only a canonical record keeps its bytes
+
