@@ -160,6 +160,10 @@ def test_a_client_cannot_forge_a_record_or_reap_a_key(shape) -> None:
             with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
                 r.lpush(key, "y")
         assert r.mset({"m1": forged, "m2": forged}) is True and r.mget("m1", "m2") == [forged, forged]
+        assert r.rpush("real-list", "a", "b") == 2  # kept live in the memory datalet (redis/livelist.py)
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):  # GET's fast path on a live value
+            r.get("real-list")
+        assert r.lrange("real-list", 0, -1) == [b"a", b"b"]
         with pytest.raises(redis.ResponseError, match="authenticated replica"):  # -NOPERM
             r.execute_command("BKV.REAP", "k1")
         assert r.get("k1") == forged

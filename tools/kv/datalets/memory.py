@@ -28,6 +28,9 @@ class MemoryDatalet(Datalet):
         self.data: dict[bytes, Any] = {}  # bytes or a live value
         # Bound methods as attributes: the node calls these per request, so skip a lookup level.
         self._lookup = self.data.get
+        # The GET fast path's read: bytes or a live value as stored (the caller turns a live one into its
+        # bytes); a bound dict.get, 4x cheaper per call than get() below.
+        self.peek = self.data.get
         self.put = self.data.__setitem__  # type: ignore[method-assign]
 
     def get(self, key: bytes) -> bytes | None:

@@ -32,7 +32,10 @@ def cmd_get(conn: Session, cmd: list) -> None:
         return None
     node = conn.node
     if node.fast_get is not None and not conn.slots and node.owns(key):
-        conn.out.append(values.get_answer(node.fast_get(key), conn.unix_ms()))
+        stored = node.fast_get(key)
+        if stored is not None and stored.__class__ is not bytes:  # a live value (a list): its record
+            stored = stored.stored()
+        conn.out.append(values.get_answer(stored, conn.unix_ms()))
     else:
         conn.single(GET, key, None)
 

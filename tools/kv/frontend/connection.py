@@ -99,6 +99,8 @@ class ClientConnection(Session):
                             if v is None:
                                 out.append(b"$-1\r\n")
                                 continue
+                            if v.__class__ is not bytes:  # a live value (a list): its record answers
+                                v = v.stored()
                             if v[:1] == first:  # a record (redis/values.py): a deadline, a type, an escape
                                 out.append(values.get_answer(v, self.unix_ms()))
                                 continue

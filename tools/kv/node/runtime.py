@@ -130,7 +130,8 @@ class Node(ControlledNode):
             self.fast_get = self.fast_put = None
             return
         leased = self.lease_until is not None
-        self.fast_get = (self._leased_get if leased else self.datalet.get) if c.serves_locally(GET) else None
+        plain_get = getattr(self.datalet, "peek", self.datalet.get)  # may hand out a live value (memory)
+        self.fast_get = (self._leased_get if leased else plain_get) if c.serves_locally(GET) else None
         self.fast_put = (self._leased_put if leased else self.datalet.put) if c.serves_locally(PUT) else None
 
     def _leased_put(self, key: bytes, value: bytes) -> None:
