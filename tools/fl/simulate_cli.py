@@ -35,7 +35,8 @@ def simulate(config: Path | None = opt.JOB_CONFIG, strategy: str | None = opt.ST
                                         " | ".join(a for a in ATTACKS if a != "none") + "."),
              dropout: float = typer.Option(0.0, "--dropout", help="Chance a selected client vanishes mid-round."),
              scheduler: str | None = opt.SCHEDULER,
-             weights: str | None = typer.Option(None, "--weights", help="Free knob weights for fast|rfair|afair|"
+             weights: str | None = typer.Option(None, "--weights", help="Free knob weights (fast, rfair, afair, "
+                                                "perf, util = Oort's statistical utility) for fast|rfair|afair|"
                                                 "perf|adaptive, e.g. fast=0.6,rfair=0.4 (replace the preset's)."),
              deadline: float | None = typer.Option(None, "--deadline", help="Per-round deadline, virtual seconds "
                                                    "(default: the scheduler's, capped by --round-timeout)."),
