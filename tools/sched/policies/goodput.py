@@ -28,17 +28,38 @@ def phi_of(bucket: int) -> float:
 
 
 def goodput_layouts(model, app: str, submitted: int, most: int, gpus_per_node: int, bucket: int | None,
-                    memo: dict | None = None) -> tuple[list[Shape], list[float], list[float], list[int]]:
+                    memo: dict | None = None, layout_memo: dict | None = None
+                    ) -> tuple[list[Shape], list[float], list[float], list[int]]:
     """Shapes for 1..most GPUs (index p-1; the submitted batch's best layouts), throughput at the
     submitted batch and goodput rates (rates[p], rates[0] = 0), and the batch that reaches each
-    goodput (batches[p])."""
-    shapes, plain = layouts(model, app, submitted, most, gpus_per_node)
+    goodput (batches[p]). `layout_memo`: the caller's, for this one model (_layouts)."""
+    shapes, plain = _layouts(model, app, submitted, most, gpus_per_node, layout_memo)
     rates, batches = list(plain), [submitted] * (most + 1)
     if bucket is None:
         return shapes, plain, rates, batches
     for k, shape in enumerate(shapes, 1):
         rates[k], batches[k] = best_batch(model, app, submitted, shape, bucket, memo)
     return shapes, plain, rates, batches
+
+
+def _layouts(model, app: str, submitted: int, most: int, gpus_per_node: int, memo: dict | None
+             ) -> tuple[list[Shape], list[float]]:
+    """sizing.layouts, kept in `memo` while the model's estimates for (app, submitted batch) stand:
+    one curve per noise-scale bucket shares them (the rates at the submitted batch do not depend
+    on phi), exact: a learned model drops its rates for (app, batch) exactly when it bumps that
+    version. It takes in pending samples first, as its first `rate` call would."""
+    if memo is None:
+        return layouts(model, app, submitted, most, gpus_per_node)
+    refresh = getattr(model, "refresh", None)
+    if refresh is not None:
+        refresh()
+    key = (getattr(model, "versions", {}).get((app, submitted), 0), app, submitted, most, gpus_per_node)
+    found = memo.get(key)
+    if found is None:
+        if len(memo) > 10_000:
+            memo.clear()
+        found = memo[key] = layouts(model, app, submitted, most, gpus_per_node)
+    return list(found[0]), list(found[1])   # copies: a curve owns its lists
 
 
 def best_batch(model, app: str, submitted: int, shape: Shape, bucket: int, memo: dict | None = None
@@ -71,22 +92,30 @@ class NoiseScales:
         self._first: dict[str, list[float]] = {}   # app -> [sum of log phi at first starts, count]
         self._seen: set[int] = set()
         self._buckets: dict[int, tuple[float, int]] = {}   # job -> (its last phi, bucket)
+        self._early: dict[str, tuple[int, int]] = {}       # app -> (first starts counted, their bucket)
         self.memo: dict = {}   # best_batch answers for the policy's one model
+        self.layouts: dict = {}   # _layouts answers for it
 
     def bucket(self, job: JobView) -> int | None:
         phi = job.noise_scale
         if phi > 0:
+            found = self._buckets.get(job.job_id)
+            if found is not None and found[0] == phi:   # the common case (a job in _buckets was
+                return found[1]                         # seen at restarts 0, or can never be)
             if job.restarts == 0 and job.job_id not in self._seen:
                 self._seen.add(job.job_id)
                 acc = self._first.setdefault(job.app, [0.0, 0])
                 acc[0] += math.log(phi)
                 acc[1] += 1
-            found = self._buckets.get(job.job_id)
-            if found is None or found[0] != phi:
-                found = self._buckets[job.job_id] = (phi, bucket_of(phi))
+            found = self._buckets[job.job_id] = (phi, bucket_of(phi))
             return found[1]
         acc = self._first.get(job.app)
-        return bucket_of(math.exp(acc[0] / acc[1])) if acc else None
+        if not acc:
+            return None
+        early = self._early.get(job.app)
+        if early is None or early[0] != acc[1]:   # recomputed when a first start was added
+            early = self._early[job.app] = (acc[1], bucket_of(math.exp(acc[0] / acc[1])))
+        return early[1]
 
 
 class Rebatcher:

@@ -77,6 +77,7 @@ class Marble(Tiresias):
         self.thresholds = self.options.marble_thresholds
         self._curves: dict[tuple[str, int, int], tuple[int, tuple[int, int], Curve]] = {}
         self._spec, self._spec_key = None, (0, 0)
+        self._job_curve: dict[int, tuple] = {}   # job id -> (its view, its noise scale, its _curves entry)
         self._base: dict[int, int] = {}        # running job -> its p* when it last started or changed
         self._model_versions: dict[str, int] = getattr(model, "versions", {})
         self._resized: dict[int, float] = {}   # job -> when this policy last resized it
@@ -92,11 +93,21 @@ class Marble(Tiresias):
         """(p*, ladder, shapes, goodput rates, batches) of the job's kind and noise scale,
         recomputed when the model's estimates for its application and batch changed (a learned
         model's `versions`)."""
+        phi = job.noise_scale
+        mine = self._job_curve.get(job.job_id)
+        if mine is not None and mine[0] is job and mine[1] == phi and state.spec is self._spec:
+            # the commonest case: the job's curve as last read, while its measured noise scale
+            # (so its bucket) stands; the same entry of _curves while its version and cluster do
+            found = mine[2]
+            if found[1] == self._spec_key and found[0] == self._model_versions.get((job.app, job.batch_size), 0):
+                return found[2]
         bucket = self._noise.bucket(job) if self.wants_noise_scale else None
         key = (job.app, job.batch_size, job.gpus, bucket)
         found = self._curves.get(key)
         if found is not None and state.spec is self._spec and found[1] == self._spec_key \
                 and found[0] == self._model_versions.get(key[:2], 0):
+            if phi > 0 or not self.wants_noise_scale:   # without a measurement the bucket can move
+                self._job_curve[job.job_id] = (job, phi, found)
             return found[2]   # the common case: called several times per job and decision
         spec = state.spec
         if spec is not self._spec:
@@ -107,7 +118,7 @@ class Marble(Tiresias):
             opts = self.options
             cap = max(job.gpus, min(total, int(job.gpus * opts.elastic_max_scale), MAX_ELASTIC))
             shapes, plain, good, batches = goodput_layouts(self.model, job.app, job.batch_size, cap, gpn, bucket,
-                                                          self._noise.memo)
+                                                          self._noise.memo, self._noise.layouts)
             rates = good if opts.goodput_sizing else plain
             base = efficient_size(rates, job.gpus, opts.admit_threshold)
             found = self._curves[key] = (version, self._spec_key,
