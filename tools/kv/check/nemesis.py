@@ -95,7 +95,7 @@ class Nemesis:
         elif fault.kind == "coordinator-kill":
             await c.kill_coordinator()
             await self.clock.asleep(fault.hold)
-            c.start_coordinator()
+            await c.restart_coordinator()
         self._note("end", fault)
 
     def _note(self, phase: str, fault: Fault) -> None:

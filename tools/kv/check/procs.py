@@ -105,6 +105,20 @@ class ProcCluster:
             self.coord_procs.append(launcher.spawn(argv, log))
             self.coord_logs.append(log)
 
+    async def restart_coordinator(self, timeout_s: float = 30.0) -> None:
+        """start_coordinator, then (embedded) wait until the new process says `serving`: a fault is healed
+        only once the coordinator is back, so a run that ends right after a restart still has it back."""
+        log = self.data_dir / "logs" / "coordinator-0.log"
+        served_before = _serving_lines(log)
+        self.start_coordinator()
+        if self.coord_spec.kind != "embedded":
+            return  # ZooKeeper: the restart is a standby, which serves only once it leads
+        deadline = self.clock.now() + timeout_s
+        while _serving_lines(log) <= served_before:
+            if self.clock.now() > deadline or not self.coordinator_alive():
+                raise RuntimeFailure(f"the restarted coordinator did not serve within {timeout_s:.0f} s ({log})")
+            await self.clock.asleep(0.05)  # polling its log for the readiness line, with a deadline
+
     async def kill_coordinator(self) -> None:
         """kill -9 the leading coordinator (the live one whose log says it leads; else the first live)."""
         live = [(proc, log) for proc, log in zip(self.coord_procs, self.coord_logs, strict=True)
@@ -252,7 +266,7 @@ class ProcCluster:
         for nid in list(self.paused):
             self.resume(nid)
         if self.coord_spec is not None and not self.coordinator_alive():
-            self.start_coordinator()  # embedded: the restart the nemesis would have made
+            await self.restart_coordinator()  # embedded: the restart the nemesis would have made
         for nid in self.original or self.nodes:
             await self.start_node(nid)
         if self.coord_spec is not None:
@@ -269,3 +283,10 @@ class ProcCluster:
             except (OSError, TimeoutError, hiredis.ReplyError, ValueError):
                 out[nid] = None
         return out
+
+
+def _serving_lines(log: Path) -> int:
+    """How many times a coordinator writing to `log` said it was ready."""
+    if not log.exists():
+        return 0
+    return sum(line.startswith("serving") for line in log.read_text(errors="replace").splitlines())
