@@ -20,8 +20,10 @@ from xdist.scheduler import LoadFileScheduling
 COST_S: dict[str, float] = {
     "tests/demo/test_demo.py": 127,              # (--quick: 00-core 10, 10-tencache 30, 20-fl 25, 30-marble 50, 40-bespokv 23)
     "tests/kv/test_failover.py": 51,
-    "tests/fl/test_ray_backend.py": 21,
-    "tests/fl/test_ray_local.py": 32,
+    # Ray's files are wall seconds (fresh-clone CI, 2026-12-02 session 5: each Ray start waited 30-80 s for its
+    # node, little of it CPU): as CPU figures (21, 32) they were handed out mid-run and ran as the tail.
+    "tests/fl/test_ray_backend.py": 85,
+    "tests/fl/test_ray_local.py": 85,
     "tests/sched/test_daemon_slurmlike.py": 32,
     "tests/kv/test_cli.py": 48,
     "tests/sched/test_daemon.py": 29,
@@ -38,7 +40,7 @@ COST_S: dict[str, float] = {
     "tests/kv/test_check_client.py": 8,
     "tests/sched/test_executor_local.py": 5,
     "tests/kv/test_failover_node.py": 8,
-    "tests/offload/test_tencache_ranks.py": 66,
+    "tests/offload/test_tencache_ranks.py": 120,  # wall (same run): 3 processes importing torch, then gloo
     "tests/offload/test_tencache_safety.py": 33,
     "tests/offload/test_tencache_lazy.py": 21,
     "tests/offload/test_tencache_memory.py": 16,
