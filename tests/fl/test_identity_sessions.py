@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow  # a server listening on loopback
 def test_a_second_session_with_a_certificate_in_use_is_refused_and_the_first_keeps_its_session(tmp_path, caplog):
     files = issue_certs(tmp_path / "certs", client_ids=["0", "1"])
     stranger = issue_certs(tmp_path / "other-ca", client_ids=["0"])  # same id, another CA
-    config = JobConfig(strategy="fedavg", rounds=6, per_round=2, min_clients=2, round_timeout_s=60.0,
+    config = JobConfig(strategy="fedavg", rounds=8, per_round=2, min_clients=2, round_timeout_s=60.0,
                        train=TrainSpec(epochs=2, local_only_epochs=1), data=DataSpec(num_clients=2, seed=3))
     tls = ServerTls.from_files(files.server_cert, files.server_key, client_ca=files.ca)
     data = {cid: load_client(config.data, cid)[0] for cid in (0, 1)}
@@ -31,8 +31,10 @@ def test_a_second_session_with_a_certificate_in_use_is_refused_and_the_first_kee
     def client(cid, address, certs=files, **kw):
         return FlClient(address, cid, data[cid], tls=ClientTls.from_files(files.ca, *certs.client(str(cid))), **kw)
 
-    def slow(cid, address):  # +0.5 s per local training: the job is still running when the duplicate comes
-        return client(cid, address, slowdown=(1, 0.5))
+    # +1.5 s per local training: the job still runs (>= 10 s after round 1) when the duplicate, which first
+    # fetches the job and warms torch up, joins; with 6 x 0.5 s one fresh-clone run saw it join after the end.
+    def slow(cid, address):
+        return client(cid, address, slowdown=(1, 1.5))
 
     async def main():
         from mlsyskit.tools.fl.server import FlServer
@@ -66,7 +68,7 @@ def test_a_second_session_with_a_certificate_in_use_is_refused_and_the_first_kee
     assert ended == "done" or "already has a live session" in ended
     assert "refused a second session for client 0" in caplog.text
     assert all(s.done for s in summaries)
-    assert len(server.outcomes) == 6
+    assert len(server.outcomes) == config.rounds
     for outcome in server.outcomes:  # the first client 0 was never evicted: no round lost it
         assert all("reconnected" not in r.reason and r.status == "valid" for r in outcome.reports.values())
     from mlsyskit.tools.fl.incentive.ledger import Ledger
