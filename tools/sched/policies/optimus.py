@@ -22,9 +22,9 @@ import itertools
 import math
 
 from mlsyskit.tools.sched.cluster import FreeMap, Placement
-from mlsyskit.tools.sched.policies import loss_fit
 from mlsyskit.tools.sched.policies.base import Policy
 from mlsyskit.tools.sched.policies.common import remaining_work
+from mlsyskit.tools.sched.policies.loss_fit import MIN_REPORTS, total_work
 from mlsyskit.tools.sched.state import Action, ClusterState, Decision, JobView, Preempt, Resize, Start
 from mlsyskit.tools.sched.throughput import compact_shape
 
@@ -47,8 +47,8 @@ class Optimus(Policy):
         newest = reports[-1][0] if reports else 0.0
         cached = self._fits.get(job.job_id)
         # Refit when the job's progress has doubled since the last fit (a fit costs ~0.1 ms).
-        if (cached is None or newest > 2.0 * cached[0]) and len(reports) >= loss_fit.MIN_REPORTS:
-            total = loss_fit.total_work(reports, job.target_loss) if job.target_loss > 0 else None
+        if (cached is None or newest > 2.0 * cached[0]) and len(reports) >= MIN_REPORTS:
+            total = total_work(reports, job.target_loss) if job.target_loss > 0 else None
             cached = (newest, total)
             self._fits[job.job_id] = cached
         total, progress = (cached[1] if cached else None), job.progress_at(state.now)
