@@ -70,15 +70,19 @@ def test_a_push_allocates_the_same_at_10_and_at_20000_elements() -> None:
 
 
 def _seeded(name: str, elements: list[bytes] = BIG) -> SimShard:
-    """A 3-replica shard whose replicas all hold the list L already (as bytes: a snapshot's form),
-    on datalets that fail writes of the keys in `.armed[replica]` on command."""
+    return _seeded_with(name, Entry(LIST, 0, elements), b"L")
+
+
+def _seeded_with(name: str, entry: Entry, key: bytes = b"K") -> SimShard:
+    """A 3-replica shard whose replicas all hold `key` already (as bytes: a snapshot's form), on
+    datalets that fail writes of the keys in `.armed[replica]` on command."""
     shard = SimShard(name, replicas=3, seed=3, options=FAST)
     shard.armed = {n: set() for n in shard.ids}
-    stored = values.encode(Entry(LIST, 0, elements))
+    stored = values.encode(entry)
     for n in shard.ids:
         shard.datalets[n] = FaultyDatalet(MemoryDatalet(), lambda key, n=n: key in shard.armed[n])
         shard.interpreters[n] = Interpreter(shard.datalets[n], SimTransport(shard, n), shard.stats)
-        shard.datalets[n].put(b"L", stored)
+        shard.datalets[n].put(key, stored)
     return shard
 
 

@@ -1,10 +1,11 @@
 """`memory`: a hash table in the controlet's process (fast, volatile).
 
-A value is bytes, or a list kept live (redis/livelist.py: immutable chunks, so a push costs
-O(pushed) and the old version stays valid as an undo image or a snapshot's view). get(), exports
-and scans hand out bytes (a live list's record, built once per version); get_live() (read-modify-
-write) hands out the live list, first turning a list record stored as bytes (a snapshot's, or
-one a generic command rewrote) into one, which keeps those very bytes.
+A value is bytes, or a live value (redis/live.py: a list, set, hash, sorted set or APPENDed string
+kept as an immutable structure, so a write costs O(delta) and the old version stays valid as an
+undo image or a snapshot's view). get(), exports and scans hand out bytes (a live value's record,
+built once per version); get_live() (read-modify-write) hands out the live value, first turning a
+record stored as bytes (a snapshot's, or one a generic command rewrote) into one, which keeps those
+very bytes.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from mlsyskit.tools.kv.datalets.base import Datalet
-from mlsyskit.tools.kv.redis.livelist import promote
+from mlsyskit.tools.kv.redis.live import promote
 from mlsyskit.tools.kv.redis.values import FIRST
 
 

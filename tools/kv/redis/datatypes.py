@@ -3,14 +3,17 @@
 Writes (`WRITES`: name -> (Redis arity, handler)) take the command, the key's live entry
 (values.Entry, None when absent) and the instant the command takes effect (Unix ms), and
 return the entry afterwards and the RESP answer; rmw.py runs them at the shard's write
-point and replicates the whole resulting value. Reads (`READS`) turn the entry a read
+point, and every replica runs them again on the same command (rmw.DELTAS). Reads (`READS`) turn the entry a read
 replica holds into the answer. A key holding another kind raises values.WrongType
 (-WRONGTYPE, nothing changes); an emptied collection is removed (values.encode), as in Redis.
 
-Cost: a collection is one stored value, so a write decodes and re-encodes it -- O(size) per
-command -- except a push (listpush.py: O(pushed) on a list the memory datalet keeps live,
-livelist.py; one copy of the bytes, no decode, on a blob datalet such as lmdb). The controlets replicate
-the command, not the value (rmw.DELTAS), and refuse a value past the limit (rmw.too_large).
+Cost: on bytes (a blob datalet such as lmdb, or a form the memory datalet does not keep live) a
+collection is one stored value, so a write decodes and re-encodes it -- O(size) per command --
+except a push (listpush.py: one copy of the bytes, no decode). On the memory datalet's live values
+(live.py) pushes, APPEND and the set, hash and sorted-set writes whose handlers change `data` with
+`e.data.copy()` below (a dict copy, or a MapEdit of a livemap.LiveMap: O(changed members)) cost
+O(delta). The controlets replicate the command, not the value (rmw.DELTAS), and refuse a value past
+the limit (rmw.too_large, live.py) before anything is applied.
 """
 from __future__ import annotations
 
@@ -150,7 +153,7 @@ def _lrem(cmd: list, entry: Entry | None, now: int):
 # -- sets ----------------------------------------------------------------------------------
 def _sadd(cmd: list, entry: Entry | None, now: int):
     e = _of(entry, SET, {})
-    data = dict(e.data)
+    data = e.data.copy()
     before = len(data)
     data.update(dict.fromkeys(cmd[2:]))
     return e._replace(data=data), resp.integer(len(data) - before)
@@ -162,7 +165,7 @@ def _removing(kind: bytes):
         if entry is None:
             return None, resp.ZERO
         e = _of(entry, kind, {})
-        data = dict(e.data)
+        data = e.data.copy()
         members = [m for m in dict.fromkeys(cmd[2:]) if m in data]
         for m in members:
             del data[m]
@@ -191,7 +194,7 @@ def _hset(cmd: list, entry: Entry | None, now: int):
     if len(cmd) % 2:
         raise CommandError(f"wrong number of arguments for '{cmd[0].decode().lower()}' command")
     e = _of(entry, HASH, {})
-    data = dict(e.data)
+    data = e.data.copy()
     before = len(data)
     if cmd[0] == b"HSETNX":
         if cmd[2] in data:
@@ -205,7 +208,7 @@ def _hset(cmd: list, entry: Entry | None, now: int):
 def _hincrby(cmd: list, entry: Entry | None, now: int):
     step = _int(cmd[3])
     e = _of(entry, HASH, {})
-    data = dict(e.data)
+    data = e.data.copy()
     try:
         total = _int(data.get(cmd[2], b"0")) + step
     except CommandError:
@@ -229,7 +232,7 @@ def _zadd(cmd: list, entry: Entry | None, now: int):
         raise CommandError("syntax error")
     scores = [_float(s) for s in pairs[0::2]]
     e = _of(entry, ZSET, {})
-    data = dict(e.data)
+    data = e.data.copy()
     added = changed = 0
     result = None
     for score, member in zip(scores, pairs[1::2], strict=True):

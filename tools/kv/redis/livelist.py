@@ -18,16 +18,18 @@ pointers) and shares everything else with the old one, which stays valid and unc
   demand (a read, a snapshot, a digest) and kept with that version. Replicas holding a LiveList
   and replicas holding the record's bytes therefore export, digest and compare equal.
 
-A LiveList also answers len(), slicing and == as the stored bytes it stands for, so code that only
-peeks at a stored value's header (values.is_tagged, a deadline check) works on it unchanged.
+A LiveList also answers len(), slicing and == as the stored bytes it stands for (livebase.py), so
+code that only peeks at a stored value's header (values.is_tagged, a deadline check) works on it
+unchanged. Sets, hashes and sorted sets are kept the same way (livemap.py), and so is a string that
+APPEND grows (livestring.py).
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import msgpack
 
+from mlsyskit.tools.kv.redis.livebase import LiveValue
 from mlsyskit.tools.kv.redis.values import _HEADER, LIST, MAGIC, CorruptValue, Entry, decode
 
 CHUNK = 64  # elements per chunk: a push copies at most this many pointers
@@ -44,7 +46,7 @@ def array_header_size(count: int) -> int:
     return 1 if count < 16 else 3 if count < 0x10000 else 5
 
 
-class LiveList:
+class LiveList(LiveValue):
     __slots__ = ("back", "count", "deadline", "front", "packed", "_stored")
 
     def __init__(self, deadline: int, front: Cell | None, back: Cell | None, count: int, packed: int,
@@ -65,9 +67,9 @@ class LiveList:
         added = sum(packed_size(x) for x in items)
         front, back = self.front, self.back
         if right:
-            back = _onto_back(back, tuple(items))
+            back = onto_back(back, tuple(items))
         else:
-            front = _onto_front(front, tuple(reversed(items)))  # LPUSH a b: b ends leftmost
+            front = onto_front(front, tuple(reversed(items)))  # LPUSH a b: b ends leftmost
         return LiveList(self.deadline, front, back, self.count + len(items), self.packed + added,
                         self._stored if keep_stored else None)
 
@@ -77,13 +79,7 @@ class LiveList:
         while cell is not None:
             yield from cell[0]
             cell = cell[1]
-        chunks = []
-        cell = self.back
-        while cell is not None:
-            chunks.append(cell[0])
-            cell = cell[1]
-        for chunk in reversed(chunks):
-            yield from chunk
+        yield from iterate_back(self.back)
 
     def entry(self) -> Entry:
         return Entry(LIST, self.deadline, list(self))
@@ -97,24 +93,8 @@ class LiveList:
             self._stored = self.header() + msgpack.packb(list(self), use_bin_type=True)
         return self._stored
 
-    __bytes__ = stored
-
     def __len__(self) -> int:
         return _HEADER.size + array_header_size(self.count) + self.packed
-
-    def __getitem__(self, index: Any) -> Any:
-        """Slices within the record's header without building the bytes (is_tagged, kind checks)."""
-        if isinstance(index, slice) and index.step is None and 0 <= (index.start or 0) \
-                and index.stop is not None and 0 <= index.stop <= _HEADER.size:
-            return self.header()[index]
-        return self.stored()[index]
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, LiveList | bytes):
-            return self.stored() == (other if isinstance(other, bytes) else other.stored())
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # compared as its bytes, never a dict key
 
     @property
     def undo_bytes(self) -> int:
@@ -123,7 +103,7 @@ class LiveList:
         return 8 * CHUNK + 128 + (len(self._stored) if self._stored is not None else 0)
 
 
-def _onto_back(cell: Cell | None, new: tuple) -> Cell | None:
+def onto_back(cell: Cell | None, new: tuple) -> Cell | None:
     """The back list (rightmost chunk on top) with `new` appended on the right."""
     if cell is not None and len(cell[0]) + len(new) <= CHUNK:
         return (cell[0] + new, cell[1])
@@ -132,7 +112,17 @@ def _onto_back(cell: Cell | None, new: tuple) -> Cell | None:
     return cell
 
 
-def _onto_front(cell: Cell | None, new: tuple) -> Cell | None:
+def iterate_back(cell: Cell | None) -> Iterator:
+    """The elements of a back list, leftmost first."""
+    chunks = []
+    while cell is not None:
+        chunks.append(cell[0])
+        cell = cell[1]
+    for chunk in reversed(chunks):
+        yield from chunk
+
+
+def onto_front(cell: Cell | None, new: tuple) -> Cell | None:
     """The front list (leftmost chunk on top) with `new` (in element order) prepended on the left."""
     if cell is not None and len(cell[0]) + len(new) <= CHUNK:
         return (new + cell[0], cell[1])

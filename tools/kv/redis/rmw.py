@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import msgpack
 
-from mlsyskit.tools.kv.redis import datatypes, listpush, resp, values
+from mlsyskit.tools.kv.redis import datatypes, live, resp, values
 from mlsyskit.tools.kv.redis.values import STRING, Entry, WrongType
 
 INT64 = (-(2 ** 63), 2 ** 63 - 1)
@@ -206,10 +206,11 @@ def apply(cmd: list[bytes], current: bytes | None) -> tuple[bytes | None, bytes]
     """(the key's stored bytes afterwards -- None: absent --, the RESP answer) for one command."""
     now = getattr(cmd, "now_ms", 0)
     limit = getattr(cmd, "max_bytes", MAX_VALUE_BYTES)
-    if cmd[0] in listpush.PUSHES:
-        fast = listpush.push(cmd, current, now, limit)  # no decode: a push costs the same at any length
-        if fast is not None:
-            return fast
+    fast = live.FAST.get(cmd[0])
+    if fast is not None:  # a live value (the memory datalet's): O(delta) at any size (live.py)
+        done = fast(cmd, current, now, limit)
+        if done is not None:
+            return done
     if cmd[0] == REAP and values.expired(current, now):
         return None, resp.ONE  # by its header alone: even a damaged record goes once expired
     try:
@@ -236,12 +237,8 @@ def too_large(after: Entry | None, stored: bytes | None, current: bytes | None, 
     if after is None or stored is None or (current is not None and len(stored) <= len(current)):
         return None
     if after.kind == STRING:
-        return b"-ERR string exceeds maximum allowed size (proto-max-bulk-len %d)\r\n" % limit \
-            if len(after.data) > limit else None
-    if len(stored) <= limit:
-        return None
-    return (b"-ERR the %b would exceed the maximum size of a value (proto-max-bulk-len %d bytes as stored); "
-            b"nothing was changed\r\n" % (values.TYPE_NAMES[after.kind], limit))
+        return values.string_too_large(limit) if len(after.data) > limit else None
+    return values.collection_too_large(after.kind, limit) if len(stored) > limit else None
 
 
 # Replicated as the command (a delta), not as the key's new value: collections and APPEND, whose

@@ -23,8 +23,9 @@ or, for a collection, recomputed by each replica from the same command on the sa
 instants, never relative: replicas that apply the record later still agree on when it
 expires (the clock assumption is in docs/bespokv.md).
 
-The memory datalet may hold a list as a live value instead (livelist.py): immutable chunks that
-stand for exactly the record's bytes. decode, deadline_of and unwrap_versioned take one as it is.
+The memory datalet may hold a collection or an APPENDed string as a live value instead (livelist.py,
+livemap.py, livestring.py): immutable structures that stand for exactly the stored bytes. decode,
+deadline_of and unwrap_versioned take one as it is.
 """
 from __future__ import annotations
 
@@ -91,10 +92,10 @@ def unwrap_versioned(raw: bytes) -> tuple[tuple[int, int], bytes | None]:
 def decode(stored: bytes | None) -> Entry | None:
     if stored is None:
         return None
+    if _is_live(stored):  # its elements, no bytes built (a live string need not be tagged)
+        return stored.entry()
     if not is_tagged(stored):
         return Entry(STRING, 0, stored)
-    if _is_live(stored):  # its elements, no bytes built
-        return stored.entry()
     if stored[4:5] == VERSIONED:
         if len(stored) < _VERSIONED.size:
             raise CorruptValue("a versioned record shorter than its header")
@@ -142,6 +143,17 @@ def encode(entry: Entry | None) -> bytes | None:
     else:
         flat = [x for pair in data.items() for x in pair]
     return _HEADER.pack(MAGIC, kind, deadline) + msgpack.packb(flat, use_bin_type=True)
+
+
+def string_too_large(limit: int) -> bytes:
+    """The answer to a write that would grow a string past `limit` bytes (Redis's APPEND/SETRANGE check)."""
+    return b"-ERR string exceeds maximum allowed size (proto-max-bulk-len %d)\r\n" % limit
+
+
+def collection_too_large(kind: bytes, limit: int) -> bytes:
+    """The answer to a write that would grow a collection's stored size past `limit` bytes."""
+    return (b"-ERR the %b would exceed the maximum size of a value (proto-max-bulk-len %d bytes as stored); "
+            b"nothing was changed\r\n" % (TYPE_NAMES[kind], limit))
 
 
 def live(stored: bytes | None, now_ms: int) -> Entry | None:

@@ -1,0 +1,63 @@
+"""The writes that cost O(delta) on a live value (the memory datalet's form of a collection or an
+APPENDed string), and turning a stored record into its live form.
+
+rmw.apply tries FAST[name] first: a push (listpush.py), APPEND (livestring.py), and the set, hash and
+sorted-set writes below, which run the command's own handler (datatypes.py) on a MapEdit of the
+LiveMap (livemap.py) instead of a dict copy. Each answers exactly as the generic path does, gives a
+value that stands for the bytes the generic path would store, and checks the value limit on the size
+it counted before anything is stored or replicated. One returns None when the generic path must
+decide (a key of another kind, an expired key, a record kept as bytes: a blob datalet such as lmdb).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from mlsyskit.tools.kv.redis import datatypes, listpush, livelist, livemap, livestring, resp, values
+from mlsyskit.tools.kv.redis.livemap import LiveMap
+from mlsyskit.tools.kv.redis.values import FIRST, HASH, LIST, SET, STRING, ZSET, Entry
+
+MAP_WRITES = {b"SADD": SET, b"SREM": SET, b"HSET": HASH, b"HMSET": HASH, b"HSETNX": HASH, b"HDEL": HASH,
+              b"HINCRBY": HASH, b"ZADD": ZSET, b"ZINCRBY": ZSET, b"ZREM": ZSET}
+
+
+def map_write(cmd: list[bytes], current: Any, now_ms: int, limit: int) -> tuple[Any, bytes] | None:
+    kind = MAP_WRITES[cmd[0]]
+    if current is None:
+        entry = None
+    elif current.__class__ is LiveMap and current.kind == kind and not 0 < current.deadline <= now_ms:
+        entry = Entry(kind, current.deadline, current.edit())
+    else:
+        return None
+    try:
+        after, answer = datatypes.WRITES[cmd[0]][1](cmd, entry, now_ms)
+    except datatypes.CommandError as e:
+        return current, resp.error(f"ERR {e}")
+    if after is None:
+        return None, answer
+    data = after.data
+    if data.__class__ is dict:  # the key was absent: the handler made a dict of the new members
+        value = LiveMap.of(kind, after.deadline, data) if data else None
+    else:
+        value = data.freeze(after.deadline)
+    if value is not None and len(value) > limit and (current is None or len(value) > len(current)):
+        return current, values.collection_too_large(kind, limit)  # nothing is stored or replicated
+    return value, answer
+
+
+FAST = {**dict.fromkeys(listpush.PUSHES, listpush.push), b"APPEND": livestring.append,
+        **dict.fromkeys(MAP_WRITES, map_write)}
+
+
+def promote(stored: bytes) -> Any:
+    """A record's bytes as the live value standing for them (the same bytes); anything else -- a
+    plain string, aa-ec's versioned record, a damaged or non-canonical record -- unchanged."""
+    if stored[:1] != FIRST:
+        return stored
+    kind = stored[4:5]
+    if kind == LIST:
+        return livelist.promote(stored)
+    if kind == STRING:
+        return livestring.promote(stored)
+    if kind in livemap.KINDS:
+        return livemap.promote(stored)
+    return stored
