@@ -1,4 +1,5 @@
-"""SADD, SREM, HSET, HDEL, ZADD, ZREM, HINCRBY and APPEND cost O(delta), not O(value) (issue 22 item 1):
+"""SADD, SREM, HSET, HDEL, ZADD, ZREM, HINCRBY, APPEND and LPOP/RPOP cost O(delta), not O(value) (issue 22
+item 1):
 the memory datalet keeps sets, hashes and sorted sets live (redis/livemap.py: a persistent hash trie
 and an insertion-order log) and an APPENDed string as a rope (redis/livestring.py), so the write
 point's read-modify-write, every replica's delta, the undo images and the size limit touch only the
@@ -15,9 +16,10 @@ from mlsyskit.tools.kv.check.simulate import SimShard
 from mlsyskit.tools.kv.datalets.memory import MemoryDatalet
 from mlsyskit.tools.kv.node.undolog import image_bytes
 from mlsyskit.tools.kv.redis import live, rmw, values
+from mlsyskit.tools.kv.redis.livelist import LiveList
 from mlsyskit.tools.kv.redis.livemap import LiveMap
 from mlsyskit.tools.kv.redis.livestring import LiveString
-from mlsyskit.tools.kv.redis.values import HASH, SET, STRING, ZSET, Entry
+from mlsyskit.tools.kv.redis.values import HASH, LIST, SET, STRING, ZSET, Entry
 from tests.kv.test_live_lists import _allocated, _seeded_with, settle
 
 N = 20_000
@@ -42,7 +44,7 @@ def _random_command(rng: random.Random, span: int) -> list[bytes]:
     def m() -> bytes:
         return b"m%d" % rng.randrange(span)
     name = rng.choice([b"SADD", b"SREM", b"HSET", b"HMSET", b"HDEL", b"HSETNX", b"HINCRBY", b"ZADD", b"ZREM",
-                       b"ZINCRBY", b"APPEND", b"PEXPIREAT", b"PERSIST"])
+                       b"ZINCRBY", b"APPEND", b"PEXPIREAT", b"PERSIST", b"RPUSH", b"LPUSH", b"LPOP", b"RPOP"])
     if name == b"SADD":
         args = [m() for _ in range(rng.choice([1, 1, 3, 20]))]
     elif name in (b"SREM", b"HDEL", b"ZREM"):
@@ -64,6 +66,10 @@ def _random_command(rng: random.Random, span: int) -> list[bytes]:
         args = [b"%d" % rng.randrange(1, 20)]
     elif name == b"PERSIST":
         args = []
+    elif name in (b"RPUSH", b"LPUSH"):
+        args = [m() for _ in range(rng.choice([1, 1, 3, 70, 150]))]  # whole chunks at times
+    elif name in (b"LPOP", b"RPOP"):
+        args = rng.choice([[], [], [b"%d" % rng.choice([0, 1, 2, 65, 500])]])
     else:
         args = [rng.choice([b"", b"\x00BKV", b"a" * rng.randrange(50)])]
     return [name, b"K", *args]
@@ -233,3 +239,25 @@ def test_a_restarted_replica_copies_live_values_and_replays_later_deltas_once(na
     assert len(appended) == len(set(appended)) and acked[b"tail"] <= len(appended) <= tried[b"tail"]
     assert [int(x) for x in appended] == sorted(int(x) for x in appended)
     assert type(shard.datalets["r0"].inner.data[b"S"]) is LiveString
+
+
+def test_pops_on_a_live_list_cost_the_same_at_10_and_at_20000_elements_from_either_end() -> None:
+    """LPOP/RPOP take elements off a LiveList's ends (a banker's deque of chunks): a queue (RPUSH,
+    LPOP) and pops alternating between the ends allocate no copy of the list. Also the count form:
+    RPOP past the length empties the list (the generic path once kept part of it)."""
+    short, long = LiveList.of(0, MEMBERS[:10]), LiveList.of(0, MEMBERS)
+    tracemalloc.start()
+    try:
+        costs = []
+        for value in (short, long):
+            for name in (b"LPOP", b"RPOP", b"LPOP", b"LPOP", b"RPOP", b"RPOP", b"LPOP"):
+                before = value
+                costs.append(_allocated(lambda n=name, v=value: rmw.apply(rmw.Command([n, b"L"], now_ms=1), v)))
+                value = rmw.apply(rmw.Command([name, b"L"], now_ms=1), value)[0]
+            assert list(value) == list(before)[:-1] if name == b"RPOP" else list(before)[1:]
+    finally:
+        tracemalloc.stop()
+    assert max(costs) < 24 * 1024, costs  # the first pop at an end splits the chunk cells: never a copy
+    assert rmw.apply(rmw.Command([b"RPOP", b"L", b"5"], now_ms=1), LiveList.of(0, [b"a", b"b", b"c"])) \
+        == (None, b"*3\r\n$1\r\nc\r\n$1\r\nb\r\n$1\r\na\r\n")
+    assert _generic(rmw.Command([b"RPOP", b"L", b"5"], now_ms=1), values.encode(Entry(LIST, 0, [b"a", b"b"])))[0] is None

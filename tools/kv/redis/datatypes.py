@@ -69,7 +69,7 @@ def _of(entry: Entry | None, kind: bytes, empty) -> Entry:
     return entry
 
 
-def _count(cmd: list) -> int | None:
+def pop_count(cmd: list) -> int | None:
     if len(cmd) == 2:
         return None
     if len(cmd) > 3 or (n := _int(cmd[2])) < 0:
@@ -77,7 +77,7 @@ def _count(cmd: list) -> int | None:
     return n
 
 
-def _popped(items: list[bytes], count: int | None) -> bytes:
+def popped_answer(items: list[bytes], count: int | None) -> bytes:
     return resp.bulk(items[0] if items else None) if count is None else resp.array(items)
 
 
@@ -95,7 +95,7 @@ def _push(cmd: list, entry: Entry | None, now: int):
 
 
 def _pop(cmd: list, entry: Entry | None, now: int):
-    count = _count(cmd)
+    count = pop_count(cmd)
     if entry is None:
         return None, resp.NULL if count is None else b"*-1\r\n"
     e = _of(entry, LIST, [])
@@ -104,8 +104,8 @@ def _pop(cmd: list, entry: Entry | None, now: int):
     if cmd[0] == b"LPOP":
         taken, rest = data[:n], data[n:]
     else:
-        taken, rest = list(reversed(data[-n:])) if n else [], data[:len(data) - n]
-    return e._replace(data=rest), _popped(taken, count)
+        taken, rest = list(reversed(data[-n:])) if n else [], data[:max(len(data) - n, 0)]  # n may exceed the length
+    return e._replace(data=rest), popped_answer(taken, count)
 
 
 def _lset(cmd: list, entry: Entry | None, now: int):
@@ -176,7 +176,7 @@ def _removing(kind: bytes):
 def _spop(cmd: list, entry: Entry | None, now: int):
     """Random members, drawn from a generator seeded by (key, instant): computed once at the
     write point and replicated by effect, so replicas agree whatever they would have drawn."""
-    count = _count(cmd)
+    count = pop_count(cmd)
     if entry is None:
         return None, resp.NULL if count is None else resp.EMPTY_ARRAY
     e = _of(entry, SET, {})
@@ -186,7 +186,7 @@ def _spop(cmd: list, entry: Entry | None, now: int):
     data = dict(e.data)
     for m in taken:
         del data[m]
-    return e._replace(data=data), _popped(taken, count)
+    return e._replace(data=data), popped_answer(taken, count)
 
 
 # -- hashes --------------------------------------------------------------------------------
@@ -261,7 +261,7 @@ def ranked(data: dict[bytes, float]) -> list[tuple[bytes, float]]:
 
 
 def _zpop(cmd: list, entry: Entry | None, now: int):
-    count = _count(cmd)
+    count = pop_count(cmd)
     if entry is None:
         return None, resp.EMPTY_ARRAY
     e = _of(entry, ZSET, {})

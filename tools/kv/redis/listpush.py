@@ -1,4 +1,4 @@
-"""RPUSH/LPUSH (and the X forms) without decoding the list.
+"""RPUSH/LPUSH (and the X forms) without decoding the list, and LPOP/RPOP on a live one.
 
 On a LiveList (livelist.py: how the memory datalet keeps a list, and what a push onto an absent
 key makes) a push is a new LiveList sharing all but one edge chunk: O(pushed), whatever the
@@ -10,6 +10,8 @@ array header, as the generic path writes it), so replicas that hold a list in di
 export and digest equal. The size limit is checked on the size computed before anything is stored.
 Anything unusual (an absent key for an X form, an expired or non-list key, an aa-ec versioned
 record, a refusal to word) returns None and takes the generic path (datatypes._push).
+LPOP/RPOP on a LiveList take O(popped) elements off one end (LiveList.popped); on bytes they take
+the generic path.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import struct
 
 import msgpack
 
-from mlsyskit.tools.kv.redis import resp
+from mlsyskit.tools.kv.redis import datatypes, resp
 from mlsyskit.tools.kv.redis.livelist import LiveList
 from mlsyskit.tools.kv.redis.values import _HEADER, LIST, MAGIC
 
@@ -74,3 +76,22 @@ def push(cmd: list[bytes], current: bytes | LiveList | None, now_ms: int,
     if len(stored) > limit and len(stored) > len(current):
         return None  # over the limit: the generic path words the refusal
     return stored, resp.integer(total)
+
+
+POPS = frozenset((b"LPOP", b"RPOP"))
+
+
+def pop(cmd: list[bytes], current: bytes | LiveList | None, now_ms: int,
+        limit: int) -> tuple[LiveList | None, bytes] | None:
+    """(the list afterwards -- None: emptied, so removed --, answer) for LPOP/RPOP key [count] on a
+    live list, or None: use the generic path (absent, expired, bytes, another kind, bad arguments)."""
+    if type(current) is not LiveList or 0 < current.deadline <= now_ms:
+        return None
+    try:
+        count = datatypes.pop_count(cmd)
+    except datatypes.CommandError:
+        return None
+    after, taken = current.popped(1 if count is None else count, cmd[0] == b"LPOP")
+    if not taken and count is not None:
+        after = current  # LPOP k 0: nothing changes
+    return after, datatypes.popped_answer(taken, count)

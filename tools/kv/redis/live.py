@@ -1,7 +1,7 @@
 """The writes that cost O(delta) on a live value (the memory datalet's form of a collection or an
 APPENDed string), and turning a stored record into its live form.
 
-rmw.apply tries FAST[name] first: a push (listpush.py), APPEND (livestring.py), and the set, hash and
+rmw.apply tries FAST[name] first: a push or a pop (listpush.py), APPEND (livestring.py), and the set, hash and
 sorted-set writes below, which run the command's own handler (datatypes.py) on a MapEdit of the
 LiveMap (livemap.py) instead of a dict copy. Each answers exactly as the generic path does, gives a
 value that stands for the bytes the generic path would store, and checks the value limit on the size
@@ -44,7 +44,8 @@ def map_write(cmd: list[bytes], current: Any, now_ms: int, limit: int) -> tuple[
     return value, answer
 
 
-FAST = {**dict.fromkeys(listpush.PUSHES, listpush.push), b"APPEND": livestring.append,
+FAST = {**dict.fromkeys(listpush.PUSHES, listpush.push), **dict.fromkeys(listpush.POPS, listpush.pop),
+        b"APPEND": livestring.append,
         **dict.fromkeys(MAP_WRITES, map_write)}
 
 

@@ -73,6 +73,33 @@ class LiveList(LiveValue):
         return LiveList(self.deadline, front, back, self.count + len(items), self.packed + added,
                         self._stored if keep_stored else None)
 
+    def popped(self, n: int, left: bool) -> tuple[LiveList | None, list[bytes]]:
+        """(a new LiveList without its n leftmost (LPOP) or rightmost (RPOP) elements -- None when
+        none are left --, those elements in pop order); this one is unchanged. O(n + CHUNK), and
+        when the popped end runs out, the half of the other end's chunk cells nearest to it are
+        re-linked from this end (O(count / CHUNK), paid for by the pops that drain them: a banker's
+        deque, so even pops alternating between the ends cost O(1) amortised)."""
+        n = min(n, self.count)
+        if n == self.count:
+            return None, list(self)[:n] if left else list(reversed(list(self)))[:n]
+        near, far = (self.front, self.back) if left else (self.back, self.front)
+        taken: list[bytes] = []
+        while len(taken) < n:
+            if near is None:
+                near, far = _split(far)  # everything left is at the far end: bring half of it over
+            chunk, rest = near
+            need = n - len(taken)
+            if left:
+                taken.extend(chunk[:need])
+                keep = chunk[need:]
+            else:
+                taken.extend(reversed(chunk[-need:]))
+                keep = chunk[:-need] if need < len(chunk) else ()
+            near = (keep, rest) if keep else rest
+        front, back = (near, far) if left else (far, near)
+        return LiveList(self.deadline, front, back, self.count - n,
+                        self.packed - sum(packed_size(x) for x in taken)), taken
+
     # -- reading -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[bytes]:
         cell = self.front
@@ -120,6 +147,22 @@ def iterate_back(cell: Cell | None) -> Iterator:
         cell = cell[1]
     for chunk in reversed(chunks):
         yield from chunk
+
+
+def _split(far: Cell) -> tuple[Cell, Cell | None]:
+    """(a new near end holding the half of the far end's chunks nearest to it, the far end's rest)."""
+    chunks = []
+    while far is not None:
+        chunks.append(far[0])  # outermost (far from the near end) first
+        far = far[1]
+    half = len(chunks) // 2
+    rest = None
+    for chunk in reversed(chunks[:half]):
+        rest = (chunk, rest)
+    near = None
+    for chunk in chunks[half:]:
+        near = (chunk, near)
+    return near, rest
 
 
 def onto_front(cell: Cell | None, new: tuple) -> Cell | None:
