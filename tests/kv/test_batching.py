@@ -9,7 +9,8 @@ import pytest
 import redis
 
 from mlsyskit.tools.kv.client import ycsb
-from mlsyskit.tools.kv.controlets.base import PUT, Apply, Reply, Send
+from mlsyskit.tools.kv.controlets.base import PUT, Apply, Send
+from mlsyskit.tools.kv.controlets.batch import ReplyBatch
 from mlsyskit.tools.kv.controlets.ms_sc import ChainReplication
 
 
@@ -31,7 +32,7 @@ def test_chain_tail_acks_once_per_drained_read_and_the_head_answers_every_write(
     assert ack == Send("a", b"ACK", (3,))
     assert tail.on_quiet() == []  # nothing more due
     replies = head.on_peer("c", b"ACK", [b"3"])
-    assert replies == [Reply(r) for r in reqs]
+    assert replies == [ReplyBatch(reqs)]  # answered together (controlets/batch.py)
 
 
 @pytest.mark.slow

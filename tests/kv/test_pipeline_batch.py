@@ -12,8 +12,8 @@ import hiredis
 import pytest
 
 from mlsyskit.tools.kv.client.pipeline import RespConnection
-from mlsyskit.tools.kv.controlets.base import PUT, Apply, ControletOptions, Reply, Send
-from mlsyskit.tools.kv.controlets.batch import BATCH
+from mlsyskit.tools.kv.controlets.base import PUT, ControletOptions, Send
+from mlsyskit.tools.kv.controlets.batch import BATCH, ApplyBatch, ReplyBatch, batch_fields, batch_pairs
 from mlsyskit.tools.kv.controlets.ms_ec import AsyncPrimaryBackup
 from mlsyskit.tools.kv.controlets.ms_sc import ChainReplication
 from mlsyskit.tools.kv.datalets.memory import MemoryDatalet
@@ -43,21 +43,30 @@ def test_a_chain_batch_is_one_entry_acknowledged_once_and_replayable_from_the_lo
         c.history.restart(0, 0)  # a known state: position 0, checksum 0 (as after a first catch-up)
     reqs = [Req(b"k%d" % i, b"v%d" % i) for i in range(3)]
     out = head.on_client_batch(reqs)
-    assert out[:3] == [Apply(r.key, r.value, r, 1) for r in reqs]  # one number, three before-images
-    (send,) = out[3:]
-    assert send == Send("b", b"CHAIN", (1, BATCH, b"k0", b"v0", b"k1", b"v1", b"k2", b"v2"))
+    keys, values = [r.key for r in reqs], [r.value for r in reqs]
+    assert out[0] == ApplyBatch(keys, values, reqs, 1)  # one number, three before-images
+    (send,) = out[1:]
+    assert send == Send("b", b"CHAIN", batch_fields(1, reqs))
+    assert send.fields[:2] == (1, BATCH) and send.fields[3] == b"k0v0k1v1k2v2"  # the pairs back to back
+    assert batch_pairs(wire(send.fields)) == (keys, values)
     relayed = mid.on_peer("a", b"CHAIN", wire(send.fields))
-    assert relayed[:3] == [Apply(r.key, r.value, None, 1) for r in reqs]
-    assert relayed[3].node == "c" and wire(relayed[3].fields) == wire(send.fields)
-    assert tail.on_peer("b", b"CHAIN", wire(relayed[3].fields))[:3] == relayed[:3]
+    assert relayed[0] == ApplyBatch(keys, values, None, 1)
+    assert relayed[1].node == "c" and wire(relayed[1].fields) == wire(send.fields)
+    assert tail.on_peer("b", b"CHAIN", wire(relayed[1].fields))[:1] == relayed[:1]
     assert tail.on_quiet() == [Send("a", b"ACK", (1,))]
-    assert head.on_peer("c", b"ACK", [b"1"]) == [Reply(r) for r in reqs]
+    assert head.on_peer("c", b"ACK", [b"1"]) == [ReplyBatch(reqs)]
     assert head.history.chain == mid.history.chain == tail.history.chain != 0  # one checksum at every hop
     assert head.history.seq == 1
     # A replica one entry behind gets the batch from the log tail and applies it whole.
     (entry,) = mid.history.tail_after(0, 0)
     late = ChainReplication("c", replicas, 1)
-    assert late.apply_stream("b", 1, tuple(entry))[:3] == relayed[:3]
+    assert late.apply_stream("b", 1, tuple(entry))[:1] == relayed[:1]
+
+
+def test_a_malformed_batch_entry_is_refused() -> None:
+    fields = wire(batch_fields(1, [Req(b"k", b"v")]))
+    with pytest.raises(ValueError):
+        batch_pairs([fields[0], fields[1], fields[2], fields[3] + b"x"])  # a byte more than the lengths say
 
 
 def test_a_batch_waits_its_turn_when_the_head_cannot_number_it() -> None:
@@ -73,9 +82,9 @@ def test_an_ms_ec_batch_is_answered_at_the_master_and_streamed_as_one_entry() ->
     master, slave = AsyncPrimaryBackup("a", ["a", "b"], 1), AsyncPrimaryBackup("b", ["a", "b"], 1)
     reqs = [Req(b"k%d" % i) for i in range(2)]
     out = master.on_client_batch(reqs)
-    assert out[:4] == [Apply(b"k0", b"v", reqs[0]), Reply(reqs[0]), Apply(b"k1", b"v", reqs[1]), Reply(reqs[1])]
-    assert out[4] == Send("b", b"REPL", (1, BATCH, b"k0", b"v", b"k1", b"v"))
-    assert slave.on_peer("a", b"REPL", wire(out[4].fields)) == [Apply(b"k0", b"v"), Apply(b"k1", b"v")]
+    assert out[:2] == [ApplyBatch([b"k0", b"k1"], [b"v", b"v"], reqs, 0), ReplyBatch(reqs)]
+    assert out[2] == Send("b", b"REPL", batch_fields(1, reqs))
+    assert slave.on_peer("a", b"REPL", wire(out[2].fields)) == [ApplyBatch([b"k0", b"k1"], [b"v", b"v"], None, 0)]
 
 
 class PoisonDatalet(MemoryDatalet):

@@ -3,35 +3,88 @@ read enter the ordered stream (ms-sc's chain, ms-ec's replication) as ONE number
 
 The front end gathers a connection's consecutive plain SETs (no options, values stored as they came)
 of one read; the origin (chain head, master) numbers them together, applies them and sends one
-message, (seq, BATCH, key1, value1, key2, value2, ...), where each single write would have cost a
-message, a frame, a parse, a history entry and an interpreter dispatch at every hop. Everything the
-stream guarantees is per entry and so holds per batch: the next number or a catch-up (stream.py),
-the log tail and its checksum (streamlog.py: the general path of chain_step), cumulative acks and
-write timeouts (each request of the batch waits in the head's in_flight under the batch's number),
-undo (every write of the batch keeps its before-image under that number: a datalet error on any
-replica takes the whole batch back everywhere and fails all its requests, none of which was
+message, (seq, BATCH, lengths, data): `data` is the batch's keys and values back to back and
+`lengths` their sizes as 32-bit little-endian words, so a message of a thousand writes is four
+fields to parse, frame and checksum at every hop (two large strings copied once), not two thousand.
+Each replica applies the batch as one action (ApplyBatch: one interpreter step, one before-image
+entry in the undo log) and the head answers its writes together (ReplyBatch).
+Everything the stream guarantees is per entry and so holds per batch: the next number or a catch-up
+(stream.py), the log tail and its checksum (streamlog.py), cumulative acks and write timeouts (each
+request of the batch waits in the head's in_flight under the batch's number), undo (every write of
+the batch keeps its before-image under that number: a datalet error on any write of the batch, at
+any replica, takes the whole batch back everywhere and fails all its requests, none of which was
 acknowledged). A batch is a connection's writes in its order, and a connection's writes were one
 FIFO path already, so session order is unchanged.
 """
 from __future__ import annotations
 
+import sys
+from array import array
 from collections.abc import Sequence
-from typing import Any
-
-from mlsyskit.tools.kv.controlets.base import Action, Apply
+from typing import Any, NamedTuple
 
 BATCH = b"B"  # the code field of a batch entry (single writes carry P, D, F or R there)
+_BIG = sys.byteorder == "big"
+assert array("I").itemsize == 4  # noqa: S101 - the wire's 32-bit length words
+
+
+class ApplyBatch(NamedTuple):
+    """A batch's datalet writes, in order (node/interpreter.py applies them as one step).
+
+    reqs: the client requests they answer (the origin's; None at a replica). seq > 0: numbered, the
+    before-images are kept under it (undoable); 0: not undoable (ms-ec)."""
+
+    keys: Sequence[bytes]
+    values: Sequence[bytes]
+    reqs: Sequence[Any] | None
+    seq: int = 0
+
+
+class ReplyBatch(NamedTuple):
+    """Writes acknowledged together (the chain tail's cumulative ACK): answered in one pass."""
+
+    reqs: Sequence[Any]
 
 
 def batch_fields(seq: int, reqs: Sequence[Any]) -> tuple:
-    """The stream entry of a batch of plain SET requests: (seq, BATCH, k1, v1, k2, v2, ...)."""
-    flat: list[Any] = [seq, BATCH]
+    """The stream entry of a batch of plain SET requests: (seq, BATCH, lengths, data)."""
+    parts: list[bytes] = []
     for r in reqs:
-        flat.append(r.key)
-        flat.append(r.value)
-    return tuple(flat)
+        parts.append(r.key)
+        parts.append(r.value)
+    lengths = array("I", map(len, parts))
+    if _BIG:
+        lengths.byteswap()
+    return seq, BATCH, lengths.tobytes(), b"".join(parts)
 
 
-def batch_applies(fields: Sequence[Any], seq: int) -> list[Action]:
+def batch_pairs(fields: Sequence[Any]) -> tuple[list[bytes], list[bytes]]:
+    """The keys and values of a batch entry, in order (ValueError: the entry is malformed)."""
+    lengths = array("I")
+    lengths.frombytes(fields[2])
+    if _BIG:
+        lengths.byteswap()
+    data = fields[3]
+    if len(lengths) % 2 or sum(lengths) != len(data):
+        raise ValueError(f"a malformed batch entry: {len(lengths)} lengths for {len(data)} bytes")
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    pos = 0
+    it = iter(lengths)
+    for klen, vlen in zip(it, it, strict=True):
+        end = pos + klen
+        keys.append(data[pos:end])
+        pos = end + vlen
+        values.append(data[end:pos])
+    return keys, values
+
+
+def batch_apply(fields: Sequence[Any], seq: int) -> ApplyBatch:
     """A replica's datalet writes for a batch entry, in the origin's order (seq 0: not undoable)."""
-    return [Apply(fields[i], fields[i + 1], None, seq) for i in range(2, len(fields), 2)]
+    keys, values = batch_pairs(fields)
+    return ApplyBatch(keys, values, None, seq)
+
+
+def origin_apply(reqs: Sequence[Any], seq: int) -> ApplyBatch:
+    """The origin's own writes of a batch, answering `reqs`."""
+    return ApplyBatch([r.key for r in reqs], [r.value for r in reqs], reqs, seq)

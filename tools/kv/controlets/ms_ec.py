@@ -17,7 +17,6 @@ from mlsyskit.tools.kv.controlets.base import (
     GET,
     RMW,
     Action,
-    Apply,
     Forward,
     Read,
     Reply,
@@ -27,7 +26,7 @@ from mlsyskit.tools.kv.controlets.base import (
     stored,
     wire_write,
 )
-from mlsyskit.tools.kv.controlets.batch import BATCH, batch_applies, batch_fields
+from mlsyskit.tools.kv.controlets.batch import BATCH, ReplyBatch, batch_apply, batch_fields, origin_apply
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
 from mlsyskit.tools.kv.redis import rmw
 
@@ -92,18 +91,17 @@ class AsyncPrimaryBackup(OrderedStream):
         if self.node_id != self.master or self.mode is not self.READY_MODE or not self.others:
             return [a for r in reqs for a in self.on_client(r)]  # one at a time, as ever
         self.applied += 1
-        out: list[Action] = []
-        for r in reqs:
-            out.append(Apply(r.key, r.value, r))
-            out.append(Reply(r))
         fields = batch_fields(self.applied, reqs)
         self.record(fields)
+        # Applied and answered together: a write that fails is answered with its error instead
+        # (the interpreter skips the requests of a failed write), the others with OK.
+        out: list[Action] = [origin_apply(reqs, 0), ReplyBatch(reqs)]
         out.extend(Send(n, b"REPL", fields) for n in self.others)
         return out
 
     def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
         if fields[1] == BATCH:
-            return batch_applies(fields, 0)
+            return [batch_apply(fields, 0)]
         return [stored(fields[1], fields[2], fields[3])]
 
     def on_apply_failed(self, req: Any) -> list[Action]:

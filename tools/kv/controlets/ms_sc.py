@@ -32,7 +32,6 @@ from mlsyskit.tools.kv.controlets.base import (
     RMW,
     TRYAGAIN,
     Action,
-    Apply,
     Fail,
     Forward,
     Read,
@@ -43,7 +42,7 @@ from mlsyskit.tools.kv.controlets.base import (
     stored,
     wire_write,
 )
-from mlsyskit.tools.kv.controlets.batch import BATCH, batch_applies, batch_fields
+from mlsyskit.tools.kv.controlets.batch import BATCH, ReplyBatch, batch_apply, batch_fields, origin_apply
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
 from mlsyskit.tools.kv.controlets.undo import failed_message
 from mlsyskit.tools.kv.redis import rmw
@@ -139,24 +138,18 @@ class ChainReplication(OrderedStream):
             return [a for r in reqs for a in self.on_client(r)]  # one at a time, as ever
         self.applied += 1
         seq, deadline = self.applied, self.now + self.options.write_timeout
-        out: list[Action] = []
-        for r in reqs:
-            out.append(Apply(r.key, r.value, r, seq))
-            self.in_flight.append((seq, r, deadline))
+        self.in_flight.extend([(seq, r, deadline) for r in reqs])
         fields = batch_fields(seq, reqs)
         self.record(fields)
-        out.append(Send(self.successor, b"CHAIN", fields))
-        return out
+        return [origin_apply(reqs, seq), Send(self.successor, b"CHAIN", fields)]
 
     def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
         code = fields[1]
         if code == BATCH:
-            out = batch_applies(fields, seq)
             if self.successor is None:
                 self.ack_due = seq
-                return out
-            out.append(Send(self.successor, b"CHAIN", tuple(fields)))
-            return out
+                return [batch_apply(fields, seq)]
+            return [batch_apply(fields, seq), Send(self.successor, b"CHAIN", tuple(fields))]
         key, value = fields[2], fields[3]
         apply = stored(code, key, value, None, seq)
         if self.successor is None:  # acks are cumulative: one per drained read covers them all
@@ -172,10 +165,10 @@ class ChainReplication(OrderedStream):
                 return []  # only the tail's position releases writes
             acked = int(fields[0])
             self.committed = max(self.committed, acked)  # the tail applied it: so did every replica
-            out: list[Action] = []
-            while self.in_flight and self.in_flight[0][0] <= acked:
-                out.append(Reply(self.in_flight.popleft()[1]))
-            return out
+            in_flight, done = self.in_flight, []
+            while in_flight and in_flight[0][0] <= acked:
+                done.append(in_flight.popleft()[1])
+            return [ReplyBatch(done)] if done else []
         if kind in SYNC_KINDS:
             return self.on_sync_message(src, kind, fields)
         return []

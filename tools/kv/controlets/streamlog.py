@@ -18,7 +18,6 @@ whole snapshot as before.
 from __future__ import annotations
 
 import zlib
-from array import array
 from collections import deque
 from collections.abc import Sequence
 from itertools import islice
@@ -57,20 +56,6 @@ def chain_step(chain: int, seq: int, fields: Sequence[Any]) -> int:
 
 def fields_size(fields: Sequence[Any]) -> int:
     return sum(len(f) for f in fields[1:] if isinstance(f, bytes | str))
-
-
-def _batch_step(chain: int, seq: int, fields: Sequence[Any]) -> tuple[int | None, int]:
-    """The checksum and entry size of a pipeline batch (controlets/batch.py), whose parts are all
-    bytes: the lengths as 32-bit words (half chain_step's cost on every write, at every replica, each
-    of which computes it here), then the parts. (None, 0) when a part is not bytes (another stream's
-    format): chain_step then, whose different checksum at worst makes a catch-up a whole snapshot."""
-    parts = fields[1:]
-    try:
-        lengths = array("I", map(len, parts)).tobytes()
-        joined = b"".join(parts)
-    except (TypeError, OverflowError):
-        return None, 0
-    return crc32(joined, crc32(lengths, crc32(b"%d " % seq, chain))), ENTRY_OVERHEAD + len(joined)
 
 
 class StreamHistory:
@@ -125,10 +110,8 @@ class StreamHistory:
             code, key, value = fields[1], fields[2], fields[3]  # chain_step's short path, inlined: every write
             chain = crc32(value, crc32(key, crc32(code, crc32(b"%d %d %d " % (seq, len(code), len(key)), chain))))
             size = ENTRY_OVERHEAD + len(code) + len(key) + len(value)
-        else:
-            chain, size = _batch_step(chain, seq, fields) if fields[1] == b"B" else (None, 0)
-            if chain is None:
-                chain, size = chain_step(self.chain, seq, fields), ENTRY_OVERHEAD + fields_size(fields)
+        else:  # (a pipeline batch, controlets/batch.py, is four fields too: the short path above)
+            chain, size = chain_step(chain, seq, fields), ENTRY_OVERHEAD + fields_size(fields)
         self.chain, self.seq = chain, seq
         self.entries.append((seq, fields, chain, size))
         self.bytes += size

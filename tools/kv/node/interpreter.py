@@ -41,6 +41,7 @@ from mlsyskit.tools.kv.controlets.base import (
     StreamFailure,
     Undo,
 )
+from mlsyskit.tools.kv.controlets.batch import ApplyBatch, ReplyBatch
 from mlsyskit.tools.kv.datalets.base import Datalet
 from mlsyskit.tools.kv.node.snapshot import stream_snapshot
 from mlsyskit.tools.kv.node.undolog import UndoLog
@@ -107,6 +108,7 @@ class Interpreter:
         if self.sync and not self.queue:
             self._run_now(actions)
             return
+        actions = _one_by_one(actions)  # queued (a remote datalet's futures, or behind an Undo): one by one
         if self.held or any(type(a) is Undo for a in actions):
             self.held += 1
             self.queue.append((self.failures, [(a, UNISSUED if type(a) in DATALET_KINDS else None)
@@ -172,9 +174,13 @@ class Interpreter:
         """A synchronous datalet: every action now; after a failure the rest as _skipped says."""
         failed: set[int] | None = None
         for a in actions:
-            if failed is not None and (self._skipped(a, failed) or type(a) is Apply and -a.seq in failed):
+            kind = type(a)
+            if kind is ApplyBatch or kind is ReplyBatch:  # a pipeline batch (controlets/batch.py)
+                failed = self._apply_batch(a, failed) if kind is ApplyBatch else self._reply_batch(a, failed)
+                continue
+            if failed is not None and (self._skipped(a, failed) or kind is Apply and -a.seq in failed):
                 continue  # (-seq: a batch entry's writes after one that failed: never issued, see below)
-            res = self._issue(a) if type(a) in DATALET_KINDS else None
+            res = self._issue(a) if kind in DATALET_KINDS else None
             if type(res) is Failed:
                 failed = failed or set()
                 if type(a) is Apply and a.seq:
@@ -184,6 +190,50 @@ class Interpreter:
                 self._datalet_failed(a, res.error, failed)
             else:
                 self._finish(a, res)
+
+    def _apply_batch(self, a: ApplyBatch, failed: set[int] | None) -> set[int] | None:
+        """A batch's writes as one step: the same outcome as one Apply per write, with a tenth of the
+        calls. A failed numbered write stops its batch (the rest is never issued, as _run_now does);
+        an unnumbered one (ms-ec) fails alone."""
+        seq, reqs = a.seq, a.reqs
+        if failed is not None and -seq in failed:
+            return failed
+        write = self.datalet.swap if seq else self.datalet.put
+        keys, values = a.keys, a.values
+        n, start = len(keys), 0
+        while start < n:
+            befores: list[Any] = []
+            keep = befores.append
+            try:
+                for i in range(start, n):
+                    keep(write(keys[i], values[i]))
+            except Exception as e:  # noqa: BLE001 - a datalet error fails the request, never the node
+                i = start + len(befores)
+                if seq:
+                    self.undo.keep_batch(seq, keys[start:i], befores)
+                failed = failed or set()
+                if seq:
+                    failed.add(-seq)
+                self._datalet_failed(Apply(keys[i], values[i], None if reqs is None else reqs[i], seq), e, failed)
+                if seq:
+                    return failed
+                start = i + 1
+                continue
+            if seq:
+                self.undo.keep_batch(seq, keys[start:] if start else keys, befores)
+            break
+        return failed
+
+    def _reply_batch(self, a: ReplyBatch, failed: set[int] | None) -> set[int] | None:
+        reqs = a.reqs if failed is None else [r for r in a.reqs if id(r) not in failed]
+        if reqs:
+            reply_all = getattr(self.transport, "reply_all", None)
+            if reply_all is not None:
+                reply_all(reqs)
+            else:
+                for r in reqs:
+                    self.transport.reply(r)
+        return failed
 
     def _drain(self, _f: Any = None) -> None:
         queue = self.queue
@@ -287,3 +337,20 @@ class Interpreter:
 
     def spawn(self, work: Coroutine) -> None:
         self.transport.spawn(work)
+
+
+def _one_by_one(actions: list) -> list:
+    """A batch's actions (controlets/batch.py) as the single ones they stand for, in order."""
+    if not any(type(a) is ApplyBatch or type(a) is ReplyBatch for a in actions):
+        return actions
+    out: list = []
+    for a in actions:
+        if type(a) is ApplyBatch:
+            reqs = a.reqs
+            out.extend(Apply(k, v, None if reqs is None else reqs[i], a.seq)
+                       for i, (k, v) in enumerate(zip(a.keys, a.values, strict=True)))
+        elif type(a) is ReplyBatch:
+            out.extend(Reply(r) for r in a.reqs)
+        else:
+            out.append(a)
+    return out

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.tools.kv import peerauth
 from mlsyskit.tools.kv.client.pipeline import ConnectionLost, RespConnection
+from mlsyskit.tools.kv.client.rawrelay import RawBatch, RelayConnection
 from mlsyskit.tools.kv.node.requests import PEER_AUTH, PEER_NONCE
 
 
@@ -73,6 +74,11 @@ class Link:
         self.conn.send(frame)
         return True
 
+    def call_raw(self, frame: bytes, batch: RawBatch) -> bool:
+        """call_many whose replies, when all of the batch's expected type, come back as their raw
+        bytes (client/rawrelay.py). False, nothing sent, when the connection cannot do it now."""
+        return self._ready() and self.conn.call_raw(frame, batch)
+
     def _queue(self, frame: bytes, fut: asyncio.Future | Waiter | None) -> None:
         self.pending.append((frame, fut))
         if len(self.pending) > self.max_queued:
@@ -95,7 +101,7 @@ class Link:
             self.on_give_up(len(pending))
 
     async def _open(self) -> RespConnection:
-        conn = await RespConnection.connect(self.host, self.port)
+        conn = await RelayConnection.connect(self.host, self.port)
         if self.secret is not None:
             try:
                 nonce = await asyncio.wait_for(conn.call(PEER_NONCE), 5.0)

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlsyskit.core.retry import Backoff, retry_async
+from mlsyskit.tools.kv.client.rawrelay import BULK, SIMPLE, RawBatch, parse_replies
 from mlsyskit.tools.kv.controlets.base import GET
 from mlsyskit.tools.kv.node.requests import Request, relay_answer, relay_reply, worth_retrying
 from mlsyskit.tools.kv.shardmap import RIDE_THROUGH_S
@@ -118,7 +119,14 @@ class Rider:
         epoch = self.node.map.epoch
         frame = b"".join([r.frame() for r in reqs]) if reqs[0].op is not GET else \
             b"".join([b"*2\r\n$3\r\nGET\r\n$%d\r\n%b\r\n" % (len(r.key), r.key) for r in reqs])  # Request.frame's
-        if not link.call_many(frame, len(reqs), lambda replies: self._batch_answered(reqs, replies, epoch)):
+
+        def answered(replies: list) -> None:
+            self._batch_answered(reqs, replies, epoch)
+
+        # the replies relayed as the bytes they came in when all are plain answers (client/rawrelay.py)
+        raw = RawBatch(len(reqs), BULK if reqs[0].op is GET else SIMPLE,
+                       lambda b: self._batch_relayed(reqs, b, epoch), answered)
+        if not link.call_raw(frame, raw) and not link.call_many(frame, len(reqs), answered):
             return False
         reqs[0].conn.ride_epoch = epoch
         self.node.stats["forwarded"] += len(reqs)
@@ -135,6 +143,18 @@ class Rider:
             return
         for req, payload in pairs:  # every answer is final: completed together, one pass over the slots
             req.payload = payload
+        conn.slots_done(reqs)
+
+    def _batch_relayed(self, reqs: list[Request], raw: bytes, epoch: int) -> None:
+        """Every reply of the batch is a plain answer (client/rawrelay.py): its bytes, as they came,
+        are the batch's answer, in the first request's slot (the others answer nothing more)."""
+        conn = reqs[0].conn
+        if any(r.payload is not None for r in reqs) or getattr(conn, "slots_done", None) is None:
+            self._batch_answered(reqs, parse_replies(raw, len(reqs)), epoch)  # (counts a duplicate)
+            return
+        reqs[0].payload = raw
+        for r in reqs[1:]:
+            r.payload = b""
         conn.slots_done(reqs)
 
     def _answered(self, req: Request, fut: asyncio.Future, epoch: int) -> None:
