@@ -32,6 +32,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--nvme-dir", default=None)
     p.add_argument("--aio", default=None, help="JSON of the aio section (from --tune-aio)")
+    p.add_argument("--optimizer-swap", choices=("pipelined", "sync"), default="pipelined",
+                   help="NVMe optimizer-state swapping: pipelined over sub-groups, or DeepSpeed's default (one "
+                        "sub-group, synchronous)")
     p.add_argument("--tune-aio", action="store_true",
                    help="sweep DeepSpeed's aio settings on --nvme-dir and write the best to --out")
     p.add_argument("--out", required=True)
@@ -44,18 +47,25 @@ def ds_config(args: argparse.Namespace, hidden: int, largest: int, n_params: int
     The "auto" values of DeepSpeed's Hugging Face integration, from the hidden size h: reduce bucket h^2,
     prefetch bucket 0.9 h^2, parameter persistence threshold 10 h; overlap_comm and contiguous_gradients on;
     max live parameters and reuse distance at their defaults (1e9). NVMe: parameter buffers at the documented
-    defaults (5 buffers, max_in_cpu 1e9), each at least the largest parameter; optimizer swapping with 4
-    buffers and pipelined reads and writes, over sub-groups of 1e8 elements (the documented example), or
-    a quarter of the model when that is smaller, so the pipeline has tiles to overlap; the aio section tuned
-    for this disk (--tune-aio, a reduced ds_nvme_tune sweep) and passed in --aio."""
+    defaults (5 buffers, max_in_cpu 1e9), each at least the largest parameter; the aio section tuned for
+    this disk (--tune-aio, a reduced ds_nvme_tune sweep) and passed in --aio. Optimizer swapping
+    ("pipelined", the faster here): reads and writes pipelined over sub-groups of 1e8 elements, or a quarter
+    of the model when that is smaller, so the pipeline has tiles to overlap. Each sub-group holds 4 buffers
+    (fp32 master, m, v, gradient; the documented minimum for Adam) and 3 are in flight at once (the
+    previous one being written, the current one, the next one being read), so 12 buffers: with the
+    documented 4, DeepSpeed's first step fails (`new_alloc_buffers is not None`: m and v get no buffer).
+    "sync" is DeepSpeed's default (no pipelining, 4 buffers, sub_group_size 1e9)."""
     where = {"device": args.offload, "pin_memory": True}
     if args.offload == "nvme":
         where["nvme_path"] = args.nvme_dir
     buffer_size = max(int(1e8), -(-largest // (1 << 20)) * (1 << 20))
     param = dict(where, buffer_count=5, buffer_size=buffer_size, max_in_cpu=int(1e9)) \
         if args.offload == "nvme" else dict(where)
-    optimizer = dict(where, buffer_count=4, pipeline_read=True, pipeline_write=True) \
-        if args.offload == "nvme" else dict(where)
+    pipelined = args.offload == "nvme" and args.optimizer_swap == "pipelined"
+    if pipelined:  # 4 buffers per sub-group (fp32 master, m, v, gradient) x 3 sub-groups in flight
+        optimizer = dict(where, buffer_count=12, pipeline_read=True, pipeline_write=True)
+    else:
+        optimizer = dict(where, buffer_count=4) if args.offload == "nvme" else dict(where)
     config = {
         "train_micro_batch_size_per_gpu": args.batch,
         "gradient_accumulation_steps": 1,
@@ -69,7 +79,8 @@ def ds_config(args: argparse.Namespace, hidden: int, largest: int, n_params: int
                               "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
                               "stage3_param_persistence_threshold": 10 * hidden,
                               "stage3_max_live_parameters": int(1e9), "stage3_max_reuse_distance": int(1e9),
-                              "sub_group_size": min(int(1e8), -(-n_params // 4))},
+                              "sub_group_size": int(1e9) if args.offload == "nvme" and not pipelined
+                              else min(int(1e8), -(-n_params // 4))},
     }
     if args.aio:
         config["aio"] = json.loads(args.aio)
