@@ -18,7 +18,7 @@ from mlsyskit.tools.kv.frontend import admin
 from mlsyskit.tools.kv.frontend.commands import HANDLERS
 from mlsyskit.tools.kv.frontend.session import PIPELINE_PAUSE, Session
 from mlsyskit.tools.kv.node.control import LeaseExpired
-from mlsyskit.tools.kv.node.requests import PEER_MESSAGE, Request
+from mlsyskit.tools.kv.node.requests import PEER_MESSAGE, RelayBatch, Request
 from mlsyskit.tools.kv.redis import resp, values
 
 
@@ -50,7 +50,7 @@ class ClientConnection(Session):
         out, slots, ok, gets, first = self.out, self.slots, resp.OK, reader.gets, values.FIRST
         budget = self.limits.max_output_bytes - self.transport.get_write_buffer_size()
         # Plain SETs gathered for one stream entry at a stream origin (controlets/batch.py); at a proxy,
-        # plain SETs or GETs gathered to be relayed as one frame (Rider.forward_batch)
+        # plain SETs or GETs gathered in one RelayBatch, relayed as one frame (Rider.forward_relay)
         relay = node.controlet is None
         batching, puts = node.batch_puts or relay, self.puts
         try:
@@ -71,8 +71,26 @@ class ClientConnection(Session):
                             self.submit_puts()
                             if self.transport is None:
                                 return
+                        if relay:  # a proxy: one reply slot for the batch (RelayBatch), no request per command
+                            if puts:
+                                batch = puts[0]
+                            elif not self.held and not (self.unanswered_reads if op is PUT else self.unacked_writes):
+                                batch = RelayBatch(op, self)
+                                slots.append(batch)
+                                if op is PUT:
+                                    self.unacked_writes += 1
+                                else:
+                                    self.unanswered_reads += 1
+                                puts.append(batch)
+                            else:
+                                batch = None
+                            if batch is not None:
+                                batch.keys.append(key)
+                                if op is PUT:
+                                    batch.values.append(value)
+                                continue
                         # session order: nothing of the connection waits, no read (write) before a write (read)
-                        if not self.held and not (self.unanswered_reads if op is PUT else self.unacked_writes):
+                        elif not self.held and not (self.unanswered_reads if op is PUT else self.unacked_writes):
                             req = Request(op, key, value, self)
                             slots.append(req)
                             if op is PUT:

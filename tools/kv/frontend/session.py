@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import hiredis
 
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, FENCED, FLUSH, GET, PUT, WRITES
-from mlsyskit.tools.kv.node.requests import Ready, Request
+from mlsyskit.tools.kv.node.requests import Ready, RelayBatch, Request
 from mlsyskit.tools.kv.redis import resp, values
 
 PIPELINE_PAUSE = 8192  # unanswered requests of one connection before it stops reading
@@ -45,6 +45,7 @@ class Aggregate:
     """A multi-key command (MGET, MSET, DEL k..., EXISTS k...) split into single-key requests."""
 
     __slots__ = ("conn", "kind", "parts", "remaining", "payload", "items")
+    nil_on_wrongtype = True  # MGET answers nil for a key of another kind (requests.read_answer)
 
     def __init__(self, conn: Session, kind: bytes, n: int) -> None:
         self.conn, self.kind, self.remaining = conn, kind, n
@@ -122,7 +123,7 @@ class Session(asyncio.Protocol):
         self.unacked_writes = 0
         self.unanswered_reads = 0
         self.held: deque[tuple[bool, Any]] = deque()  # (is_write, request) waiting for session order
-        self.puts: list[Request] = []  # plain SETs (or GETs) of the current read, admitted, for one batch
+        self.puts: list[Any] = []  # plain SETs of the current read, admitted, for one batch (a proxy: a RelayBatch)
         self.reading_paused = False  # past PIPELINE_PAUSE unanswered requests (module docstring)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -182,7 +183,7 @@ class Session(asyncio.Protocol):
 
     def slot_done(self, done: Any = None) -> None:
         if done is not None:
-            if done.op in WRITES if type(done) is Request else done.kind in WRITE_OPS:
+            if done.kind in WRITE_OPS if type(done) is Aggregate else done.op in WRITES:  # (or a RelayBatch)
                 self.unacked_writes -= 1
             else:
                 self.unanswered_reads -= 1
@@ -234,9 +235,14 @@ class Session(asyncio.Protocol):
 
     # -- requests --------------------------------------------------------------
     def submit_puts(self) -> None:
-        """The plain SETs (a proxy's: or GETs) gathered from this read, admitted in order: to the node
-        as one batch (Node.submit_batch)."""
+        """The plain SETs gathered from this read, admitted in order: to the node as one batch
+        (Node.submit_batch); at a proxy, the read's RelayBatch (Node.relay)."""
         puts = self.puts
+        if type(puts[0]) is RelayBatch:
+            batch = puts[0]
+            puts.clear()
+            self.node.relay(batch)
+            return
         batch = puts[:]
         puts.clear()
         self.node.submit_batch(batch)

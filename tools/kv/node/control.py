@@ -33,7 +33,7 @@ class ControlledNode:
         # timer runs, so only a check at the read itself keeps a deposed tail from answering.
         if self.clock.now() >= self.lease_until and not self.renewed_late():
             raise LeaseExpired(f"{self.node_id}: lease lapsed")
-        return self.datalet.get(key)
+        return self.peek(key)  # as the unleased fast path reads (a live value: the caller takes its record)
 
     def renewed_late(self) -> bool:
         """The lease looked lapsed: take the heartbeat thread's newest answer (on this loop, against

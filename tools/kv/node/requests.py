@@ -67,6 +67,55 @@ class Request:
         return hiredis.pack_command(({GET: b"GET", EXISTS: b"EXISTS", DEL: b"DEL"}[self.op], self.key))
 
 
+class RelayBatch:
+    """A connection's plain GETs (or SETs) of one read at a proxy: ONE reply slot for them all.
+
+    Relayed as one frame to their node, whose replies come back as one string when all are plain
+    answers (client/rawrelay.py); otherwise, or when they cannot go as one frame, the batch becomes
+    single requests (`requests()`, each a part of it, answered and retried one by one) and its
+    payload is their answers in order. A batch counts as one read (one write) for session order."""
+
+    __slots__ = ("op", "keys", "values", "conn", "payload", "parts", "remaining")
+    nil_on_wrongtype = False  # a part answers what a single GET answers (not MGET's nil)
+
+    def __init__(self, op: str, conn: Any) -> None:
+        self.op, self.conn = op, conn
+        self.keys: list[bytes] = []
+        self.values: list[bytes] = []  # a SET batch's values
+        self.payload: bytes | None = None
+        self.parts: list[bytes | None] = []
+        self.remaining = 0
+
+    def requests(self) -> list[Request]:
+        """The batch as single requests, in order (each completes its part)."""
+        n = len(self.keys)
+        self.parts, self.remaining = [None] * n, n
+        if self.op is GET:
+            return [Request(GET, k, None, None, self, i) for i, k in enumerate(self.keys)]
+        return [Request(PUT, k, v, None, self, i) for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True))]
+
+    def part_done(self, req: Request) -> None:
+        self.parts[req.index] = req.payload
+        self.remaining -= 1
+        if not self.remaining:
+            self.done(b"".join(self.parts))
+
+    def done(self, payload: bytes) -> None:
+        if self.payload is not None:
+            Request.duplicate_completions += 1
+            return
+        self.payload = payload
+        self.conn.slot_done(self)
+
+    def frame(self) -> bytes:
+        """The batch as the commands its node runs (Request.frame's, inlined: plain SETs are never
+        escaped, the front end batches only values stored as they came)."""
+        if self.op is GET:
+            return b"".join([b"*2\r\n$3\r\nGET\r\n$%d\r\n%b\r\n" % (len(k), k) for k in self.keys])
+        return b"".join([b"*3\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(k), k, len(v), v)
+                         for k, v in zip(self.keys, self.values, strict=True)])
+
+
 class Ready:
     """An immediate reply queued behind a slower one (or filled in later by a handler)."""
 
@@ -100,7 +149,8 @@ def read_answer(req: Request, stored: bytes | None) -> bytes:
         if req.op is not GET:
             return resp.ZERO if values.expired(stored, now) else resp.ONE
         answer = values.get_answer(stored, now)
-        return resp.NULL if answer is values.WRONGTYPE and req.parent is not None else answer  # MGET: nil
+        mget = req.parent is not None and req.parent.nil_on_wrongtype
+        return resp.NULL if answer is values.WRONGTYPE and mget else answer  # MGET: nil
     if req.op is GET:
         return resp.bulk(stored)
     return resp.ZERO if stored is None else resp.ONE
@@ -123,7 +173,8 @@ def relay_reply(req: Request, reply: object) -> bytes:
     if isinstance(reply, BaseException):
         exc = reply
         if isinstance(exc, hiredis.ReplyError):
-            if req.parent is not None and req.op is GET and str(exc).startswith("WRONGTYPE"):
+            if req.parent is not None and req.parent.nil_on_wrongtype and req.op is GET \
+                    and str(exc).startswith("WRONGTYPE"):
                 return resp.NULL  # MGET answers nil for a key of another kind
             return resp.error(str(exc))
         if isinstance(exc, ConnectionLost) and str(exc).startswith(NEVER_SENT):

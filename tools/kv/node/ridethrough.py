@@ -37,9 +37,9 @@ from collections.abc import Callable
 from typing import Any
 
 from mlsyskit.core.retry import Backoff, retry_async
-from mlsyskit.tools.kv.client.rawrelay import BULK, SIMPLE, RawBatch, parse_replies
+from mlsyskit.tools.kv.client.rawrelay import BULK, SIMPLE, RawBatch
 from mlsyskit.tools.kv.controlets.base import GET
-from mlsyskit.tools.kv.node.requests import Request, relay_answer, relay_reply, worth_retrying
+from mlsyskit.tools.kv.node.requests import RelayBatch, Request, relay_answer, relay_reply, worth_retrying
 from mlsyskit.tools.kv.shardmap import RIDE_THROUGH_S
 
 RETRY_INITIAL_S, RETRY_CAP_S = 0.05, 0.5
@@ -109,53 +109,28 @@ class Rider:
         # answered in place when the reply is parsed (links.Waiter: no Future or loop turn per request)
         self.node.link(node_id).call_back(req.frame(), lambda f: self._answered(req, f, epoch))
 
-    def forward_batch(self, reqs: list[Request], link: Any) -> bool:
-        """Plain GETs or SETs one connection pipelined in one read, all for the node behind `link`:
-        one frame and one reply handler for them all (links.call_many), each answer then settled as
-        `forward`'s are. False, nothing sent, when the link is not open or the connection has held
-        requests (the caller forwards them one by one)."""
-        if self.held and origin(reqs[0]) in self.held:
+    def forward_relay(self, batch: RelayBatch, link: Any) -> bool:
+        """A proxy's RelayBatch, all for the node behind `link`, as one frame: its replies relayed as
+        the bytes they came in when all are plain answers (client/rawrelay.py), else settled one by
+        one as `forward`'s are (held and retried). False, nothing sent, when the link is not open or
+        the connection has held requests (the caller submits them one by one)."""
+        if self.held and batch.conn in self.held:
             return False
         epoch = self.node.map.epoch
-        frame = b"".join([r.frame() for r in reqs]) if reqs[0].op is not GET else \
-            b"".join([b"*2\r\n$3\r\nGET\r\n$%d\r\n%b\r\n" % (len(r.key), r.key) for r in reqs])  # Request.frame's
+        n = len(batch.keys)
 
-        def answered(replies: list) -> None:
-            self._batch_answered(reqs, replies, epoch)
+        def parsed(replies: list) -> None:
+            for req, reply in zip(batch.requests(), replies, strict=True):
+                self.settle(req, relay_reply(req, reply), epoch)
 
-        # the replies relayed as the bytes they came in when all are plain answers (client/rawrelay.py)
-        raw = RawBatch(len(reqs), BULK if reqs[0].op is GET else SIMPLE,
-                       lambda b: self._batch_relayed(reqs, b, epoch), answered)
-        if not link.call_raw(frame, raw) and not link.call_many(frame, len(reqs), answered):
+        frame = batch.frame()
+        raw = RawBatch(n, BULK if batch.op is GET else SIMPLE, batch.done, parsed)
+        if not link.call_raw(frame, raw) and not link.call_many(frame, n, parsed):
             return False
-        reqs[0].conn.ride_epoch = epoch
-        self.node.stats["forwarded"] += len(reqs)
+        batch.conn.ride_epoch = epoch
+        self.node.stats["forwarded"] += n
         self.node.stats["batches"] += 1
         return True
-
-    def _batch_answered(self, reqs: list[Request], replies: list, epoch: int) -> None:
-        pairs = [(req, relay_reply(req, reply)) for req, reply in zip(reqs, replies, strict=True)]
-        conn = reqs[0].conn
-        retried = self.window() > 0 and any(p[:1] == b"-" and worth_retrying(r, p) for r, p in pairs)
-        if retried or any(r.payload is not None for r in reqs) or getattr(conn, "slots_done", None) is None:
-            for req, payload in pairs:  # some are held and retried (or a duplicate is counted): one by one
-                self.settle(req, payload, epoch)
-            return
-        for req, payload in pairs:  # every answer is final: completed together, one pass over the slots
-            req.payload = payload
-        conn.slots_done(reqs)
-
-    def _batch_relayed(self, reqs: list[Request], raw: bytes, epoch: int) -> None:
-        """Every reply of the batch is a plain answer (client/rawrelay.py): its bytes, as they came,
-        are the batch's answer, in the first request's slot (the others answer nothing more)."""
-        conn = reqs[0].conn
-        if any(r.payload is not None for r in reqs) or getattr(conn, "slots_done", None) is None:
-            self._batch_answered(reqs, parse_replies(raw, len(reqs)), epoch)  # (counts a duplicate)
-            return
-        reqs[0].payload = raw
-        for r in reqs[1:]:
-            r.payload = b""
-        conn.slots_done(reqs)
 
     def _answered(self, req: Request, fut: asyncio.Future, epoch: int) -> None:
         self.settle(req, relay_answer(req, fut), epoch)

@@ -37,7 +37,7 @@ from mlsyskit.tools.kv.datalets import Datalet
 from mlsyskit.tools.kv.node.control import ControlledNode, LeaseExpired
 from mlsyskit.tools.kv.node.interpreter import Interpreter
 from mlsyskit.tools.kv.node.links import Link
-from mlsyskit.tools.kv.node.requests import PEER_MESSAGE, Request, moved, read_answer, write_reply
+from mlsyskit.tools.kv.node.requests import PEER_MESSAGE, RelayBatch, Request, moved, read_answer, write_reply
 from mlsyskit.tools.kv.node.ridethrough import Rider
 from mlsyskit.tools.kv.redis import resp
 from mlsyskit.tools.kv.shardmap import ShardMap
@@ -130,7 +130,7 @@ class Node(ControlledNode):
             self.fast_get = self.fast_put = None
             return
         leased = self.lease_until is not None
-        plain_get = getattr(self.datalet, "peek", self.datalet.get)  # may hand out a live value (memory)
+        plain_get = self.peek = getattr(self.datalet, "peek", self.datalet.get)  # may hand out a live value
         self.fast_get = (self._leased_get if leased else plain_get) if c.serves_locally(GET) else None
         self.fast_put = (self._leased_put if leased else self.datalet.put) if c.serves_locally(PUT) else None
 
@@ -251,12 +251,8 @@ class Node(ControlledNode):
             self.forward(req, targets[0])
 
     def submit_batch(self, reqs: list[Request]) -> None:
-        """Plain SETs (or, at a proxy, plain GETs) one connection pipelined in one read, in its order:
-        one controlet batch at their shard's stream origin, one relayed frame at a proxy when they all
-        go to one node; else each submitted as it would be alone."""
-        if len(reqs) > 1 and not self.riding and not self.deposed and self.lease_until is None \
-                and self.controlet is None and self._relay(reqs):
-            return
+        """Plain SETs one connection pipelined in one read, in its order: one controlet batch at their
+        shard's stream origin; else each submitted as it would be alone."""
         if len(reqs) == 1 or not self.batch_puts or self.riding or self.deposed \
                 or (self.lease_until is not None and self.fenced() is not None) \
                 or (not self.only_shard and any(self.map.shard_for(r.key) != self.shard for r in reqs)):
@@ -266,19 +262,25 @@ class Node(ControlledNode):
         self.stats["batches"] += 1
         self.execute(self.controlet.on_client_batch(reqs))
 
-    def _relay(self, reqs: list[Request]) -> bool:
-        """A proxy's batch for one node, as one frame (Rider.forward_batch); False: not one node."""
-        smap = self.map
-        shard = 0
-        if len(smap.shards) > 1:
-            shard = smap.shard_for(reqs[0].key)
-            if any(smap.shard_for(r.key) != shard for r in reqs):
-                return False
-        replicas = smap.shards[shard]
-        targets = (self.controlet_cls.read_targets(replicas) if reqs[0].op is GET
-                   else self.controlet_cls.write_targets(replicas))
-        target = targets[reqs[0].conn.id % len(targets)] if len(targets) > 1 else targets[0]  # as submit picks
-        return self.rider.forward_batch(reqs, self.links.get(target) or self.link(target))
+    def relay(self, batch: RelayBatch) -> None:
+        """A proxy's RelayBatch: one frame to the node that serves all its keys (Rider.forward_relay),
+        else its commands one by one, as single requests would go."""
+        if not self.riding and not self.deposed and self.lease_until is None:
+            smap, shard = self.map, 0
+            if len(smap.shards) > 1:
+                shard_for = smap.shard_for
+                shard = shard_for(batch.keys[0])
+                if any(shard_for(k) != shard for k in batch.keys):
+                    shard = -1
+            if shard >= 0:
+                replicas = smap.shards[shard]
+                targets = (self.controlet_cls.read_targets(replicas) if batch.op is GET
+                           else self.controlet_cls.write_targets(replicas))
+                target = targets[batch.conn.id % len(targets)] if len(targets) > 1 else targets[0]  # as submit
+                if self.rider.forward_relay(batch, self.links.get(target) or self.link(target)):
+                    return
+        for req in batch.requests():
+            self.submit(req)
 
     def forward(self, req: Request, node_id: str) -> None:
         self.rider.forward(req, node_id)
