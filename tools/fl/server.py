@@ -49,6 +49,7 @@ from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.sched_report import observe_late, scheduling_record
 from mlsyskit.tools.fl.server_wire import (
     Books,
+    Earnings,
     Receipts,
     SessionQueue,
     field,
@@ -63,10 +64,9 @@ log = logging.getLogger("mlsyskit.fl.server")
 
 class FlServer:
     def __init__(self, config: JobConfig, store: MetaStore, *, server: ServerData | None = None,
-                 address: str = "127.0.0.1:0",
-                 token: str | None = None, tls: ServerTls | None = None, clock: Clock | None = None,
-                 telemetry: Telemetry | None = None, on_round=None, eval_timeout_s: float = 10.0,
-                 max_message_bytes: int | None = None, crash_after_round: int | None = None,
+                 address: str = "127.0.0.1:0", token: str | None = None, tls: ServerTls | None = None,
+                 clock: Clock | None = None, telemetry: Telemetry | None = None, on_round=None,
+                 eval_timeout_s: float = 10.0, max_message_bytes: int | None = None, crash_after_round: int | None = None,
                  require_identity: bool | None = None, linger_s: float = 10.0, heartbeat_s: float = 2.0,
                  heartbeat_misses: int = 3, tls_door: bool = True, receipt_hold_s: float = 1.0) -> None:
         self.config = config
@@ -94,7 +94,7 @@ class FlServer:
         self._eval_results: dict[int, float] = {}
         self._eval_asked: set[int] = set()
         self._received: set[int] = set()  # clients whose update got an "accepted" receipt this round
-        self.receipts = Receipts(receipt_hold_s)  # when each receipt leaves (server_wire)
+        self.receipts, self.earnings = Receipts(receipt_hold_s), Earnings()  # when receipts leave; pay over the job
         self._console: list[tuple] = []  # info lines (format, args) printed once the next tasks are out
         self.linger_s = linger_s  # after the job: how long to wait for away clients to come back and hear "done"
         self._told_done: set[int] = set()
@@ -376,7 +376,7 @@ class FlServer:
                 self.telemetry.event("rejected", client=cid, round=outcome.round, reason=report.reason)
         pay_line = ", ".join(f"{cid}: {paid.get(client_account(cid), 0.0):.4g}" for cid in outcome.selected)
         self._console.append(("round %d: paid %s", outcome.round, pay_line or "nobody"))
-        books = Books.read(ledger)
+        books = self.earnings.after_round(ledger, paid)  # the ledger's totals, read once and then kept
         for cid, queue in list(self._queues.items()):
             queue.put_nowait(round_end_message(outcome, cid, books, paid))
 
