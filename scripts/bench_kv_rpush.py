@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""RPUSH of small elements into one growing list: bespokv 1 shard x 3 replicas vs Redis (issue 22).
+"""Collections growing one element at a time: bespokv 1 shard x 3 replicas vs Redis (issue 22).
 
-    .venv/bin/python scripts/bench_kv_rpush.py --elements 20000 --rounds 3 --controlet ms-sc
+    .venv/bin/python scripts/bench_kv_rpush.py --elements 20000 --rounds 3 --controlet ms-sc \
+        --commands RPUSH,SADD,HSET,ZADD,APPEND --out docs/results/bench_kv_collections.json
 
-One client pushes `--elements` elements of `--size` bytes into a fresh list, one command at a
-time (each waits for its answer), against a Redis 7 server and against a cluster of real bespokv
-node processes (memory datalet), alternating rounds (Redis, bespokv, Redis, ...) on the same
-machine. Reported per system: the total seconds, the mean microseconds per push in the first and
-the last tenth of the list (a push must not slow down as the list grows), the same in CPU time of
-the server processes (redis-server; the three nodes together), which a busy machine distorts far
-less than wall time, and bespokv / Redis. os.getloadavg() goes into the JSON; on a busy machine
+For each command, one client grows a fresh key by `--elements` elements of `--size` bytes, one
+command at a time (each waits for its answer): RPUSH a list, SADD a set (distinct members), HSET a
+hash (distinct fields, values of --size bytes), ZADD a sorted set (distinct members, rising scores),
+APPEND a string. Against a Redis 7 server and against a cluster of real bespokv node processes
+(memory datalet), alternating (Redis, bespokv, Redis, ...) on the same machine. Reported per system
+and command: the total seconds, the mean microseconds per command in the first and the last tenth
+(a write must not slow down as its value grows), the same in CPU time of the server processes
+(redis-server; the three nodes together), which a busy machine distorts far less than wall time,
+and bespokv / Redis. Every answer is checked. os.getloadavg() goes into the JSON; on a busy machine
 read the ratios, not the rates.
 """
 from __future__ import annotations
@@ -43,11 +46,18 @@ def cpu_of(pids: list[int]):
     return seconds
 
 
-def push_round(port: int, key: bytes, elements: int, size: int, cpu) -> dict:
+def growth(command: str, key: bytes, i: int, size: int) -> tuple[tuple, object]:
+    """(the command that adds element i, the answer it must get)."""
+    item = b"%0*d" % (size, i)  # distinct, --size bytes
+    return {"RPUSH": ((b"RPUSH", key, item), i + 1), "SADD": ((b"SADD", key, item), 1),
+            "HSET": ((b"HSET", key, b"f%d" % i, item), 1), "ZADD": ((b"ZADD", key, b"%d" % i, item), 1),
+            "APPEND": ((b"APPEND", key, item), (i + 1) * size)}[command]
+
+
+def push_round(port: int, key: bytes, elements: int, size: int, cpu, command: str = "RPUSH") -> dict:
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     reader = hiredis.Reader()
-    value = b"x" * size
     tenth = max(elements // 10, 1)
     marks, cpu_marks = [], []
     began = time.perf_counter()
@@ -55,13 +65,14 @@ def push_round(port: int, key: bytes, elements: int, size: int, cpu) -> dict:
         if i % tenth == 0:
             marks.append(time.perf_counter())
             cpu_marks.append(cpu())
-        sock.sendall(hiredis.pack_command((b"RPUSH", key, value)))
+        args, expected = growth(command, key, i, size)
+        sock.sendall(hiredis.pack_command(args))
         reply = False
         while reply is False:
             reader.feed(sock.recv(65536))
             reply = reader.gets()
-        if reply != i + 1:
-            raise RuntimeError(f"RPUSH answered {reply!r} at element {i + 1}")
+        if reply != expected:
+            raise RuntimeError(f"{command} answered {reply!r} at element {i + 1} (expected {expected!r})")
     end = time.perf_counter()
     marks.append(end)
     cpu_marks.append(cpu())
@@ -70,9 +81,26 @@ def push_round(port: int, key: bytes, elements: int, size: int, cpu) -> dict:
     sock.close()
     per = [(b - a) / tenth * 1e6 for a, b in zip(marks, marks[1:], strict=False)]
     cpu_per = [(b - a) / tenth * 1e6 for a, b in zip(cpu_marks, cpu_marks[1:], strict=False)]
-    return {"seconds": round(end - began, 3), "first_tenth_us": round(per[0], 1), "last_tenth_us": round(per[-1], 1),
+    return {"elements": elements, "seconds": round(end - began, 3), "first_tenth_us": round(per[0], 1), "last_tenth_us": round(per[-1], 1),
             "cpu_seconds": round(cpu_marks[-1] - cpu_marks[0], 3), "first_tenth_cpu_us": round(cpu_per[0], 1),
             "last_tenth_cpu_us": round(cpu_per[-1], 1)}
+
+
+def summary(rows: list[dict], rounds: int) -> dict:
+    """One command's bespokv / Redis ratios per round, and bespokv's last tenth / first tenth."""
+    ratios, cpu_ratios = [], []
+    for r in range(rounds):
+        red, bkv = (next(x for x in rows if x["round"] == r and x["system"] == s) for s in ("redis", "bespokv"))
+        ratios.append(round(bkv["seconds"] / red["seconds"], 2))
+        cpu_ratios.append(round(bkv["cpu_seconds"] / max(red["cpu_seconds"], 1e-3), 2))
+    bkv_rows = [x for x in rows if x["system"] == "bespokv"]
+    return {"time_ratio_bespokv_over_redis": ratios, "cpu_ratio_bespokv_over_redis": cpu_ratios,
+            "bespokv_cpu_us_per_op": [round(x["cpu_seconds"] / x["elements"] * 1e6, 1) for x in bkv_rows],
+            "redis_cpu_us_per_op": [round(x["cpu_seconds"] / x["elements"] * 1e6, 1)
+                                    for x in rows if x["system"] == "redis"],
+            "bespokv_last_over_first_tenth": [round(x["last_tenth_us"] / x["first_tenth_us"], 2) for x in bkv_rows],
+            "bespokv_cpu_last_over_first_tenth": [round(x["last_tenth_cpu_us"] / max(x["first_tenth_cpu_us"], 1e-3), 2)
+                                                  for x in bkv_rows]}
 
 
 def main() -> int:
@@ -81,8 +109,13 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--controlet", default="ms-sc")
+    ap.add_argument("--commands", default="RPUSH", help="comma-separated: RPUSH,SADD,HSET,ZADD,APPEND")
     ap.add_argument("--out", type=Path, default=None, help="write the JSON here too")
     args = ap.parse_args()
+    commands = [c.strip().upper() for c in args.commands.split(",") if c.strip()]
+    unknown = set(commands) - {"RPUSH", "SADD", "HSET", "ZADD", "APPEND"}
+    if unknown:
+        ap.error(f"unknown --commands {sorted(unknown)}")
     if shutil.which("redis-server") is None:
         print("error: redis-server not found (apt-get install redis-server)", file=sys.stderr)
         return 1
@@ -98,27 +131,20 @@ def main() -> int:
         head = cluster.map.nodes[cluster.map.shards[0][0]].port
         cpus = {"redis": cpu_of([redis.pid]), "bespokv": cpu_of([p.pid for p in cluster.procs.values()])}
         for r in range(args.rounds):
-            for system, port in (("redis", redis_port), ("bespokv", head)):
-                row = {"round": r, "system": system,
-                       **push_round(port, b"L%d" % r, args.elements, args.size, cpus[system]),
-                       "loadavg": [round(x, 2) for x in os.getloadavg()]}
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr)
+            for command in commands:
+                for system, port in (("redis", redis_port), ("bespokv", head)):
+                    row = {"round": r, "command": command, "system": system,
+                           **push_round(port, b"%b%d" % (command.encode(), r), args.elements, args.size,
+                                        cpus[system], command),
+                           "loadavg": [round(x, 2) for x in os.getloadavg()]}
+                    rows.append(row)
+                    print(json.dumps(row), file=sys.stderr)
     finally:
         asyncio.run(cluster.stop())
         redis.terminate()
         redis.wait()
-    ratios, cpu_ratios = [], []
-    for r in range(args.rounds):
-        red, bkv = (next(x for x in rows if x["round"] == r and x["system"] == s) for s in ("redis", "bespokv"))
-        ratios.append(round(bkv["seconds"] / red["seconds"], 2))
-        cpu_ratios.append(round(bkv["cpu_seconds"] / max(red["cpu_seconds"], 1e-3), 2))
-    bkv_rows = [x for x in rows if x["system"] == "bespokv"]
     result = {"elements": args.elements, "size": args.size, "controlet": args.controlet, "rows": rows,
-              "time_ratio_bespokv_over_redis": ratios, "cpu_ratio_bespokv_over_redis": cpu_ratios,
-              "bespokv_last_over_first_tenth": [round(x["last_tenth_us"] / x["first_tenth_us"], 2) for x in bkv_rows],
-              "bespokv_cpu_last_over_first_tenth": [round(x["last_tenth_cpu_us"] / max(x["first_tenth_cpu_us"], 1e-3), 2)
-                                                    for x in bkv_rows]}
+              "commands": {c: summary([x for x in rows if x["command"] == c], args.rounds) for c in commands}}
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text)
