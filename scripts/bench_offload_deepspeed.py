@@ -224,7 +224,10 @@ def run_once(args: argparse.Namespace, config: str, python: Path | None, scratch
     extra: dict = {"load_avg_1m": [load_before, os.getloadavg()[0]], "command": cmd}
     if config.startswith("tencache"):
         steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
-        steps = [{"step": r["step"], "step_s": r["step_s"], "cpu_s": r["cpu_s"], "loss": r["loss"]}
+        # what tencache really kept on NVMe: with DeepSpeed's memory it may hold everything in its budgets
+        steps = [{"step": r["step"], "step_s": r["step_s"], "cpu_s": r["cpu_s"], "loss": r["loss"],
+                  "nvme_bytes": r["occupancy"]["bytes"].get("nvme", 0),
+                  "optimizer_nvme_tensors": r["occupancy"].get("optimizer_nvme_tensors", 0)}
                  for r in steps if r["kind"] == "step"]
         extra["budgets"] = cmd[cmd.index("--device-mem"):cmd.index("--opt-mem") + 2]
     else:
