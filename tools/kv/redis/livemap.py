@@ -57,22 +57,25 @@ def _find(node: tuple, h: int, key: bytes) -> tuple | None:
         node, shift = child, shift + BITS
 
 
-def _with(node: tuple, h: int, shift: int, key: bytes, slot: tuple) -> tuple:
-    """`node` with key -> slot, copying only the path to its leaf."""
+def _with(node: tuple, h: int, shift: int, key: bytes, value: Any, ordinal: int) -> tuple[tuple, tuple | None]:
+    """(`node` with key -> (its ordinal, value), copying only the path to its leaf; the key's old
+    slot). A key already there keeps its ordinal (its place in the order), a new one takes `ordinal`."""
     i = (h >> shift) & MASK
     child = node[i]
+    old = None
     if child is None:
-        new: Any = {key: slot}
+        new: Any = {key: (ordinal, value)}
     elif child.__class__ is dict:
         new = child.copy()
-        new[key] = slot
+        old = new.get(key)
+        new[key] = (ordinal if old is None else old[0], value)
         if len(new) > LEAF and shift + BITS <= DEEPEST:
             new = _node(new, shift + BITS)
     else:
-        new = _with(child, h, shift + BITS, key, slot)
+        new, old = _with(child, h, shift + BITS, key, value, ordinal)
     out = list(node)
     out[i] = new
-    return tuple(out)
+    return tuple(out), old
 
 
 def _without(node: tuple, h: int, shift: int, key: bytes) -> tuple:
@@ -203,17 +206,13 @@ class MapEdit:
         return default if slot is None else slot[1]
 
     def __setitem__(self, key: bytes, value: Any) -> None:
-        h = hash(key)
-        slot = _find(self.root, h, key)
-        if slot is None:  # a new member goes last, as in a dict
-            ordinal = self.base.logged + len(self.new)
+        self.root, old = _with(self.root, hash(key), 0, key, value, self.base.logged + len(self.new))
+        if old is None:  # a new member goes last, as in a dict
             self.new.append(key)
             self.count += 1
             self.packed += packed_size(key) + value_size(value)
         else:
-            ordinal = slot[0]
-            self.packed += value_size(value) - value_size(slot[1])
-        self.root = _with(self.root, h, 0, key, (ordinal, value))
+            self.packed += value_size(value) - value_size(old[1])
 
     def __delitem__(self, key: bytes) -> None:
         h = hash(key)
@@ -239,7 +238,7 @@ class MapEdit:
         out = LiveMap(base.kind, deadline, self.root, self.count, self.packed,
                       onto_back(base.log, tuple(self.new)) if self.new else base.log,
                       base.logged + len(self.new), self.garbage)
-        if out.garbage > max(out.count, CHUNK):  # mostly removed members: rebuild, O(1) amortised
+        if out.garbage > CHUNK and out.garbage > out.count:  # mostly removed members: rebuild, O(1) amortised
             return LiveMap.of(out.kind, deadline, out.data())
         return out
 
