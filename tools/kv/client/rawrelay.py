@@ -145,12 +145,25 @@ class RelayConnection(RespConnection):
             while waiters and pos < size:
                 w = waiters[0]
                 if type(w) is RawBatch:
-                    start, expect = pos, w.expect
+                    start, expect, find = pos, w.expect, buf.find
                     try:
                         while w.left and pos < size:
-                            if buf[pos] != expect:
+                            t = buf[pos]
+                            if t == BULK:  # reply_end's bulk string, inlined: nearly every GET reply
+                                e = find(b"\r\n", pos)
+                                if e < 0:
+                                    raise Incomplete(size + 1)
+                                n = int(buf[pos + 1:e])
+                                end = e + 4 + n if n >= 0 else e + 2
+                                if end > size:
+                                    raise Incomplete(end)
+                            elif buf.startswith(b"+OK\r\n", pos):  # every SET reply
+                                end = pos + 5
+                            else:
+                                end = reply_end(buf, pos)
+                            if t != expect:
                                 w.odd = True
-                            pos = reply_end(buf, pos)
+                            pos = end
                             w.left -= 1
                     finally:  # the replies it holds whole, also when the next one is incomplete
                         if pos > start:
