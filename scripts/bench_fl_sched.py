@@ -36,6 +36,7 @@ from mlsyskit.core.console import emit_table, log, make_table
 from mlsyskit.core.storage import MetaStore
 from mlsyskit.tools.fl.config import DataSpec, JobConfig, TrainSpec
 from mlsyskit.tools.fl.sched_report import plot_schedules, schedule_metrics
+from mlsyskit.tools.fl.selectors import make_selector
 from mlsyskit.tools.fl.sim_world import WorldConfig
 from mlsyskit.tools.fl.simulator import Simulation, SimulationOptions
 
@@ -257,6 +258,16 @@ def print_tables(cells: list[dict], scale: list[dict]) -> None:
                                for r in scale]))
 
 
+def scheduler_configs(args) -> dict[str, dict]:
+    """Each scheduler's defaults as run (its config and tracking), so the JSON says which settings were compared."""
+    out = {}
+    for name in args.schedulers:
+        selector = make_selector(name)
+        out[name] = {"config": getattr(selector.config, "__dict__", None),
+                     "tracking": getattr(getattr(selector, "tracking", None), "__dict__", None)}
+    return out
+
+
 def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -295,7 +306,8 @@ def main() -> None:
         return
     def save(cells: list[dict], scale: list[dict] | None = None) -> None:
         doc = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-               "target_fraction": TARGET_FRACTION, "recipes": RECIPES, "cells": cells,
+               "target_fraction": TARGET_FRACTION, "recipes": RECIPES, "scheduler_configs": scheduler_configs(args),
+               "cells": cells,
                "scale": scale or []}
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(doc, indent=1, default=str))

@@ -128,7 +128,7 @@ def test_oort_exploration_schedule_and_utility():
 
 
 def test_oort_late_clients_carry_no_statistical_utility_and_pacer_relaxes():
-    scheduler = OortScheduler(OortConfig(pacer_window=2, pacer_step=10))
+    scheduler = OortScheduler(OortConfig(pacer_window=2, pacer_step=10, pacer_rule="falling"))
     scheduler.observe(outcome(1, [1, 2], late={2}))
     assert scheduler.stat_utility[2] == 0.0 and scheduler.tiers.expected_latency(2) == 5.0  # at least the deadline
     for r, chosen in zip(range(2, 5), [[1, 2, 3], [1], [1]], strict=True):

@@ -44,22 +44,33 @@ class TierAccuracy:
         self.history = {int(t): deque((tuple(p) for p in pts), maxlen=self.window) for t, pts in state.items()}
 
 
-class PlateauDetector:
-    """Plateau: the best accuracy of the last `window` rounds beats the best before by < `min_gain`."""
+PLATEAU_RULES = ("best", "mean")
 
-    def __init__(self, window: int = 5, min_gain: float = 0.005) -> None:
+
+class PlateauDetector:
+    """Plateau, rule "best": the best accuracy of the last `window` rounds beats the best before by < `min_gain`;
+    rule "mean": the mean of the last `window` rounds beats the mean of the `window` before by < `min_gain`.
+    "best" compares against one round's spike, so on a noisy curve (MNIST-1D: +-0.05 from round to round)
+    it fires every window while accuracy still climbs; "mean" needs the climb itself to stop."""
+
+    def __init__(self, window: int = 5, min_gain: float = 0.005, rule: str = "best") -> None:
         require(window >= 1 and min_gain >= 0, "plateau window >= 1 and min_gain >= 0")
-        self.window, self.min_gain = window, min_gain
+        require(rule in PLATEAU_RULES, f"plateau rule must be one of {PLATEAU_RULES}")
+        self.window, self.min_gain, self.rule = window, min_gain, rule
         self.values: list[float] = []
 
     def record(self, accuracy: float) -> None:
         self.values.append(float(accuracy))
 
     def plateaued(self) -> bool:
-        if len(self.values) <= self.window:
+        w = self.window
+        if self.rule == "mean":
+            if len(self.values) < 2 * w:
+                return False
+            return (sum(self.values[-w:]) - sum(self.values[-2 * w:-w])) / w < self.min_gain
+        if len(self.values) <= w:
             return False
-        before = max(self.values[:-self.window])
-        return max(self.values[-self.window:]) - before < self.min_gain
+        return max(self.values[-w:]) - max(self.values[:-w]) < self.min_gain
 
     def state_dict(self) -> dict[str, Any]:
         return {"values": list(self.values)}
