@@ -88,3 +88,61 @@ def test_scan_mode_starts_only_when_hiredis_holds_no_part_of_a_reply() -> None:
         assert relayed == [b"$1\r\nx\r\n"] and not conn.scanning  # nothing outstanding: back to hiredis
 
     asyncio.run(body())
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+        self.paused = False
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_proxy_relays_a_read_as_one_batch_and_pauses_a_deep_pipeline_by_commands() -> None:
+    from mlsyskit.tools.kv.frontend.connection import ClientConnection
+    from mlsyskit.tools.kv.frontend.expiry import ActiveExpiry
+    from mlsyskit.tools.kv.frontend.session import PIPELINE_PAUSE
+    from mlsyskit.tools.kv.node.runtime import Node
+    from mlsyskit.tools.kv.shardmap import layout
+
+    async def body():
+        proxy = Node(layout("ms-sc", "memory", 1, 1, "127.0.0.1", [1]), None, None)
+        link = proxy.link("s0r0")
+        link.conn = RelayConnection()
+        link.conn.transport = FakeTransport()
+        client = ClientConnection(proxy, ActiveExpiry(proxy))
+        client.transport = FakeTransport()
+        read = b"".join(hiredis.pack_command((b"GET", b"k%d" % i)) for i in range(16))
+        client.data_received(read)
+        assert len(client.slots) == 1 and proxy.stats["batches"] == 1  # one slot, one frame for 16 GETs
+        await asyncio.sleep(0)  # the link's flush
+        link.conn.data_received(b"$1\r\nv\r\n" + b"$-1\r\n" * 15)
+        await asyncio.sleep(0)  # the client's flush
+        assert b"".join(client.transport.out) == b"$1\r\nv\r\n" + b"$-1\r\n" * 15  # the node's bytes as they came
+        reads = 0
+        while not client.transport.paused:  # the node answers nothing more
+            client.data_received(read)
+            reads += 1
+        assert reads * 16 == PIPELINE_PAUSE + 16  # paused by commands waiting, not by reads
+        link.conn.data_received(b"$-1\r\n" * 16 * (reads - PIPELINE_PAUSE // 32))
+        assert client.transport.paused  # still over half of the limit
+        link.conn.data_received(b"$-1\r\n" * 16 * 2)
+        assert not client.transport.paused
+
+    asyncio.run(body())

@@ -201,7 +201,7 @@ class ClientConnection(Session):
             self.in_batch = False
             if node.quiet_due:  # after every message of this read: deferred peer actions (cumulative acks)
                 node.quiet()
-        if len(slots) > PIPELINE_PAUSE and self.transport is not None and not self.reading_paused:
+        if len(slots) + self.batched > PIPELINE_PAUSE and self.transport is not None and not self.reading_paused:
             self.reading_paused = True  # read again once half of them are answered (Session.slot_done)
             self.transport.pause_reading()
         self.flush()

@@ -125,6 +125,7 @@ class Session(asyncio.Protocol):
         self.held: deque[tuple[bool, Any]] = deque()  # (is_write, request) waiting for session order
         self.puts: list[Any] = []  # plain SETs of the current read, admitted, for one batch (a proxy: a RelayBatch)
         self.reading_paused = False  # past PIPELINE_PAUSE unanswered requests (module docstring)
+        self.batched = 0  # a proxy's relayed commands beyond one per slot (RelayBatch), still unanswered
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -183,6 +184,8 @@ class Session(asyncio.Protocol):
 
     def slot_done(self, done: Any = None) -> None:
         if done is not None:
+            if type(done) is RelayBatch:
+                self.batched -= len(done.keys) - 1
             if done.kind in WRITE_OPS if type(done) is Aggregate else done.op in WRITES:  # (or a RelayBatch)
                 self.unacked_writes -= 1
             else:
@@ -195,7 +198,7 @@ class Session(asyncio.Protocol):
             payload = slots.popleft().payload
             out.append(payload)
             self.out_bytes += len(payload)
-        if self.reading_paused and len(slots) < PIPELINE_PAUSE // 2 and self.transport is not None:
+        if self.reading_paused and len(slots) + self.batched < PIPELINE_PAUSE // 2 and self.transport is not None:
             self.reading_paused = False
             self.transport.resume_reading()
         if self.out_bytes > self.limits.max_output_bytes:
@@ -241,6 +244,7 @@ class Session(asyncio.Protocol):
         if type(puts[0]) is RelayBatch:
             batch = puts[0]
             puts.clear()
+            self.batched += len(batch.keys) - 1  # its commands count toward PIPELINE_PAUSE, as requests do
             self.node.relay(batch)
             return
         batch = puts[:]
