@@ -12,7 +12,15 @@ from mlsyskit.tools.fl.aggregation import fedavg, validate_update
 from mlsyskit.tools.fl.config import DataSpec, EconomyConfig, JobConfig, SelectionConfig
 from mlsyskit.tools.fl.data import load_federated
 from mlsyskit.tools.fl.incentive.equal_pay import EqualPay
-from mlsyskit.tools.fl.incentive.ledger import ESCROW, MINT, POOL, Ledger, Transfer, client_account
+from mlsyskit.tools.fl.incentive.ledger import (
+    ESCROW,
+    MINT,
+    POOL,
+    Ledger,
+    Transfer,
+    add_exactly,
+    client_account,
+)
 from mlsyskit.tools.fl.incentive.tiff_tokens import TiffTokens
 from mlsyskit.tools.fl.outcome import ClientReport, RoundOutcome
 from mlsyskit.tools.fl.selection.quality_greedy import QualityGreedySelector
@@ -128,6 +136,18 @@ def test_ledger_balances_follow_rollbacks_and_other_writers(tmp_path):
         Ledger(store).apply(1, [Transfer(ESCROW, POOL, 0.5, "fee")])
         expected = {MINT: -10.0, client_account(0): 8.0, ESCROW: 1.5, POOL: 0.5}
         assert ledger.balances() == expected == Ledger(store).balances()
+
+
+def test_ledger_running_partials_give_fsum_over_every_row():
+    """The kept partials stay a few floats and their fsum is bit-identical to fsum over every amount."""
+    rng = np.random.default_rng(7)
+    values = np.concatenate([rng.uniform(-1, 1, 3000) * 10.0 ** rng.integers(-8, 8, 3000), [1e16, 1.0, -1e16]])
+    partials: list[float] = []
+    for i, v in enumerate(values.tolist()):
+        add_exactly(partials, v)
+        if i % 97 == 0 or i == len(values) - 1:
+            assert math.fsum(partials) == math.fsum(values[: i + 1].tolist())
+    assert len(partials) <= 40
 
 
 def _outcome():

@@ -3,9 +3,11 @@
 Every movement is one row with a payer, a payee and a non-negative amount, so the sum of all
 balances is zero by construction: the `mint` account goes negative by exactly what it issued.
 Balances are derived from the rows, never stored separately, so they cannot drift; the rows read
-so far are kept per account and only newer rows are fetched (a full scan per round made a round's
-cost grow with the job's length), and a rolled-back transaction is detected by the highest row
-number going down, which discards what was kept.
+so far are kept per account as the exact running sum of their amounts (Shewchuk's non-overlapping
+partials, whose math.fsum is the same correctly rounded total as fsum over every row) and only newer
+rows are fetched: a full scan, or an fsum over every row per call, made a round's cost grow with the
+job's length. A rolled-back transaction is detected by the highest row number going down, which
+discards what was kept.
 Writes join the caller's MetaStore transaction, so a round's transfers and its checkpoint
 commit together (a crash leaves either both or neither).
 """
@@ -42,7 +44,7 @@ class Ledger:
     def __init__(self, store: MetaStore) -> None:
         self.store = store
         store.ensure_table(_DDL)
-        self._amounts: dict[str, list[float]] = {}  # account -> signed amounts of the rows read so far
+        self._amounts: dict[str, list[float]] = {}  # account -> exact partials of the rows read so far
         self._read_up_to = 0  # highest row number (seq) in _amounts
 
     def _last_seq(self) -> int:
@@ -70,8 +72,8 @@ class Ledger:
                                 (self._read_up_to,))
         credit = self._amounts
         for seq, payer, payee, amount in rows:
-            credit.setdefault(payer, []).append(-amount)
-            credit.setdefault(payee, []).append(amount)
+            add_exactly(credit.setdefault(payer, []), -amount)
+            add_exactly(credit.setdefault(payee, []), amount)
             self._read_up_to = seq
         return {account: math.fsum(v) for account, v in sorted(credit.items())}
 
@@ -103,3 +105,19 @@ class Ledger:
         for row in self.rows():
             h.update(repr((row[1], row[2], row[3], round(row[4], 12), row[5])).encode())
         return h.hexdigest()
+
+
+def add_exactly(partials: list[float], x: float) -> None:
+    """Add x to partials, non-overlapping floats whose exact sum is the exact sum of every value added
+    (Shewchuk's algorithm, the one math.fsum runs inside): a few floats per account, however many rows."""
+    i = 0
+    for y in partials:
+        if abs(x) < abs(y):
+            x, y = y, x
+        hi = x + y
+        lo = y - (hi - x)
+        if lo:
+            partials[i] = lo
+            i += 1
+        x = hi
+    partials[i:] = [x]
