@@ -122,6 +122,7 @@ class Simulator:
         self._phis: dict[int, tuple[float, ...]] = {}   # hidden noise scale per slice of work (efficiency.py)
         self._gns_event: dict[int, EventHandle] = {}    # a running job's next noise-scale report
         self._eff: dict[int, float] = {}                # effective GPUs each running job added
+        self._gains: dict[int, dict[int, tuple[float, ...]]] = {}   # job -> batch -> its gains per slice
         self._last_report: dict[int, float] = {}
         self._released: dict[int, object] = {}     # placement a resized job gave back, for its event
         self.finish: dict[int, float] = {}
@@ -169,6 +170,7 @@ class Simulator:
         now = self.loop.now()
         rec = self.records[job_id]
         self._stop(rec, now)
+        self._gains.pop(job_id, None)
         rec.done = rec.spec.work
         self.views[job_id].progress = rec.spec.work
         self.state.history.add(rec.spec.app, rec.spec.work)   # the scheduler learns a finished job's size
@@ -293,7 +295,7 @@ class Simulator:
             raise PolicyError(f"{self.policy.name}: {spec.name} given a global batch of {batch}")
         rec.batch, rec.rate = batch, self.model.rate(spec.app, rec.shape, batch)
         phis = self._phis_of(spec) if self._wants_gns or batch != spec.batch_size else ()
-        rec.gains = tuple(gain(p, spec.batch_size, batch) for p in phis) if batch != spec.batch_size else ()
+        rec.gains = self._gains_of(spec, batch, phis) if batch != spec.batch_size else ()
         rec.end = max(rec.busy_until, now) + rec.seconds_left()
         self._completion[job_id] = self.loop.schedule_at(rec.end, lambda: self._complete(job_id))
         self._eff[job_id] = speedup = self._speedup(rec)
@@ -319,6 +321,14 @@ class Simulator:
         if phis is None:
             phis = self._phis[spec.job_id] = noise_scale_segments(self.seed, spec.name, spec.app)
         return phis
+
+    def _gains_of(self, spec: JobSpec, batch: int, phis: tuple[float, ...]) -> tuple[float, ...]:
+        """Progress per sample at `batch` per slice of the job's work (jobs move between a few batches)."""
+        mine = self._gains.setdefault(spec.job_id, {})
+        gains = mine.get(batch)
+        if gains is None:
+            gains = mine[batch] = tuple(gain(p, spec.batch_size, batch) for p in phis)
+        return gains
 
     def _next_report(self, rec: JobRecord, now: float, n: int) -> None:
         """A running job reports its noise scale every GNS_REPORT_S while it runs (times that

@@ -19,12 +19,13 @@ GPU was measured with, the job accumulates gradients over k micro-steps (as Poll
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from mlsyskit.tools.sched.profiles import AppProfile, Shape, load_profiles
 from mlsyskit.tools.sched.scaling_model import FittedModel, fit
 
 
+@cache   # asked for in every sizing loop of every decision; a few hundred distinct answers
 def compact_shape(gpus: int, gpus_per_node: int) -> Shape:
     """`gpus` GPUs on as few nodes as possible: full nodes, then the remainder."""
     full, rest = divmod(gpus, gpus_per_node)

@@ -85,6 +85,17 @@ def best_batch(model, app: str, submitted: int, shape: Shape, bucket: int, memo:
     return best, batch
 
 
+class Memo(dict):
+    """A memo table that counts how often it was emptied (best_batch empties a full one), so a
+    table derived from its answers can tell when they may be recomputed differently."""
+
+    generation = 0
+
+    def clear(self) -> None:
+        self.generation += 1
+        super().clear()
+
+
 class NoiseScales:
     """The noise scale a policy plans a job with (module docstring)."""
 
@@ -93,7 +104,7 @@ class NoiseScales:
         self._seen: set[int] = set()
         self._buckets: dict[int, tuple[float, int]] = {}   # job -> (its last phi, bucket)
         self._early: dict[str, tuple[int, int]] = {}       # app -> (first starts counted, their bucket)
-        self.memo: dict = {}   # best_batch answers for the policy's one model
+        self.memo = Memo()   # best_batch answers for the policy's one model
         self.layouts: dict = {}   # _layouts answers for it
 
     def bucket(self, job: JobView) -> int | None:

@@ -87,6 +87,7 @@ class Marble(Tiresias):
         self.wants_noise_scale = self.options.adapt_batch   # the simulator then reports measured noise scales
         self._noise = NoiseScales()
         self._rebatcher = Rebatcher(self._noise)
+        self._refresh = getattr(model, "refresh", None)   # a learned model takes in measurements lazily
 
     # ---- sizes -----------------------------------------------------------------------------------
     def curve(self, state: ClusterState, job: JobView) -> Curve:
@@ -154,6 +155,12 @@ class Marble(Tiresias):
         self._base.clear()
         self._grown = {i for i, job in state.running.items() if job.held_gpus > self.curve(state, job)[0]}
 
+    def _sync(self, state: ClusterState) -> None:
+        # _grown follows running jobs: finished ones leave here, preempted ones in decide
+        finished = state.finished[self._finished:] if state is self._state else ()
+        super()._sync(state)
+        self._grown.difference_update(finished)
+
     def _guard(self, state: ClusterState) -> float | None:
         """Promote jobs that waited `starvation_s` (the queue's front waited longest); the time
         the next one will have waited that long."""
@@ -186,7 +193,6 @@ class Marble(Tiresias):
         now = state.now
         starve_wake = self._guard(state)
         running = state.running
-        self._grown = {i for i in self._grown if i in running}
         free = state.free.copy()
         dropped: list[int] = []
         if self._waiting and (not self._running or self._waiting[0] < self._running[-1]):
@@ -204,6 +210,7 @@ class Marble(Tiresias):
             actions.append(Preempt(job_id))
             free.give(running[job_id].placement)
             changed.add(job_id)
+            self._grown.discard(job_id)
             key = self._key[job_id]
             self._running.discard(key)
             self._waiting.add(key)
@@ -282,6 +289,16 @@ class Marble(Tiresias):
                     jobs.append(job)
             else:
                 wake = self._last_grow + opts.grow_period
+        if not jobs:
+            return wake
+        if self._refresh is not None:
+            self._refresh()   # ladders below are read with the measurements reported since the last decision
+        tops = {job.job_id: self._top(state, job, targets[job.job_id]) for job in jobs}
+        if self._covers(spare, tops, targets):
+            # enough to take every job to the top of its ladder: the order of the steps (so the
+            # estimates of work left that rank them) cannot matter
+            targets.update(tops)
+            return wake
         left = {job.job_id: remaining_work(self.model, state, job) for job in jobs}
         by_id = {job.job_id: job for job in jobs}
         heap = [step for job in jobs if (step := self._step(state, job, targets[job.job_id], left[job.job_id]))]
@@ -310,6 +327,20 @@ class Marble(Tiresias):
         size = ladder_sizes[i]
         saved = left * (1.0 / rates[k] - 1.0 / rates[size]) / (size - k)
         return (-saved, job.job_id, size) if saved > 0 else None
+
+    @staticmethod
+    def _covers(spare: int, tops: dict[int, int], targets: dict[int, int]) -> bool:
+        return sum(tops.values()) - sum(targets[i] for i in tops) <= spare
+
+    def _top(self, state: ClusterState, job: JobView, k: int) -> int:
+        """The size repeated _steps take the job to from k GPUs with GPUs to spare: the estimated
+        work left is > 0 (state.estimated_remaining), so a step saves time where its rate is higher."""
+        _, ladder_sizes, _, rates, _ = self.curve(state, job)
+        for size in ladder_sizes[bisect.bisect_right(ladder_sizes, k):]:
+            if rates[k] <= 0 or 1.0 / rates[k] - 1.0 / rates[size] <= 0:
+                break
+            k = size
+        return k
 
     def _grow_running(self, state: ClusterState, free: FreeMap, targets: dict[int, int], changed: set[int],
                       actions: list[Action]) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections.abc import Callable
 
 from mlsyskit.tools.sched.cluster import FreeMap, Placement
 from mlsyskit.tools.sched.policies.base import Policy
@@ -68,12 +69,14 @@ class Optimus(Policy):
             work[job.job_id] = self.remaining_work(state, job)
             gpus -= 1
         by_id = {j.job_id: j for j in jobs}
+        caps = {i: self._cap(state, by_id[i]) for i in counts}
+        rates = {i: self._rates(by_id[i], gpn) for i in counts if caps[i] > 1}
 
-        def gain(job: JobView, k: int) -> float:
-            left = work[job.job_id]
-            return left / self._rate(job, k, gpn) - left / self._rate(job, k + 1, gpn)
+        def gain(job_id: int, k: int) -> float:
+            left, rate = work[job_id], rates[job_id]
+            return left / rate(k) - left / rate(k + 1)
 
-        heap = [(-gain(by_id[i], 1), i) for i in counts if self._cap(state, by_id[i]) > 1]
+        heap = [(-gain(i, 1), i) for i in rates]
         heapq.heapify(heap)
         while gpus > 0 and heap:
             neg_gain, job_id = heapq.heappop(heap)
@@ -81,10 +84,14 @@ class Optimus(Policy):
                 break
             counts[job_id] += 1
             gpus -= 1
-            job, k = by_id[job_id], counts[job_id]
-            if k < self._cap(state, job):
-                heapq.heappush(heap, (-gain(job, k), job_id))
+            k = counts[job_id]
+            if k < caps[job_id]:
+                heapq.heappush(heap, (-gain(job_id, k), job_id))
         return counts
+
+    def _rates(self, job: JobView, gpn: int) -> Callable[[int], float]:
+        """The job's _rate by GPU count, for one allocation (after every job in it was weighed)."""
+        return lambda gpus: self._rate(job, gpus, gpn)
 
     def _rate(self, job: JobView, gpus: int, gpn: int) -> float:
         return self.model.rate(job.app, compact_shape(gpus, gpn), job.batch_size) if gpus else math.inf

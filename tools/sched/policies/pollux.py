@@ -15,6 +15,7 @@ Pollux: greedy instead of its genetic search, no interference avoidance or resta
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from mlsyskit.tools.sched.policies.goodput import NoiseScales, Rebatcher, best_batch
 from mlsyskit.tools.sched.policies.optimus import Optimus
@@ -26,14 +27,13 @@ class Pollux(Optimus):
     name = "pollux"
     description = "Pollux-style baseline: GPU count and batch for goodput (measured noise scale), fairness p=-1, greedy"
     wants_noise_scale = True
+    wants_loss_reports = None   # no loss-curve fit: the replay keeps no loss reports for it
 
     def __init__(self, model, options=None) -> None:
         super().__init__(model, options)
         self._noise = NoiseScales()
         self._rebatcher = Rebatcher(self._noise)
-
-    def wants_loss_reports(self, now: float) -> bool:
-        return False   # no loss-curve fit
+        self._rows: dict[tuple[str, int, int, int], tuple[tuple[int, int], dict[int, float]]] = {}
 
     def remaining_work(self, state: ClusterState, job: JobView) -> float:
         """Optimus' greedy weighs 1/rate(k) - 1/rate(k+1) by this: goodput on one GPU turns it
@@ -50,6 +50,28 @@ class Pollux(Optimus):
         if bucket is None:
             return self.model.rate(job.app, shape, job.batch_size)
         return best_batch(self.model, job.app, job.batch_size, shape, bucket, self._noise.memo)[0]
+
+    def _rates(self, job: JobView, gpn: int) -> Callable[[int], float]:
+        """_rate by GPU count, read from a row per (application, batch, bucket, GPUs per node) that
+        mirrors best_batch's memo while the model's estimates and the memo stand (exact: a memo
+        answer never changes in between). The bucket is read once: within one allocation every job
+        was bucketed by remaining_work first, so no first start moves an application's early one."""
+        bucket = self._noise.bucket(job)
+        if bucket is None:
+            return super()._rates(job, gpn)
+        model, memo, app, batch = self.model, self._noise.memo, job.app, job.batch_size
+        row_key = (app, batch, bucket, gpn)
+
+        def rate(gpus: int) -> float:
+            stamp = (getattr(model, "version", 0), memo.generation)
+            row = self._rows.get(row_key)
+            if row is None or row[0] != stamp:
+                row = self._rows[row_key] = (stamp, {})
+            value = row[1].get(gpus)
+            if value is None:
+                value = row[1][gpus] = best_batch(model, app, batch, compact_shape(gpus, gpn), bucket, memo)[0]
+            return value
+        return rate
 
     def _batch(self, job: JobView, gpus: int, gpn: int) -> int | None:
         bucket = self._noise.bucket(job)

@@ -6,15 +6,15 @@ running job in most decisions. Here the running jobs' keys sit in a plain sorted
 `cum[p]` is the sum of what the first p of them keep (`hold`, the policy's `holds`), so a run of
 running jobs between two waiting ones is taken in one step when it fits the capacity left. The
 sums stay valid across decisions: a start, preemption, finish, queue crossing or resize at
-position p drops only the sums from p on, and the GPUs a job keeps are remembered per job until
-it is touched. The owner must `touch` a job whenever what `hold` returns for it may change while
-its key stays (a resize).
+position p drops only the sums from p on, and the GPUs each job keeps sit in a list beside the
+keys until it is touched (so redoing the sums from p is a loop in C, not in Python). The owner
+must `touch` a job whenever what `hold` returns for it may change while its key stays (a resize).
 """
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from itertools import accumulate
+from itertools import accumulate, islice
 
 Key = tuple[int, float, int]   # (queue level, rank inside the queue, job id)
 
@@ -22,9 +22,9 @@ Key = tuple[int, float, int]   # (queue level, rank inside the queue, job id)
 class RunningOrder:
     def __init__(self, hold: Callable[[int], int]) -> None:
         self.keys: list[Key] = []
+        self.held: list[int | None] = []   # held[p]: what keys[p] keeps; None until asked (or touched)
         self.cum: list[int] = [0]          # cum[p]: what keys[:p] keep; valid for p < len(cum)
         self._hold = hold                  # job id -> GPUs it keeps in the walk
-        self._held: dict[int, int] = {}    # job id -> its last `hold`, until touched
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -49,33 +49,41 @@ class RunningOrder:
     def add(self, key: Key) -> None:
         p = bisect_left(self.keys, key)
         self.keys.insert(p, key)
-        self._held.pop(key[2], None)
+        self.held.insert(p, None)
         self._drop_from(p)
 
     def discard(self, key: Key) -> None:
         p = bisect_left(self.keys, key)
         if p < len(self.keys) and self.keys[p] == key:
             del self.keys[p]
-            self._held.pop(key[2], None)
+            del self.held[p]
             self._drop_from(p)
 
     def touch(self, key: Key) -> None:
         """What the job of `key` keeps may have changed (it was resized)."""
-        self._held.pop(key[2], None)
-        self._drop_from(bisect_left(self.keys, key))
+        p = bisect_left(self.keys, key)
+        if p < len(self.keys) and self.keys[p] == key:
+            self.held[p] = None
+        self._drop_from(p)
 
     def prefix(self, j: int) -> list[int]:
         """`cum`, valid at least up to position j (computing what is missing)."""
         cum = self.cum
         start = len(cum) - 1
         if start < j:
-            held, run = self._held, self.keys[start:j]
-            values = [held.get(key[2]) for key in run]
-            if None in values:   # jobs started or resized since: ask the policy
-                for p, key in enumerate(run):
-                    if values[p] is None:
-                        values[p] = held[key[2]] = self._hold(key[2])
-            sums = accumulate(values, initial=cum[-1])
-            next(sums)   # the initial value, already there
-            cum.extend(sums)
+            held = self.held
+            if None in held[start:j]:   # jobs started or resized since: ask the policy, in order
+                keys, p = self.keys, start
+                while (p := _index(held, None, p, j)) >= 0:
+                    held[p] = self._hold(keys[p][2])
+                    p += 1
+            cum.extend(islice(accumulate(held[start:j], initial=cum[-1]), 1, None))
         return cum
+
+
+def _index(items: list, value, start: int, stop: int) -> int:
+    """The first position of `value` in items[start:stop], -1 if none (list.index without raising)."""
+    try:
+        return items.index(value, start, stop)
+    except ValueError:
+        return -1
