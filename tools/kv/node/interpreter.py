@@ -92,6 +92,8 @@ class Interpreter:
         self.transport = transport
         self.stats = stats  # datalet_errors, sends_dropped
         self.sync = datalet is not None and not datalet.is_async
+        # The value as held (the memory datalet's may be live: immutable, so as good as its bytes).
+        self.peek = getattr(datalet, "peek", None) if self.sync else None
         # (failure count, batch, issued) waiting on datalet results; issued False: behind an Undo
         self.queue: deque[tuple[int, list, bool]] = deque()
         self.held = 0  # queued batches not yet issued (an Undo, and every batch after it)
@@ -146,7 +148,9 @@ class Interpreter:
                 return self._undo(a.seq)
             if kind is SendStored:
                 return self.datalet.get(a.key)
-            return self.datalet.get(a.req.key)  # every read needs the bytes: deadlines, types, versions
+            if self.peek is not None and getattr(a.req, "rmw", None) is not None:
+                return self.peek(a.req.key)  # a query (HGET, LLEN ...) looks into a live value: redis/live.py
+            return self.datalet.get(a.req.key)  # every other read needs the bytes: deadlines, types, versions
         except Exception as e:  # noqa: BLE001 - a datalet error fails the request, never the node
             return Failed(e)
 

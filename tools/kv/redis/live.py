@@ -1,5 +1,6 @@
 """The writes that cost O(delta) on a live value (the memory datalet's form of a collection or an
-APPENDed string), and turning a stored record into its live form.
+APPENDed string), the reads that look into one without decoding it (read_entry), and turning a
+stored record into its live form.
 
 rmw.apply tries FAST[name] first: a push or a pop (listpush.py), APPEND (livestring.py), and the set, hash and
 sorted-set writes below, which run the command's own handler (datatypes.py) on a MapEdit of the
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlsyskit.tools.kv.redis import datatypes, listpush, livelist, livemap, livestring, resp, values
+from mlsyskit.tools.kv.redis.livebase import LiveValue
 from mlsyskit.tools.kv.redis.livemap import LiveMap
 from mlsyskit.tools.kv.redis.values import FIRST, HASH, LIST, SET, STRING, ZSET, Entry
 
@@ -47,6 +49,23 @@ def map_write(cmd: list[bytes], current: Any, now_ms: int, limit: int) -> tuple[
 FAST = {**dict.fromkeys(listpush.PUSHES, listpush.push), **dict.fromkeys(listpush.POPS, listpush.pop),
         b"APPEND": livestring.append,
         **dict.fromkeys(MAP_WRITES, map_write)}
+
+
+# Reads whose handler (queries.py) looks only at the kind, the deadline, len, a member or an index:
+# on a live value they answer from its structure (view_entry), never decoding the other members.
+VIEWED_READS = frozenset((b"TTL", b"PTTL", b"EXPIRETIME", b"PEXPIRETIME", b"TYPE", b"LLEN", b"LINDEX", b"LRANGE",
+                          b"SCARD", b"SISMEMBER", b"SMISMEMBER", b"HGET", b"HMGET", b"HLEN", b"HEXISTS",
+                          b"ZCARD", b"ZSCORE"))
+
+
+def read_entry(name: bytes, stored: Any, now_ms: int) -> Entry | None:
+    """The entry a read command sees (values.live: None when absent or past its deadline): a view of
+    a live value for the reads above (O(1) or O(log n)), else the value decoded whole."""
+    if name not in VIEWED_READS or not isinstance(stored, LiveValue):
+        return values.live(stored, now_ms)
+    if 0 < stored.deadline <= now_ms:
+        return None
+    return stored.view_entry()
 
 
 def promote(stored: bytes) -> Any:

@@ -3,7 +3,8 @@ record's bytes: livelist.py, livemap.py, livestring.py) answers as the stored by
 
 A subclass gives header() (the first bytes of its record, at most values' 13-byte header: enough for
 every peek at a stored value's kind or deadline), stored() (the bytes, built once per version),
-__len__ (their length, counted as the value was built, never by building them) and entry().
+__len__ (their length, counted as the value was built, never by building them) and entry(), and
+may give view_entry() (what a point or size read looks into: redis/live.py read_entry).
 """
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ class LiveValue:
 
     def stored(self) -> bytes:
         raise NotImplementedError
+
+    def entry(self) -> Any:
+        raise NotImplementedError
+
+    def view_entry(self) -> Any:
+        """The entry a read handler sees (live.read_entry): its data a view answering lookups, len
+        and indexes from the structure (livemap.MapView, livelist.ListView); else the whole entry."""
+        return self.entry()
 
     def __bytes__(self) -> bytes:
         return self.stored()

@@ -111,6 +111,9 @@ class LiveList(LiveValue):
     def entry(self) -> Entry:
         return Entry(LIST, self.deadline, list(self))
 
+    def view_entry(self) -> Entry:
+        return Entry(LIST, self.deadline, ListView(self))
+
     def header(self) -> bytes:
         return _HEADER.pack(MAGIC, LIST, self.deadline)
 
@@ -128,6 +131,74 @@ class LiveList(LiveValue):
         """Memory this version holds that the version after it does not: its edge chunk and cell
         (elements are shared), and its bytes if a read built them."""
         return 8 * CHUNK + 128 + (len(self._stored) if self._stored is not None else 0)
+
+
+class ListView:
+    """One LiveList version as the list a read handler indexes (queries.py: LLEN, LINDEX, LRANGE):
+    len() is its element count (O(1)); [i] walks chunks from the nearer end (O(1) at either end of a
+    list pushed from that end, else O(count / CHUNK), as Redis's LINDEX walks its quicklist); [a:b]
+    costs O(count / CHUNK + b - a). No element is copied but those answered."""
+
+    __slots__ = ("live",)
+
+    def __init__(self, live: LiveList) -> None:
+        self.live = live
+
+    def __len__(self) -> int:
+        return self.live.count
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        live, n = self.live, self.live.count
+        if isinstance(index, slice):
+            a, b, step = index.indices(n)
+            if step != 1:
+                raise ValueError("a list view takes slices without a step")
+            return _between(live, a, b)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(index)
+        if i <= n - 1 - i:  # nearer the left end: its front chunks, else the back list from the right
+            found = _walk(live.front, i, False)
+            return found if found is not None else _walk(live.back, n - 1 - i, True)
+        found = _walk(live.back, n - 1 - i, True)
+        return found if found is not None else _walk(live.front, i, False)
+
+
+def _walk(cell: Cell | None, k: int, from_right: bool) -> bytes | None:
+    """The k-th element of a front list (from the left) or a back list (from the right); None when
+    it holds fewer (an element is bytes, never None): the element is then in the other list."""
+    while cell is not None:
+        chunk = cell[0]
+        if k < len(chunk):
+            return chunk[-1 - k] if from_right else chunk[k]
+        k -= len(chunk)
+        cell = cell[1]
+    return None
+
+
+def _between(live: LiveList, a: int, b: int) -> list[bytes]:
+    """Elements a..b-1 (0 <= a, b <= count): the chunks in order (pointers), then the span's slices."""
+    chunks = []
+    cell = live.front
+    while cell is not None:
+        chunks.append(cell[0])
+        cell = cell[1]
+    back = []
+    cell = live.back
+    while cell is not None:
+        back.append(cell[0])
+        cell = cell[1]
+    chunks.extend(reversed(back))
+    out: list[bytes] = []
+    at = 0
+    for chunk in chunks:
+        if at >= b:
+            break
+        end = at + len(chunk)
+        if end > a:
+            out.extend(chunk[max(a - at, 0):b - at])
+        at = end
+    return out
 
 
 def onto_back(cell: Cell | None, new: tuple) -> Cell | None:

@@ -155,6 +155,9 @@ class LiveMap(LiveValue):
     def entry(self) -> Entry:
         return Entry(self.kind, self.deadline, self.data())
 
+    def view_entry(self) -> Entry:
+        return Entry(self.kind, self.deadline, MapView(self))
+
     def header(self) -> bytes:
         return _HEADER.pack(MAGIC, self.kind, self.deadline)
 
@@ -181,19 +184,14 @@ class LiveMap(LiveValue):
         return MapEdit(self)
 
 
-class MapEdit:
-    """A dict-like edit of one LiveMap version: what datatypes' handlers read and change (get, in,
-    len, [k] = v, del, update, copy). freeze() makes the new version; the base is never changed."""
+class MapView:
+    """One LiveMap version as the dict a read handler looks into (queries.py: HGET, SISMEMBER,
+    ZSCORE, HLEN ...): get, in and len, each O(log n) or O(1), no member decoded."""
 
-    __slots__ = ("base", "count", "garbage", "new", "packed", "root")
+    __slots__ = ("count", "root")
 
     def __init__(self, base: LiveMap) -> None:
-        self.base = base
-        self.root, self.count, self.packed, self.garbage = base.root, base.count, base.packed, base.garbage
-        self.new: list[bytes] = []  # members appended to the order log by this edit
-
-    def copy(self) -> MapEdit:
-        return self  # a fresh edit made for one command (the handlers copy the dict they change)
+        self.root, self.count = base.root, base.count
 
     def __len__(self) -> int:
         return self.count
@@ -204,6 +202,21 @@ class MapEdit:
     def get(self, key: bytes, default: Any = None) -> Any:
         slot = _find(self.root, hash(key), key)
         return default if slot is None else slot[1]
+
+
+class MapEdit(MapView):
+    """A dict-like edit of one LiveMap version: what datatypes' handlers read and change (get, in,
+    len, [k] = v, del, update, copy). freeze() makes the new version; the base is never changed."""
+
+    __slots__ = ("base", "garbage", "new", "packed")
+
+    def __init__(self, base: LiveMap) -> None:
+        self.base = base
+        self.root, self.count, self.packed, self.garbage = base.root, base.count, base.packed, base.garbage
+        self.new: list[bytes] = []  # members appended to the order log by this edit
+
+    def copy(self) -> MapEdit:
+        return self  # a fresh edit made for one command (the handlers copy the dict they change)
 
     def __setitem__(self, key: bytes, value: Any) -> None:
         self.root, old = _with(self.root, hash(key), 0, key, value, self.base.logged + len(self.new))

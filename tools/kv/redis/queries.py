@@ -8,8 +8,9 @@ aa-sc replica after its READ round), so they are exactly as consistent as GET.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from mlsyskit.tools.kv.redis import resp, values
+from mlsyskit.tools.kv.redis import live, resp, values
 from mlsyskit.tools.kv.redis.datatypes import CommandError, _int, _of, _span, fmt_score, ranked
 from mlsyskit.tools.kv.redis.values import HASH, LIST, SET, TYPE_NAMES, ZSET, Entry, WrongType
 
@@ -144,10 +145,11 @@ READS: dict[bytes, tuple[int, Handler]] = {  # name: (Redis arity, handler)
 }
 
 
-def answer(cmd: list, stored: bytes | None, now_ms: int) -> bytes:
-    """A read command's answer from a replica's stored bytes."""
+def answer(cmd: list, stored: Any, now_ms: int) -> bytes:
+    """A read command's answer from a replica's stored bytes or live value (live.read_entry: a point
+    or size read of a live collection looks into its structure instead of decoding it)."""
     try:
-        entry = values.live(stored, now_ms)
+        entry = live.read_entry(cmd[0], stored, now_ms)
         return READS[cmd[0]][1](cmd, entry, now_ms)
     except values.CorruptValue:
         return values.CORRUPT
