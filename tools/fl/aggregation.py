@@ -13,7 +13,7 @@ optimisers (FedAvgM, FedAdam) live one per file in strategy/, each with its stra
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,6 +74,10 @@ class Aggregator:
     def see_reference(self, delta: Weights | None) -> None:
         """The server's own update this round per tensor (TIFF's reference, None without one), told before
         aggregate; only rules that take their rate from it (strategy/fedadam.py) keep it."""
+
+    def see_validation(self, score: Callable[[Weights], float]) -> None:
+        """The accuracy of a model on the server's validation split (TIFF's, told once); only a rule that picks
+        between candidate steps by it (strategy/fedadam.py) keeps it."""
 
     def state_dict(self) -> dict:
         return {}

@@ -39,6 +39,7 @@ class Tiff(Strategy):
                          verifier)
         self.validation = validation
         self.pay_by_quality = False
+        self.aggregator.see_validation(validation.accuracy)
 
     def prepare_round(self, round_num, weights, seed) -> None:
         super().prepare_round(round_num, weights, seed)
