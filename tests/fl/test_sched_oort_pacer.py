@@ -1,5 +1,5 @@
 """Oort's two pacer rules (the paper's and FedScale's code), FedScale's wider exploitation pool, and the
-plateau detector's two rules (adaptive's trigger)."""
+plateau detector's two rules and the floor under fast (adaptive's adaptation)."""
 from __future__ import annotations
 
 import random
@@ -87,3 +87,22 @@ def test_plateau_mean_rule_ignores_a_noisy_climb_but_sees_a_flat_curve():
         PlateauDetector(rule="median")
     with pytest.raises(ConfigError):
         TrackingConfig(plateau_rule="median")
+
+
+def test_adaptive_plateau_shifts_keep_fast_at_its_floor():
+    from mlsyskit.tools.fl.scheduling.hetero import HeteroConfig, HeteroScheduler
+
+    def flat_run(config):
+        adaptive = HeteroScheduler(config)
+        for r in range(1, 61):
+            chosen = adaptive.select(r, list(range(30)), 5, random.Random(r))
+            adaptive.observe(outcome(r, chosen))  # accuracy 0.5 every round: a plateau
+        return adaptive
+
+    kept = flat_run(HeteroConfig())
+    assert len(kept.shifts) >= 5 and kept.weights["fast"] == pytest.approx(0.25)  # the default floor
+    assert sum(kept.weights.values()) == pytest.approx(1.0)
+    spent = flat_run(HeteroConfig(fast_floor=0.0))
+    assert spent.weights["fast"] == 0.0
+    with pytest.raises(ConfigError):
+        HeteroConfig(fast_floor=1.5)

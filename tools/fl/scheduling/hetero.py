@@ -33,7 +33,7 @@ known clients of equal score, in random order. `adaptive` starts as `fast` (util
 most once per plateau window) it moves `shift` of the weight from fast (or, once fast is spent,
 half of that from the largest other knob) to: rfair if participation Jain's index is below
 `rfair_target` (and rfair has < 0.5), else afair if the tier accuracy gap exceeds `afair_gap`,
-else perf.
+else perf. `fast_floor` of the weight always stays on fast (the shifts move only the rest).
 """
 from __future__ import annotations
 
@@ -97,6 +97,11 @@ class HeteroConfig:
     fast_unit: str = "latency"  # fast: "latency" or "per-sample" (latency / samples)
     fast_cutoff: str | None = None  # fast's L*: "pool" or "utility-rate"; None: the preset's (PRESET_FAST_CUTOFF)
     util_clip: float = 95.0  # util: percentile of the known clients' statistical utility taken as its cap
+    # adaptive: plateau shifts leave fast at least this weight, so rounds stay short after the shifts to fairness.
+    # With 0 every shift on MNIST-1D's noisy climb spent fast by round ~37 and rfair/afair then chose slow clients;
+    # on the tuning seeds 0-2 0.25 took MNIST-1D's mean time to target 194 -> 143 s, synthetic 137 -> 137 s (0.5:
+    # MNIST-1D 116 s, synthetic seed 0 never reached); issue 21 item 8, README
+    fast_floor: float = 0.25
 
     def __post_init__(self) -> None:
         require(self.preset in PRESETS, f"preset must be one of {', '.join(PRESETS)}")
@@ -111,6 +116,7 @@ class HeteroConfig:
                 "temperature and fast_pool must be >= 0")
         require(self.fast_unit in FAST_UNITS, f"fast_unit must be one of {FAST_UNITS}")
         require(0 < self.util_clip <= 100, "util_clip must be in (0, 100]")
+        require(0 <= self.fast_floor <= 1, "fast_floor must be in [0, 1]")
         require(self.fast_cutoff in (None, *FAST_CUTOFFS), f"fast_cutoff must be one of {FAST_CUTOFFS}")
         require(self.fast_cutoff != "utility-rate" or self.fast_unit == "latency",
                 "fast_cutoff 'utility-rate' compares round latencies: it needs fast_unit 'latency'")
@@ -284,9 +290,10 @@ class HeteroScheduler(TrackingScheduler):
             target = "rfair"
         else:
             target = "afair" if gap > self.config.afair_gap else "perf"
-        moved = min(self.config.shift, self.weights["fast"]) if self.weights["fast"] > 0 else 0.0
+        spare = self.weights["fast"] - self.config.fast_floor
+        moved = min(self.config.shift, spare) if spare > 1e-12 else 0.0
         if moved == 0:  # nothing left to take from fast: take from the largest other knob
-            donor = max((k for k in KNOBS if k != target), key=lambda k: self.weights[k])
+            donor = max((k for k in KNOBS if k not in (target, "fast")), key=lambda k: self.weights[k])
             moved = min(self.config.shift, self.weights[donor]) / 2
             self.weights[donor] -= moved
         else:
