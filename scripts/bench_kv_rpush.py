@@ -12,7 +12,8 @@ APPEND a string. Against a Redis 7 server and against a cluster of real bespokv 
 and command: the total seconds, the mean microseconds per command in the first and the last tenth
 (a write must not slow down as its value grows), the same in CPU time of the server processes
 (redis-server; the three nodes together), which a busy machine distorts far less than wall time,
-and bespokv / Redis. Every answer is checked. os.getloadavg() goes into the JSON; on a busy machine
+and bespokv / Redis. With --reads, then as many point reads of the grown key (LINDEX, SISMEMBER,
+HGET, ZSCORE, STRLEN) and the server CPU per read. Every answer is checked. os.getloadavg() goes into the JSON; on a busy machine
 read the ratios, not the rates.
 """
 from __future__ import annotations
@@ -54,7 +55,26 @@ def growth(command: str, key: bytes, i: int, size: int) -> tuple[tuple, object]:
             "APPEND": ((b"APPEND", key, item), (i + 1) * size)}[command]
 
 
-def push_round(port: int, key: bytes, elements: int, size: int, cpu, command: str = "RPUSH") -> dict:
+def point_read(command: str, key: bytes, i: int, size: int, elements: int) -> tuple[tuple, object]:
+    """(a point or size read of the grown key that finds element i, the answer it must get)."""
+    item = b"%0*d" % (size, i)
+    return {"RPUSH": ((b"LINDEX", key, b"%d" % i), item), "SADD": ((b"SISMEMBER", key, item), 1),
+            "HSET": ((b"HGET", key, b"f%d" % i), item), "ZADD": ((b"ZSCORE", key, item), b"%d" % i),
+            "APPEND": ((b"STRLEN", key), elements * size)}[command]
+
+
+def ask(sock: socket.socket, reader: hiredis.Reader, args: tuple, expected: object) -> None:
+    sock.sendall(hiredis.pack_command(args))
+    reply = False
+    while reply is False:
+        reader.feed(sock.recv(65536))
+        reply = reader.gets()
+    if reply != expected:
+        raise RuntimeError(f"{args[0]!r} answered {reply!r} (expected {expected!r})")
+
+
+def push_round(port: int, key: bytes, elements: int, size: int, cpu, command: str = "RPUSH",
+               reads: int = 0) -> dict:
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     reader = hiredis.Reader()
@@ -76,6 +96,10 @@ def push_round(port: int, key: bytes, elements: int, size: int, cpu, command: st
     end = time.perf_counter()
     marks.append(end)
     cpu_marks.append(cpu())
+    read_cpu = cpu()
+    for r in range(reads):  # of the whole grown value: answered in O(1) (a LINDEX walks to its element)
+        ask(sock, reader, *point_read(command, key, r * 7919 % elements, size, elements))
+    read_cpu = cpu() - read_cpu
     sock.sendall(hiredis.pack_command((b"DEL", key)))
     reader.feed(sock.recv(65536))
     sock.close()
@@ -83,7 +107,8 @@ def push_round(port: int, key: bytes, elements: int, size: int, cpu, command: st
     cpu_per = [(b - a) / tenth * 1e6 for a, b in zip(cpu_marks, cpu_marks[1:], strict=False)]
     return {"elements": elements, "seconds": round(end - began, 3), "first_tenth_us": round(per[0], 1), "last_tenth_us": round(per[-1], 1),
             "cpu_seconds": round(cpu_marks[-1] - cpu_marks[0], 3), "first_tenth_cpu_us": round(cpu_per[0], 1),
-            "last_tenth_cpu_us": round(cpu_per[-1], 1)}
+            "last_tenth_cpu_us": round(cpu_per[-1], 1),
+            **({"read_cpu_us": round(read_cpu / reads * 1e6, 1)} if reads else {})}
 
 
 def summary(rows: list[dict], rounds: int) -> dict:
@@ -94,7 +119,9 @@ def summary(rows: list[dict], rounds: int) -> dict:
         ratios.append(round(bkv["seconds"] / red["seconds"], 2))
         cpu_ratios.append(round(bkv["cpu_seconds"] / max(red["cpu_seconds"], 1e-3), 2))
     bkv_rows = [x for x in rows if x["system"] == "bespokv"]
-    return {"time_ratio_bespokv_over_redis": ratios, "cpu_ratio_bespokv_over_redis": cpu_ratios,
+    reads = {f"{s}_read_cpu_us": [x["read_cpu_us"] for x in rows if x["system"] == s and "read_cpu_us" in x]
+             for s in ("bespokv", "redis")}
+    return {**reads, "time_ratio_bespokv_over_redis": ratios, "cpu_ratio_bespokv_over_redis": cpu_ratios,
             "bespokv_cpu_us_per_op": [round(x["cpu_seconds"] / x["elements"] * 1e6, 1) for x in bkv_rows],
             "redis_cpu_us_per_op": [round(x["cpu_seconds"] / x["elements"] * 1e6, 1)
                                     for x in rows if x["system"] == "redis"],
@@ -110,6 +137,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--controlet", default="ms-sc")
     ap.add_argument("--commands", default="RPUSH", help="comma-separated: RPUSH,SADD,HSET,ZADD,APPEND")
+    ap.add_argument("--reads", type=int, default=0, help="then this many point reads of the grown key "
+                    "(LINDEX, SISMEMBER, HGET, ZSCORE, STRLEN), their server CPU per read reported")
     ap.add_argument("--out", type=Path, default=None, help="write the JSON here too")
     args = ap.parse_args()
     commands = [c.strip().upper() for c in args.commands.split(",") if c.strip()]
@@ -135,7 +164,7 @@ def main() -> int:
                 for system, port in (("redis", redis_port), ("bespokv", head)):
                     row = {"round": r, "command": command, "system": system,
                            **push_round(port, b"%b%d" % (command.encode(), r), args.elements, args.size,
-                                        cpus[system], command),
+                                        cpus[system], command, args.reads),
                            "loadavg": [round(x, 2) for x in os.getloadavg()]}
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr)
