@@ -13,7 +13,7 @@ import pytest
 from mlsyskit.tools.kv.controlets.base import Read
 from mlsyskit.tools.kv.datalets.memory import MemoryDatalet
 from mlsyskit.tools.kv.node.interpreter import Interpreter
-from mlsyskit.tools.kv.redis import live, queries, rmw
+from mlsyskit.tools.kv.redis import live, queries, rmw, values
 from mlsyskit.tools.kv.redis.livelist import ListView, LiveList
 from mlsyskit.tools.kv.redis.livemap import LiveMap, MapView
 from mlsyskit.tools.kv.redis.values import HASH, SET, ZSET
@@ -58,6 +58,7 @@ def test_every_read_of_a_live_value_answers_exactly_what_the_decode_path_does() 
                 read = rmw.Command(_random_read(rng, span))
                 now = rng.randrange(1, 25)
                 assert queries.answer(read, current, now) == queries.answer(read, raw, now), (trial, step, read)
+                assert values.get_answer(current, now) == values.get_answer(raw, now), (trial, step)
                 entry = live.read_entry(read[0], current, now)
                 if read[0] in live.VIEWED_READS and isinstance(current, LiveMap | LiveList) and entry is not None:
                     assert type(entry.data) is (MapView if isinstance(current, LiveMap) else ListView)
@@ -109,6 +110,8 @@ def test_a_point_read_allocates_the_same_at_10_and_at_20000_members(kind: bytes)
         for cmd in map(rmw.Command, POINT_READS[kind]):
             costs = [_allocated(lambda v=v, c=cmd: queries.answer(c, v, 1)) for v in (short, long, short, long)]
             assert max(costs) < 4 * 1024, (cmd, costs)
+        costs = [_allocated(lambda v=v: values.get_answer(v, 1)) for v in (short, long, *lists)]
+        assert max(costs) < 4 * 1024, ("GET", costs)  # WRONGTYPE from the header
         for cmd in map(rmw.Command, list_reads):
             costs = [_allocated(lambda v=v, c=cmd: queries.answer(c, v, 1)) for v in lists]
             assert max(costs) < 8 * 1024, (cmd, costs)

@@ -32,10 +32,8 @@ def cmd_get(conn: Session, cmd: list) -> None:
         return None
     node = conn.node
     if node.fast_get is not None and not conn.slots and node.owns(key):
-        stored = node.fast_get(key)
-        if stored is not None and stored.__class__ is not bytes:  # a live value (a list): its record
-            stored = stored.stored()
-        conn.out.append(values.get_answer(stored, conn.unix_ms()))
+        # a live value as it is: get_answer reads a collection's WRONGTYPE from its header, no record built
+        conn.out.append(values.get_answer(node.fast_get(key), conn.unix_ms()))
     else:
         conn.single(GET, key, None)
 

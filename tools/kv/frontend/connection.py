@@ -117,9 +117,9 @@ class ClientConnection(Session):
                             if v is None:
                                 out.append(b"$-1\r\n")
                                 continue
-                            if v.__class__ is not bytes:  # a live value (a list): its record answers
-                                v = v.stored()
-                            if v[:1] == first:  # a record (redis/values.py): a deadline, a type, an escape
+                            if v.__class__ is not bytes or v[:1] == first:  # a live value, or a record
+                                # (redis/values.py: a deadline, a type, an escape); a live collection's
+                                # WRONGTYPE comes from its header, no record built
                                 out.append(values.get_answer(v, self.unix_ms()))
                                 continue
                             out.append(b"$%d\r\n%b\r\n" % (len(v), v))

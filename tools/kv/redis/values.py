@@ -37,6 +37,7 @@ import msgpack
 MAGIC = b"\x00BKV"
 FIRST = MAGIC[:1]  # the fast paths look at one byte: anything else is a plain string
 STRING, LIST, HASH, SET, ZSET = b"s", b"l", b"h", b"t", b"z"
+_COLLECTIONS = (LIST, HASH, SET, ZSET)
 TYPE_NAMES = {STRING: b"string", LIST: b"list", HASH: b"hash", SET: b"set", ZSET: b"zset"}
 _HEADER = struct.Struct(">4scQ")
 VERSIONED = b"v"
@@ -199,6 +200,8 @@ def string_of(entry: Entry | None) -> bytes | None:
 
 def get_answer(stored: bytes | None, now_ms: int) -> bytes:
     """GET's RESP answer for stored bytes (tagged ones decoded; expired ones are nil)."""
+    if stored is not None and _is_live(stored) and stored[:4] == MAGIC and stored[4:5] in _COLLECTIONS:  # no decode
+        return b"$-1\r\n" if expired(stored, now_ms) else WRONGTYPE
     try:
         value = string_of(live(stored, now_ms))
     except WrongType:
