@@ -2,6 +2,7 @@
 checks, and the summary and targets it computes from runs (DeepSpeed itself is never run in CI)."""
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import subprocess
 import sys
@@ -108,3 +109,31 @@ def test_round_ratios_pair_the_runs_of_each_round():
 def test_a_missing_peer_yields_no_target():
     bench = load_script()
     assert bench.targets({"tencache-nvme": {"summary": bench.summarize([run([1, 1, 1], 1)])}}) == []
+
+
+def load_worker():
+    spec = importlib.util.spec_from_file_location("bench_offload_ds_worker", SCRIPT.parent / "bench_offload_ds" /
+                                                  "worker.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("swap", ["pipelined", "sync"])
+def test_deepspeeds_optimizer_swapping_has_a_buffer_per_state_of_each_sub_group_in_flight(swap):
+    """Pipelined NVMe swapping keeps 3 sub-groups in flight, 4 buffers each (fp32 master, m, v, gradient):
+    with DeepSpeed's documented 4 its first step asserted. sync is DeepSpeed's own default: 4 buffers, one
+    sub-group of 1e9, no pipeline. The CPU placement has no swap buffers at all."""
+    worker = load_worker()
+    args = argparse.Namespace(offload="nvme", nvme_dir="/nvme", optimizer_swap=swap, batch=2, lr=3e-4, aio=None)
+    zero = worker.ds_config(args, hidden=512, largest=16 << 20, n_params=50_000_000)["zero_optimization"]
+    optimizer = zero["offload_optimizer"]
+    if swap == "pipelined":
+        assert optimizer["buffer_count"] == 4 * 3 and optimizer["pipeline_read"] and optimizer["pipeline_write"]
+        assert zero["sub_group_size"] == 12_500_000  # a quarter of the model: tiles for the pipeline
+    else:
+        assert optimizer["buffer_count"] == 4 and "pipeline_read" not in optimizer
+        assert zero["sub_group_size"] == int(1e9)
+    assert optimizer["nvme_path"] == "/nvme" and zero["offload_param"]["buffer_count"] == 5
+    cpu = worker.ds_config(argparse.Namespace(**{**vars(args), "offload": "cpu"}), 512, 16 << 20, 50_000_000)
+    assert "buffer_count" not in cpu["zero_optimization"]["offload_optimizer"]
