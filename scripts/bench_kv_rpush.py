@@ -63,14 +63,14 @@ def point_read(command: str, key: bytes, i: int, size: int, elements: int) -> tu
             "APPEND": ((b"STRLEN", key), elements * size)}[command]
 
 
-def ask(sock: socket.socket, reader: hiredis.Reader, args: tuple, expected: object) -> None:
+def ask(sock: socket.socket, reader: hiredis.Reader, args: tuple, expected: object, where: str = "") -> None:
     sock.sendall(hiredis.pack_command(args))
     reply = False
     while reply is False:
         reader.feed(sock.recv(65536))
         reply = reader.gets()
     if reply != expected:
-        raise RuntimeError(f"{args[0]!r} answered {reply!r} (expected {expected!r})")
+        raise RuntimeError(f"{args[0]!r} answered {reply!r}{where} (expected {expected!r})")
 
 
 def push_round(port: int, key: bytes, elements: int, size: int, cpu, command: str = "RPUSH",
@@ -86,13 +86,7 @@ def push_round(port: int, key: bytes, elements: int, size: int, cpu, command: st
             marks.append(time.perf_counter())
             cpu_marks.append(cpu())
         args, expected = growth(command, key, i, size)
-        sock.sendall(hiredis.pack_command(args))
-        reply = False
-        while reply is False:
-            reader.feed(sock.recv(65536))
-            reply = reader.gets()
-        if reply != expected:
-            raise RuntimeError(f"{command} answered {reply!r} at element {i + 1} (expected {expected!r})")
+        ask(sock, reader, args, expected, f" at element {i + 1}")
     end = time.perf_counter()
     marks.append(end)
     cpu_marks.append(cpu())

@@ -71,33 +71,26 @@ class ClientConnection(Session):
                             self.submit_puts()
                             if self.transport is None:
                                 return
-                        if relay:  # a proxy: one reply slot for the batch (RelayBatch), no request per command
-                            if puts:
-                                batch = puts[0]
-                            elif not self.held and not (self.unanswered_reads if op is PUT else self.unacked_writes):
-                                batch = RelayBatch(op, self)
-                                slots.append(batch)
-                                if op is PUT:
-                                    self.unacked_writes += 1
-                                else:
-                                    self.unanswered_reads += 1
-                                puts.append(batch)
-                            else:
-                                batch = None
-                            if batch is not None:
-                                batch.keys.append(key)
-                                if op is PUT:
-                                    batch.values.append(value)
-                                continue
+                        if relay and puts:  # a proxy: the open RelayBatch takes it (one reply slot per batch)
+                            puts[0].keys.append(key)
+                            if op is PUT:
+                                puts[0].values.append(value)
+                            continue
                         # session order: nothing of the connection waits, no read (write) before a write (read)
-                        elif not self.held and not (self.unanswered_reads if op is PUT else self.unacked_writes):
-                            req = Request(op, key, value, self)
-                            slots.append(req)
+                        if not self.held and not (self.unanswered_reads if op is PUT else self.unacked_writes):
+                            if relay:  # no request per command at a proxy: a RelayBatch opens
+                                item = RelayBatch(op, self)
+                                item.keys.append(key)
+                                if op is PUT:
+                                    item.values.append(value)
+                            else:
+                                item = Request(op, key, value, self)
+                            slots.append(item)
                             if op is PUT:
                                 self.unacked_writes += 1
                             else:
                                 self.unanswered_reads += 1
-                            puts.append(req)
+                            puts.append(item)
                             continue
                 if puts:  # anything else goes after the requests before it
                     self.submit_puts()
