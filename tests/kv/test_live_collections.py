@@ -44,7 +44,8 @@ def _random_command(rng: random.Random, span: int) -> list[bytes]:
     def m() -> bytes:
         return b"m%d" % rng.randrange(span)
     name = rng.choice([b"SADD", b"SREM", b"HSET", b"HMSET", b"HDEL", b"HSETNX", b"HINCRBY", b"ZADD", b"ZREM",
-                       b"ZINCRBY", b"APPEND", b"PEXPIREAT", b"PERSIST", b"RPUSH", b"LPUSH", b"LPOP", b"RPOP"])
+                       b"ZINCRBY", b"APPEND", b"PEXPIREAT", b"PERSIST", b"RPUSH", b"LPUSH", b"LPOP", b"RPOP",
+                       b"ZPOPMIN", b"ZPOPMAX"])
     if name == b"SADD":
         args = [m() for _ in range(rng.choice([1, 1, 3, 20]))]
     elif name in (b"SREM", b"HDEL", b"ZREM"):
@@ -68,7 +69,7 @@ def _random_command(rng: random.Random, span: int) -> list[bytes]:
         args = []
     elif name in (b"RPUSH", b"LPUSH"):
         args = [m() for _ in range(rng.choice([1, 1, 3, 70, 150]))]  # whole chunks at times
-    elif name in (b"LPOP", b"RPOP"):
+    elif name in (b"LPOP", b"RPOP", b"ZPOPMIN", b"ZPOPMAX"):
         args = rng.choice([[], [], [b"%d" % rng.choice([0, 1, 2, 65, 500])]])
     else:
         args = [rng.choice([b"", b"\x00BKV", b"a" * rng.randrange(50)])]

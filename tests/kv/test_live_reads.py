@@ -26,10 +26,14 @@ READ_NAMES = sorted(queries.READS)
 def _random_read(rng: random.Random, span: int) -> list[bytes]:
     name = rng.choice(READ_NAMES)
     arity = queries.READS[name][0]
+    if name in (b"ZRANGEBYSCORE", b"ZREVRANGEBYSCORE", b"ZCOUNT") or name == b"ZRANGE" and rng.random() < 0.4:
+        return [name, b"K", *random_bounds(rng), *(random_range_options(rng, name) if name != b"ZCOUNT" else [])]
     if name in (b"LRANGE", b"ZRANGE", b"ZREVRANGE"):
         args = [b"%d" % rng.randrange(-span - 3, span + 3) for _ in range(2)]
         if name != b"LRANGE" and rng.random() < 0.5:
             args.append(b"WITHSCORES")
+        if name == b"ZRANGE" and rng.random() < 0.3:
+            args += rng.choice([[b"REV"], [b"LIMIT", b"0", b"-1"], [b"LIMIT", b"1", b"2"]])
     elif name == b"LINDEX":
         args = [b"%d" % rng.choice([0, -1, rng.randrange(-span - 3, span + 3)])]
     elif abs(arity) == 3:
@@ -37,6 +41,21 @@ def _random_read(rng: random.Random, span: int) -> list[bytes]:
     else:
         args = []
     return [name, b"K", *args]
+
+
+def random_bounds(rng: random.Random) -> list[bytes]:
+    """Two score bounds (the scores _random_command writes are -3 .. 9, 2.5 and inf), now and then bad."""
+    bound = [b"-inf", b"+inf", b"inf", b"0", b"(0", b"-0", b"1", b"(1", b"2.5", b"(2.5", b"4", b"(inf", b"(-inf", b"x"]
+    return [rng.choice(bound[:-1] if rng.random() < 0.97 else bound) for _ in range(2)]
+
+
+def random_range_options(rng: random.Random, name: bytes) -> list[bytes]:
+    groups = [rng.choice([[b"WITHSCORES"], [b"LIMIT", b"%d" % rng.choice([-1, 0, 1, 3]), b"%d" % rng.choice([-1, 0, 2, 9])]])
+              for _ in range(rng.choice([0, 1, 1, 2]))]
+    if name == b"ZRANGE":
+        groups += [[b"BYSCORE"]] + ([[b"REV"]] if rng.random() < 0.5 else [])
+        rng.shuffle(groups)  # Redis takes ZRANGE's options in any order
+    return [x for group in groups for x in group]
 
 
 def test_every_read_of_a_live_value_answers_exactly_what_the_decode_path_does() -> None:

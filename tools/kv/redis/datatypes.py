@@ -21,7 +21,7 @@ import math
 import random
 from collections.abc import Callable
 
-from mlsyskit.tools.kv.redis import resp
+from mlsyskit.tools.kv.redis import resp, zorder
 from mlsyskit.tools.kv.redis.values import HASH, LIST, SET, ZSET, Entry, WrongType
 from mlsyskit.tools.kv.shardmap import hash64
 
@@ -256,23 +256,18 @@ def _zincrby(cmd: list, entry: Entry | None, now: int):
     return _zadd([b"ZADD", cmd[1], b"INCR", cmd[2], cmd[3]], entry, now)
 
 
-def ranked(data: dict[bytes, float]) -> list[tuple[bytes, float]]:
-    return sorted(data.items(), key=lambda item: (item[1], item[0]))
-
-
 def _zpop(cmd: list, entry: Entry | None, now: int):
+    """ZPOPMIN/ZPOPMAX key [count]: the lowest (highest) members, read off the set's order
+    (zorder.py: a live set's score index, O(log n + count))."""
     count = pop_count(cmd)
     if entry is None:
         return None, resp.EMPTY_ARRAY
     e = _of(entry, ZSET, {})
-    order = ranked(e.data)
-    if cmd[0] == b"ZPOPMAX":
-        order.reverse()
-    taken = order[:1 if count is None else count]
-    data = dict(e.data)
-    for member, _ in taken:
+    taken = zorder.popped(e.data, 1 if count is None else count, cmd[0] == b"ZPOPMAX")
+    data = e.data.copy()
+    for _, member in taken:
         del data[member]
-    return e._replace(data=data), resp.array([x for m, s in taken for x in (m, fmt_score(s))])
+    return e._replace(data=data), resp.array([x for s, m in taken for x in (m, fmt_score(s))])
 
 
 Handler = Callable[[list, Entry | None, int], tuple[Entry | None, bytes]]

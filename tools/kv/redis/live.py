@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlsyskit.tools.kv.redis import datatypes, listpush, livelist, livemap, livestring, resp, values
+from mlsyskit.tools.kv.redis import datatypes, listpush, livelist, livemap, livestring, resp, values, zranges
 from mlsyskit.tools.kv.redis.livebase import LiveValue
 from mlsyskit.tools.kv.redis.livemap import LiveMap
 from mlsyskit.tools.kv.redis.values import FIRST, HASH, LIST, SET, STRING, ZSET, Entry
 
 MAP_WRITES = {b"SADD": SET, b"SREM": SET, b"HSET": HASH, b"HMSET": HASH, b"HSETNX": HASH, b"HDEL": HASH,
-              b"HINCRBY": HASH, b"ZADD": ZSET, b"ZINCRBY": ZSET, b"ZREM": ZSET}
+              b"HINCRBY": HASH, b"ZADD": ZSET, b"ZINCRBY": ZSET, b"ZREM": ZSET, b"ZPOPMIN": ZSET, b"ZPOPMAX": ZSET}
 
 
 def map_write(cmd: list[bytes], current: Any, now_ms: int, limit: int) -> tuple[Any, bytes] | None:
@@ -51,11 +51,12 @@ FAST = {**dict.fromkeys(listpush.PUSHES, listpush.push), **dict.fromkeys(listpus
         **dict.fromkeys(MAP_WRITES, map_write)}
 
 
-# Reads whose handler (queries.py) looks only at the kind, the deadline, len, a member or an index:
-# on a live value they answer from its structure (view_entry), never decoding the other members.
+# Reads whose handler (queries.py, zranges.py) looks only at the kind, the deadline, len, a member, an
+# index or a sorted set's score index: on a live value they answer from its structure (view_entry),
+# never decoding the other members.
 VIEWED_READS = frozenset((b"TTL", b"PTTL", b"EXPIRETIME", b"PEXPIRETIME", b"TYPE", b"LLEN", b"LINDEX", b"LRANGE",
                           b"SCARD", b"SISMEMBER", b"SMISMEMBER", b"HGET", b"HMGET", b"HLEN", b"HEXISTS",
-                          b"ZCARD", b"ZSCORE"))
+                          b"ZCARD", b"ZSCORE", *zranges.READS))
 
 
 def read_entry(name: bytes, stored: Any, now_ms: int) -> Entry | None:

@@ -15,7 +15,10 @@ LiveMap stands for exactly those bytes and keeps:
   entry is garbage, skipped; once garbage outweighs the live members the map is rebuilt: O(1)
   amortised per removal);
 - the record's size, counted as members come and go (msgpack's lengths depend on sizes alone), so
-  the value limit is checked before anything is applied.
+  the value limit is checked before anything is applied;
+- `scores` (sorted sets only): the score index, a counted B+tree of (score, member) (counted.py),
+  updated with the trie in O(log n) per member written, persistent like it: ZRANGE, ZRANK,
+  ZRANGEBYSCORE, ZCOUNT and ZPOPMIN/ZPOPMAX read their members off it (zorder.py).
 
 Python's hash of bytes differs between processes: only the trie's shape depends on it, never the
 order, the bytes or an answer, so replicas agree. Writes go through MapEdit, the dict-like edit
@@ -29,6 +32,7 @@ from typing import Any
 
 import msgpack
 
+from mlsyskit.tools.kv.redis import counted
 from mlsyskit.tools.kv.redis.livebase import LiveValue
 from mlsyskit.tools.kv.redis.livelist import CHUNK, array_header_size, iterate_back, onto_back, packed_size
 from mlsyskit.tools.kv.redis.values import _HEADER, HASH, MAGIC, SET, ZSET, CorruptValue, Entry, decode
@@ -113,23 +117,27 @@ def _leaves(node: tuple) -> Iterator[dict]:
 
 
 class LiveMap(LiveValue):
-    __slots__ = ("count", "deadline", "garbage", "kind", "log", "logged", "packed", "root", "_stored")
+    __slots__ = ("count", "deadline", "garbage", "kind", "log", "logged", "packed", "root", "scores", "_stored")
 
     def __init__(self, kind: bytes, deadline: int, root: tuple, count: int, packed: int, log: Any,
-                 logged: int, garbage: int, stored: bytes | None = None) -> None:
+                 logged: int, garbage: int, stored: bytes | None = None, scores: Any = None) -> None:
         self.kind, self.deadline = kind, deadline
         self.root, self.count, self.packed = root, count, packed  # members, and their msgpack bytes
         self.log, self.logged, self.garbage = log, logged, garbage  # order log, its length, dead entries
+        self.scores = scores  # a sorted set's score index (counted.py); None for a set or a hash
         self._stored = stored
 
     @classmethod
-    def of(cls, kind: bytes, deadline: int, data: dict, stored: bytes | None = None) -> LiveMap:
-        """The live form of a dict (an entry's data: values.Entry), in its order. O(len(data))."""
+    def of(cls, kind: bytes, deadline: int, data: dict, stored: bytes | None = None, scores: Any = None) -> LiveMap:
+        """The live form of a dict (an entry's data: values.Entry), in its order: O(len(data)), and
+        a sorted set's index O(n log n) unless `scores` (this very set's) is given."""
         members = tuple(data)
         slots = {m: (i, v) for i, (m, v) in enumerate(data.items())}
         packed = sum(packed_size(m) + value_size(v) for m, v in data.items())
+        if kind == ZSET and scores is None:
+            scores = counted.build(sorted((score, member) for member, score in data.items()))
         return cls(kind, deadline, _node(slots, 0), len(members), packed, onto_back(None, members),
-                   len(members), 0, stored)
+                   len(members), 0, stored, scores)
 
     # -- reading -------------------------------------------------------------------------------
     def get(self, key: bytes, default: Any = None) -> Any:
@@ -177,8 +185,10 @@ class LiveMap(LiveValue):
     @property
     def undo_bytes(self) -> int:
         """Memory this version holds that the version after it does not: the copied path (about 3
-        nodes), a leaf, the log's edge chunk, and its bytes if a read built them."""
-        return 3 * 8 * (MASK + 1) + 96 * LEAF + 8 * CHUNK + 256 + (len(self._stored) if self._stored else 0)
+        nodes), a leaf, the log's edge chunk, a sorted set's index path (about 3 nodes of FAN), and its
+        bytes if a read built them."""
+        index = 0 if self.scores is None else 3 * 3 * 8 * counted.FAN
+        return 3 * 8 * (MASK + 1) + 96 * LEAF + 8 * CHUNK + 256 + index + (len(self._stored) if self._stored else 0)
 
     def edit(self) -> MapEdit:
         return MapEdit(self)
@@ -186,12 +196,13 @@ class LiveMap(LiveValue):
 
 class MapView:
     """One LiveMap version as the dict a read handler looks into (queries.py: HGET, SISMEMBER,
-    ZSCORE, HLEN ...): get, in and len, each O(log n) or O(1), no member decoded."""
+    ZSCORE, HLEN ...): get, in and len, each O(log n) or O(1), no member decoded; and a sorted set's
+    score index (`scores`: zorder.ranking reads it for ZRANGE, ZRANK, ZCOUNT ...)."""
 
-    __slots__ = ("count", "root")
+    __slots__ = ("count", "root", "scores")
 
     def __init__(self, base: LiveMap) -> None:
-        self.root, self.count = base.root, base.count
+        self.root, self.count, self.scores = base.root, base.count, base.scores
 
     def __len__(self) -> int:
         return self.count
@@ -213,6 +224,7 @@ class MapEdit(MapView):
     def __init__(self, base: LiveMap) -> None:
         self.base = base
         self.root, self.count, self.packed, self.garbage = base.root, base.count, base.packed, base.garbage
+        self.scores = base.scores
         self.new: list[bytes] = []  # members appended to the order log by this edit
 
     def copy(self) -> MapEdit:
@@ -220,6 +232,10 @@ class MapEdit(MapView):
 
     def __setitem__(self, key: bytes, value: Any) -> None:
         self.root, old = _with(self.root, hash(key), 0, key, value, self.base.logged + len(self.new))
+        if self.scores is not None:  # a sorted set: its index moves the member to its new score
+            if old is not None:
+                self.scores = counted.remove(self.scores, (old[1], key))
+            self.scores = counted.insert(self.scores, (value, key))
         if old is None:  # a new member goes last, as in a dict
             self.new.append(key)
             self.count += 1
@@ -233,6 +249,8 @@ class MapEdit(MapView):
         if slot is None:
             raise KeyError(key)
         self.root = _without(self.root, h, 0, key)
+        if self.scores is not None:
+            self.scores = counted.remove(self.scores, (slot[1], key))
         self.count -= 1
         self.garbage += 1
         self.packed -= packed_size(key) + value_size(slot[1])
@@ -250,9 +268,9 @@ class MapEdit(MapView):
             return None
         out = LiveMap(base.kind, deadline, self.root, self.count, self.packed,
                       onto_back(base.log, tuple(self.new)) if self.new else base.log,
-                      base.logged + len(self.new), self.garbage)
+                      base.logged + len(self.new), self.garbage, None, self.scores)
         if out.garbage > CHUNK and out.garbage > out.count:  # mostly removed members: rebuild, O(1) amortised
-            return LiveMap.of(out.kind, deadline, out.data())
+            return LiveMap.of(out.kind, deadline, out.data(), scores=out.scores)
         return out
 
 

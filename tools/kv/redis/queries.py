@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mlsyskit.tools.kv.redis import live, resp, values
-from mlsyskit.tools.kv.redis.datatypes import CommandError, _int, _of, _span, fmt_score, ranked
+from mlsyskit.tools.kv.redis import live, resp, values, zranges
+from mlsyskit.tools.kv.redis.datatypes import CommandError, _int, _of, _span, fmt_score
 from mlsyskit.tools.kv.redis.values import HASH, LIST, SET, TYPE_NAMES, ZSET, Entry, WrongType
 
 
@@ -104,32 +104,6 @@ def _zscore(cmd: list, entry: Entry | None, now: int) -> bytes:
     return resp.bulk(None if score is None else fmt_score(score))
 
 
-def _zrange(cmd: list, entry: Entry | None, now: int) -> bytes:
-    """ZRANGE/ZREVRANGE key start stop [WITHSCORES] (by rank; BYSCORE/BYLEX are not supported)."""
-    options = [o.upper() for o in cmd[4:]]
-    if options not in ([], [b"WITHSCORES"]):
-        raise CommandError("syntax error (bespokv's ZRANGE takes start stop [WITHSCORES])")
-    start, stop = _int(cmd[2]), _int(cmd[3])
-    if entry is None:
-        return resp.EMPTY_ARRAY
-    order = ranked(_of(entry, ZSET, None).data)
-    if cmd[0] == b"ZREVRANGE":
-        order.reverse()
-    a, b = _span(len(order), start, stop)
-    if options:
-        return resp.array([x for m, s in order[a:b] for x in (m, fmt_score(s))])
-    return resp.array([m for m, _ in order[a:b]])
-
-
-def _zrank(cmd: list, entry: Entry | None, now: int) -> bytes:
-    if entry is None:
-        return resp.NULL
-    order = [m for m, _ in ranked(_of(entry, ZSET, None).data)]
-    if cmd[0] == b"ZREVRANK":
-        order.reverse()
-    return resp.integer(order.index(cmd[2])) if cmd[2] in order else resp.NULL
-
-
 Handler = Callable[[list, Entry | None, int], bytes]
 READS: dict[bytes, tuple[int, Handler]] = {  # name: (Redis arity, handler)
     b"TTL": (2, _ttl), b"PTTL": (2, _ttl), b"EXPIRETIME": (2, _expiretime), b"PEXPIRETIME": (2, _expiretime),
@@ -140,8 +114,7 @@ READS: dict[bytes, tuple[int, Handler]] = {  # name: (Redis arity, handler)
     b"HGET": (3, _hget), b"HMGET": (-3, _hmget), b"HGETALL": (2, _members(HASH, True, True)),
     b"HLEN": (2, _len(HASH)), b"HEXISTS": (3, _hexists), b"HKEYS": (2, _members(HASH, True, False)),
     b"HVALS": (2, _members(HASH, False, True)),
-    b"ZCARD": (2, _len(ZSET)), b"ZSCORE": (3, _zscore), b"ZRANGE": (-4, _zrange), b"ZREVRANGE": (-4, _zrange),
-    b"ZRANK": (3, _zrank), b"ZREVRANK": (3, _zrank),
+    b"ZCARD": (2, _len(ZSET)), b"ZSCORE": (3, _zscore), **zranges.READS,
 }
 
 

@@ -24,6 +24,9 @@ def _pairs(flat: list, nested: bool) -> bytes:
     return b"*%d\r\n" % len(pairs) + b"".join(b"*2\r\n" + p for p in pairs)
 
 
+RANGES = (b"ZRANGE", b"ZREVRANGE", b"ZRANGEBYSCORE", b"ZREVRANGEBYSCORE")
+
+
 def _reshape(cmd: list, value) -> bytes | None:
     name = cmd[0]
     if name == b"HGETALL":
@@ -32,15 +35,14 @@ def _reshape(cmd: list, value) -> bytes | None:
         return b"~%d\r\n" % len(value) + b"".join(resp.bulk(v) for v in value)
     if name in (b"ZSCORE", b"ZINCRBY") or name == b"ZADD" and b"INCR" in (a.upper() for a in cmd[2:]):
         return None if value is None else _double(value)
-    if name in (b"ZRANGE", b"ZREVRANGE"):
+    if name in RANGES:
         return _pairs(value, True) if b"WITHSCORES" in (a.upper() for a in cmd[4:]) else None
     if name in (b"ZPOPMIN", b"ZPOPMAX"):
         return _pairs(value, len(cmd) > 2)
     return None
 
 
-SHAPED = {b"HGETALL", b"SMEMBERS", b"ZSCORE", b"ZINCRBY", b"ZADD", b"ZRANGE", b"ZREVRANGE", b"ZPOPMIN",
-          b"ZPOPMAX"}
+SHAPED = {b"HGETALL", b"SMEMBERS", b"ZSCORE", b"ZINCRBY", b"ZADD", *RANGES, b"ZPOPMIN", b"ZPOPMAX"}
 
 
 def shape(cmd: list, payload: bytes) -> bytes:
