@@ -45,7 +45,7 @@ def _random_command(rng: random.Random, span: int) -> list[bytes]:
         return b"m%d" % rng.randrange(span)
     name = rng.choice([b"SADD", b"SREM", b"HSET", b"HMSET", b"HDEL", b"HSETNX", b"HINCRBY", b"ZADD", b"ZREM",
                        b"ZINCRBY", b"APPEND", b"PEXPIREAT", b"PERSIST", b"RPUSH", b"LPUSH", b"LPOP", b"RPOP",
-                       b"ZPOPMIN", b"ZPOPMAX"])
+                       b"ZPOPMIN", b"ZPOPMAX", b"SPOP", b"LSET", b"LTRIM", b"LINSERT", b"LREM"])
     if name == b"SADD":
         args = [m() for _ in range(rng.choice([1, 1, 3, 20]))]
     elif name in (b"SREM", b"HDEL", b"ZREM"):
@@ -69,7 +69,15 @@ def _random_command(rng: random.Random, span: int) -> list[bytes]:
         args = []
     elif name in (b"RPUSH", b"LPUSH"):
         args = [m() for _ in range(rng.choice([1, 1, 3, 70, 150]))]  # whole chunks at times
-    elif name in (b"LPOP", b"RPOP", b"ZPOPMIN", b"ZPOPMAX"):
+    elif name == b"LSET":
+        args = [b"%d" % rng.randrange(-span - 2, span + 2), rng.choice([m(), b"v" * rng.randrange(300)])]
+    elif name == b"LTRIM":
+        args = [b"%d" % rng.choice([0, 1, -1, rng.randrange(-span, span)]), b"%d" % rng.choice([-1, -2, rng.randrange(-span, span)])]
+    elif name == b"LINSERT":
+        args = [rng.choice([b"BEFORE", b"after", b"AFTER"]), m(), m()]
+    elif name == b"LREM":
+        args = [b"%d" % rng.choice([0, 1, -1, 2, -3]), m()]
+    elif name in (b"LPOP", b"RPOP", b"ZPOPMIN", b"ZPOPMAX", b"SPOP"):
         args = rng.choice([[], [], [b"%d" % rng.choice([0, 1, 2, 65, 500])]])
     else:
         args = [rng.choice([b"", b"\x00BKV", b"a" * rng.randrange(50)])]

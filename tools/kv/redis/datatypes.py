@@ -150,6 +150,21 @@ def _lrem(cmd: list, entry: Entry | None, now: int):
     return e._replace(data=data), resp.integer(len(drop))
 
 
+def _linsert(cmd: list, entry: Entry | None, now: int):
+    """LINSERT key BEFORE|AFTER pivot element: the new length, -1 without the pivot, 0 without the key."""
+    where = cmd[2].upper()
+    if where not in (b"BEFORE", b"AFTER"):
+        raise CommandError("syntax error")
+    if entry is None:
+        return None, resp.ZERO
+    e = _of(entry, LIST, [])
+    data = list(e.data)
+    if cmd[3] not in data:
+        return e, resp.integer(-1)
+    data.insert(data.index(cmd[3]) + (where == b"AFTER"), cmd[4])
+    return e._replace(data=data), resp.integer(len(data))
+
+
 # -- sets ----------------------------------------------------------------------------------
 def _sadd(cmd: list, entry: Entry | None, now: int):
     e = _of(entry, SET, {})
@@ -180,10 +195,12 @@ def _spop(cmd: list, entry: Entry | None, now: int):
     if entry is None:
         return None, resp.NULL if count is None else resp.EMPTY_ARRAY
     e = _of(entry, SET, {})
-    members = list(e.data)
+    # The members in insertion order: the dict's list, or a live set's order tree as a sequence whose
+    # [j] costs O(log n), from which random.sample draws the very same members (O(count log n)).
+    members = list(e.data) if e.data.__class__ is dict else e.data.in_order()
     rng = random.Random(hash64(b"%b|%d" % (cmd[1], now)))
     taken = rng.sample(members, min(1 if count is None else count, len(members)))
-    data = dict(e.data)
+    data = e.data.copy()
     for m in taken:
         del data[m]
     return e._replace(data=data), popped_answer(taken, count)
@@ -274,6 +291,7 @@ Handler = Callable[[list, Entry | None, int], tuple[Entry | None, bytes]]
 WRITES: dict[bytes, tuple[int, Handler]] = {
     b"LPUSH": (-3, _push), b"RPUSH": (-3, _push), b"LPUSHX": (-3, _push), b"RPUSHX": (-3, _push),
     b"LPOP": (-2, _pop), b"RPOP": (-2, _pop), b"LSET": (4, _lset), b"LTRIM": (4, _ltrim), b"LREM": (4, _lrem),
+    b"LINSERT": (5, _linsert),
     b"SADD": (-3, _sadd), b"SREM": (-3, _removing(SET)), b"SPOP": (-2, _spop),
     b"HSET": (-4, _hset), b"HMSET": (-4, _hset), b"HSETNX": (4, _hset), b"HDEL": (-3, _removing(HASH)),
     b"HINCRBY": (4, _hincrby),

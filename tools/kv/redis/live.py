@@ -2,8 +2,8 @@
 APPENDed string), the reads that look into one without decoding it (read_entry), and turning a
 stored record into its live form.
 
-rmw.apply tries FAST[name] first: a push or a pop (listpush.py), APPEND (livestring.py), and the set, hash and
-sorted-set writes below, which run the command's own handler (datatypes.py) on a MapEdit of the
+rmw.apply tries FAST[name] first: a push or a pop (listpush.py), LSET/LTRIM/LINSERT/LREM (listedit.py),
+APPEND (livestring.py), and the set, hash and sorted-set writes below (SPOP and ZPOPMIN/ZPOPMAX too), which run the command's own handler (datatypes.py) on a MapEdit of the
 LiveMap (livemap.py) instead of a dict copy. Each answers exactly as the generic path does, gives a
 value that stands for the bytes the generic path would store, and checks the value limit on the size
 it counted before anything is stored or replicated. One returns None when the generic path must
@@ -13,12 +13,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlsyskit.tools.kv.redis import datatypes, listpush, livelist, livemap, livestring, resp, values, zranges
+from mlsyskit.tools.kv.redis import (
+    datatypes,
+    listedit,
+    listpush,
+    livelist,
+    livemap,
+    livestring,
+    resp,
+    values,
+    zranges,
+)
 from mlsyskit.tools.kv.redis.livebase import LiveValue
 from mlsyskit.tools.kv.redis.livemap import LiveMap
 from mlsyskit.tools.kv.redis.values import FIRST, HASH, LIST, SET, STRING, ZSET, Entry
 
-MAP_WRITES = {b"SADD": SET, b"SREM": SET, b"HSET": HASH, b"HMSET": HASH, b"HSETNX": HASH, b"HDEL": HASH,
+MAP_WRITES = {b"SADD": SET, b"SREM": SET, b"SPOP": SET,
+              b"HSET": HASH, b"HMSET": HASH, b"HSETNX": HASH, b"HDEL": HASH,
               b"HINCRBY": HASH, b"ZADD": ZSET, b"ZINCRBY": ZSET, b"ZREM": ZSET, b"ZPOPMIN": ZSET, b"ZPOPMAX": ZSET}
 
 
@@ -47,6 +58,7 @@ def map_write(cmd: list[bytes], current: Any, now_ms: int, limit: int) -> tuple[
 
 
 FAST = {**dict.fromkeys(listpush.PUSHES, listpush.push), **dict.fromkeys(listpush.POPS, listpush.pop),
+        **listedit.EDITS,
         b"APPEND": livestring.append,
         **dict.fromkeys(MAP_WRITES, map_write)}
 

@@ -10,10 +10,9 @@ LiveMap stands for exactly those bytes and keeps:
   (about 3 tuples and one small dict at 20,000 members) and shares everything else, so the old
   version stays valid and unchanged: it is a strong controlet's undo image (O(1) to keep) and a
   snapshot's view, as a LiveList is (livelist.py);
-- `log`: every member ever added, in order, as livelist's append-only chunked back list; a log
-  entry at position p is live when the trie holds that member with ordinal p (a removed member's
-  entry is garbage, skipped; once garbage outweighs the live members the map is rebuilt: O(1)
-  amortised per removal);
+- `order`: the members in insertion order, a counted B+tree of (ordinal, member) (counted.py): a
+  new member takes the next ordinal (`logged`) and goes last, a removed one leaves it, O(log n)
+  each, and the j-th member is found in O(log n) (SPOP's draw: datatypes._spop);
 - the record's size, counted as members come and go (msgpack's lengths depend on sizes alone), so
   the value limit is checked before anything is applied;
 - `scores` (sorted sets only): the score index, a counted B+tree of (score, member) (counted.py),
@@ -27,14 +26,14 @@ of each command, for both forms.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgpack
 
 from mlsyskit.tools.kv.redis import counted
 from mlsyskit.tools.kv.redis.livebase import LiveValue
-from mlsyskit.tools.kv.redis.livelist import CHUNK, array_header_size, iterate_back, onto_back, packed_size
+from mlsyskit.tools.kv.redis.livelist import array_header_size, packed_size
 from mlsyskit.tools.kv.redis.values import _HEADER, HASH, MAGIC, SET, ZSET, CorruptValue, Entry, decode
 
 BITS, MASK = 5, 31  # a node has 32 slots, indexed by 5 bits of the hash per level
@@ -117,27 +116,25 @@ def _leaves(node: tuple) -> Iterator[dict]:
 
 
 class LiveMap(LiveValue):
-    __slots__ = ("count", "deadline", "garbage", "kind", "log", "logged", "packed", "root", "scores", "_stored")
+    __slots__ = ("count", "deadline", "kind", "logged", "order", "packed", "root", "scores", "_stored")
 
-    def __init__(self, kind: bytes, deadline: int, root: tuple, count: int, packed: int, log: Any,
-                 logged: int, garbage: int, stored: bytes | None = None, scores: Any = None) -> None:
+    def __init__(self, kind: bytes, deadline: int, root: tuple, count: int, packed: int, order: Any,
+                 logged: int, stored: bytes | None = None, scores: Any = None) -> None:
         self.kind, self.deadline = kind, deadline
         self.root, self.count, self.packed = root, count, packed  # members, and their msgpack bytes
-        self.log, self.logged, self.garbage = log, logged, garbage  # order log, its length, dead entries
+        self.order, self.logged = order, logged  # insertion order, and the next member's ordinal
         self.scores = scores  # a sorted set's score index (counted.py); None for a set or a hash
         self._stored = stored
 
     @classmethod
-    def of(cls, kind: bytes, deadline: int, data: dict, stored: bytes | None = None, scores: Any = None) -> LiveMap:
+    def of(cls, kind: bytes, deadline: int, data: dict, stored: bytes | None = None) -> LiveMap:
         """The live form of a dict (an entry's data: values.Entry), in its order: O(len(data)), and
-        a sorted set's index O(n log n) unless `scores` (this very set's) is given."""
-        members = tuple(data)
+        a sorted set's index O(n log n)."""
         slots = {m: (i, v) for i, (m, v) in enumerate(data.items())}
         packed = sum(packed_size(m) + value_size(v) for m, v in data.items())
-        if kind == ZSET and scores is None:
-            scores = counted.build(sorted((score, member) for member, score in data.items()))
-        return cls(kind, deadline, _node(slots, 0), len(members), packed, onto_back(None, members),
-                   len(members), 0, stored, scores)
+        scores = counted.build(sorted((score, member) for member, score in data.items())) if kind == ZSET else None
+        return cls(kind, deadline, _node(slots, 0), len(slots), packed, counted.build(list(enumerate(data))),
+                   len(slots), stored, scores)
 
     # -- reading -------------------------------------------------------------------------------
     def get(self, key: bytes, default: Any = None) -> Any:
@@ -148,14 +145,12 @@ class LiveMap(LiveValue):
         return _find(self.root, hash(key), key) is not None
 
     def items(self) -> Iterator[tuple[bytes, Any]]:
-        """(member, value) in insertion order: each leaf's members put at their ordinals. O(n)."""
-        if self.kind == SET and not self.garbage:  # every logged member is live, in order
-            return ((m, None) for m in iterate_back(self.log))
-        at: list[Any] = [None] * self.logged
-        for leaf in _leaves(self.root):
-            for key, (ordinal, value) in leaf.items():
-                at[ordinal] = (key, value)
-        return (pair for pair in at if pair is not None)
+        """(member, value) in insertion order: the order tree's members, their values from the trie's
+        leaves. O(n)."""
+        if self.kind == SET:
+            return ((m, None) for _, m in counted.iterate(self.order))
+        found = {key: slot[1] for leaf in _leaves(self.root) for key, slot in leaf.items()}
+        return ((m, found[m]) for _, m in counted.iterate(self.order))
 
     def data(self) -> dict:
         return dict(self.items())
@@ -184,11 +179,11 @@ class LiveMap(LiveValue):
 
     @property
     def undo_bytes(self) -> int:
-        """Memory this version holds that the version after it does not: the copied path (about 3
-        nodes), a leaf, the log's edge chunk, a sorted set's index path (about 3 nodes of FAN), and its
-        bytes if a read built them."""
-        index = 0 if self.scores is None else 3 * 3 * 8 * counted.FAN
-        return 3 * 8 * (MASK + 1) + 96 * LEAF + 8 * CHUNK + 256 + index + (len(self._stored) if self._stored else 0)
+        """Memory this version holds that the version after it does not: the copied trie path (about 3
+        nodes), a leaf, the order tree's path and a sorted set's index path (about 3 nodes of FAN, 3
+        tuples each), and its bytes if a read built them."""
+        paths = (1 if self.scores is None else 2) * 3 * 3 * 8 * counted.FAN
+        return 3 * 8 * (MASK + 1) + 96 * LEAF + 256 + paths + (len(self._stored) if self._stored else 0)
 
     def edit(self) -> MapEdit:
         return MapEdit(self)
@@ -196,13 +191,14 @@ class LiveMap(LiveValue):
 
 class MapView:
     """One LiveMap version as the dict a read handler looks into (queries.py: HGET, SISMEMBER,
-    ZSCORE, HLEN ...): get, in and len, each O(log n) or O(1), no member decoded; and a sorted set's
-    score index (`scores`: zorder.ranking reads it for ZRANGE, ZRANK, ZCOUNT ...)."""
+    ZSCORE, HLEN ...): get, in and len, each O(log n) or O(1), no member decoded; a sorted set's
+    score index (`scores`: zorder.ranking reads it for ZRANGE, ZRANK, ZCOUNT ...) and the members in
+    order (in_order: SPOP's draw)."""
 
-    __slots__ = ("count", "root", "scores")
+    __slots__ = ("count", "order", "root", "scores")
 
     def __init__(self, base: LiveMap) -> None:
-        self.root, self.count, self.scores = base.root, base.count, base.scores
+        self.root, self.count, self.scores, self.order = base.root, base.count, base.scores, base.order
 
     def __len__(self) -> int:
         return self.count
@@ -214,30 +210,54 @@ class MapView:
         slot = _find(self.root, hash(key), key)
         return default if slot is None else slot[1]
 
+    def in_order(self) -> InOrder:
+        return InOrder(self.order)
+
+
+class InOrder(Sequence):
+    """The members in insertion order as a sequence (what list(a dict) gives): [j] in O(log n), so
+    random.sample draws from it exactly as from that list without building it (SPOP)."""
+
+    __slots__ = ("order",)
+
+    def __init__(self, order: counted.Node) -> None:
+        self.order = order
+
+    def __len__(self) -> int:
+        return counted.size(self.order)
+
+    def __getitem__(self, j: int) -> bytes:  # type: ignore[override]  # random.sample takes ints only
+        if not 0 <= j < counted.size(self.order):
+            raise IndexError(j)
+        return counted.at(self.order, j)[1]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return (m for _, m in counted.iterate(self.order))
+
 
 class MapEdit(MapView):
     """A dict-like edit of one LiveMap version: what datatypes' handlers read and change (get, in,
     len, [k] = v, del, update, copy). freeze() makes the new version; the base is never changed."""
 
-    __slots__ = ("base", "garbage", "new", "packed")
+    __slots__ = ("base", "logged", "packed")
 
     def __init__(self, base: LiveMap) -> None:
         self.base = base
-        self.root, self.count, self.packed, self.garbage = base.root, base.count, base.packed, base.garbage
-        self.scores = base.scores
-        self.new: list[bytes] = []  # members appended to the order log by this edit
+        self.root, self.count, self.packed, self.scores = base.root, base.count, base.packed, base.scores
+        self.order, self.logged = base.order, base.logged
 
     def copy(self) -> MapEdit:
         return self  # a fresh edit made for one command (the handlers copy the dict they change)
 
     def __setitem__(self, key: bytes, value: Any) -> None:
-        self.root, old = _with(self.root, hash(key), 0, key, value, self.base.logged + len(self.new))
+        self.root, old = _with(self.root, hash(key), 0, key, value, self.logged)
         if self.scores is not None:  # a sorted set: its index moves the member to its new score
             if old is not None:
                 self.scores = counted.remove(self.scores, (old[1], key))
             self.scores = counted.insert(self.scores, (value, key))
         if old is None:  # a new member goes last, as in a dict
-            self.new.append(key)
+            self.order = counted.insert(self.order, (self.logged, key))
+            self.logged += 1
             self.count += 1
             self.packed += packed_size(key) + value_size(value)
         else:
@@ -249,10 +269,10 @@ class MapEdit(MapView):
         if slot is None:
             raise KeyError(key)
         self.root = _without(self.root, h, 0, key)
+        self.order = counted.remove(self.order, (slot[0], key))
         if self.scores is not None:
             self.scores = counted.remove(self.scores, (slot[1], key))
         self.count -= 1
-        self.garbage += 1
         self.packed -= packed_size(key) + value_size(slot[1])
 
     def update(self, other: Any) -> None:
@@ -266,12 +286,8 @@ class MapEdit(MapView):
             return base
         if not self.count:
             return None
-        out = LiveMap(base.kind, deadline, self.root, self.count, self.packed,
-                      onto_back(base.log, tuple(self.new)) if self.new else base.log,
-                      base.logged + len(self.new), self.garbage, None, self.scores)
-        if out.garbage > CHUNK and out.garbage > out.count:  # mostly removed members: rebuild, O(1) amortised
-            return LiveMap.of(out.kind, deadline, out.data(), scores=out.scores)
-        return out
+        return LiveMap(base.kind, deadline, self.root, self.count, self.packed, self.order, self.logged, None,
+                       self.scores)
 
 
 def promote(stored: bytes) -> bytes | LiveMap:
