@@ -121,6 +121,19 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return torch.from_numpy(_numpy_from(numpy_dtype, shape, body))
 
 
+def encoded_arrays(arrays: dict[str, Any]) -> dict[str, msgpack.ExtType]:
+    """Each array (or tensor) of `arrays` encoded now, as `encode` would encode it: a value sent in many
+    payloads (fl-server's round model, in every client's task) is then serialised once, and each payload
+    only copies its bytes. The receiver decodes the arrays as if they had been sent as they were."""
+    out = {}
+    for name, value in arrays.items():
+        ext = _default(value)
+        if not isinstance(ext, msgpack.ExtType):
+            raise CodecError(f"{name!r} is a {type(value).__name__}, not an array or tensor")
+        out[name] = ext
+    return out
+
+
 def encode(obj: Any) -> bytes:
     """Serialise a msgpack-able value (dicts, lists, str, bytes, numbers, arrays, tensors)."""
     try:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlsyskit.core.rpc_codec import EXT_NDARRAY, CodecError, decode, encode
+from mlsyskit.core.rpc_codec import EXT_NDARRAY, CodecError, decode, encode, encoded_arrays
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "int64", "uint16", "bool", "complex64"])
@@ -65,3 +65,20 @@ def test_a_shape_whose_size_overflows_int64_is_refused_not_wrapped_to_the_body_l
     payload = len(header).to_bytes(4, "little") + header
     with pytest.raises(CodecError, match="needs"):
         decode(msgpack.packb(msgpack.ExtType(EXT_NDARRAY, payload)))
+
+
+def test_arrays_encoded_once_give_the_same_bytes_and_decode_as_the_arrays() -> None:
+    rng = np.random.default_rng(0)
+    arrays = {"w": rng.standard_normal((5, 3)).astype(np.float32), "b": np.arange(4, dtype=np.int64),
+              "t": torch.arange(6, dtype=torch.float64).reshape(2, 3), "odd": np.asfortranarray(np.ones((2, 3)))}
+    ready = encoded_arrays(arrays)
+    for message in ({"weights": arrays, "round": 3}, [arrays, arrays]):
+        swapped = {"weights": ready, "round": 3} if isinstance(message, dict) else [ready, ready]
+        assert encode(swapped) == encode(message)  # what a receiver gets cannot tell them apart
+    back = decode(encode({"weights": ready}))["weights"]
+    assert back["w"].dtype == np.float32 and np.array_equal(back["w"], arrays["w"])
+    assert isinstance(back["t"], torch.Tensor) and torch.equal(back["t"], arrays["t"])
+    with pytest.raises(CodecError, match="not an array"):
+        encoded_arrays({"x": (1, 2)})
+    with pytest.raises(CodecError):
+        encoded_arrays({"x": 1.5})

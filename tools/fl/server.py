@@ -32,13 +32,8 @@ from typing import Any
 
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.core.errors import RuntimeFailure
-from mlsyskit.core.rpc import (
-    CallContext,
-    RpcError,
-    RpcServer,
-    ServerTls,
-    StatusCode,
-)
+from mlsyskit.core.rpc import CallContext, RpcError, RpcServer, ServerTls, StatusCode
+from mlsyskit.core.rpc_codec import encoded_arrays
 from mlsyskit.core.storage import MetaStore
 from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.fl.activity import ClientActivity
@@ -50,6 +45,7 @@ from mlsyskit.tools.fl.sched_report import observe_late, scheduling_record
 from mlsyskit.tools.fl.server_wire import (
     Books,
     Earnings,
+    HeldBack,
     Receipts,
     SessionQueue,
     field,
@@ -61,6 +57,7 @@ from mlsyskit.tools.fl.task import ServerData
 from mlsyskit.tools.fl.tls_door import TlsDoor
 
 log = logging.getLogger("mlsyskit.fl.server")
+
 
 class FlServer:
     def __init__(self, config: JobConfig, store: MetaStore, *, server: ServerData | None = None,
@@ -95,7 +92,7 @@ class FlServer:
         self._eval_asked: set[int] = set()
         self._received: set[int] = set()  # clients whose update got an "accepted" receipt this round
         self.receipts, self.earnings = Receipts(receipt_hold_s), Earnings()  # when receipts leave; pay over the job
-        self._console: list[tuple] = []  # info lines (format, args) printed once the next tasks are out
+        self.held = HeldBack(self.telemetry, log)  # events and round lines, written once the next tasks are out
         self.linger_s = linger_s  # after the job: how long to wait for away clients to come back and hear "done"
         self._told_done: set[int] = set()
         self.outcomes: list[RoundOutcome] = []
@@ -183,7 +180,7 @@ class FlServer:
         queue = SessionQueue(batches=payload.get("batches") is True)  # its client reads batch messages
         self._queues[cid] = queue
         peer = self._peer(call)
-        self.telemetry.event("join", client=cid, peer=peer)
+        self.held.event("join", client=cid, peer=peer)
         log.info("client %d joined from %s%s", cid, peer, " (rejoined)" if old is not None else "")
         self._poke()
         self.activity.joined(cid)
@@ -207,7 +204,7 @@ class FlServer:
             if self._generation.get(cid) == generation:
                 self._queues.pop(cid, None)
                 self.coordinator.drop(cid, "connection lost")
-                self.telemetry.event("leave", client=cid)
+                self.held.event("leave", client=cid)
                 log.info("client %d left (%s)", cid, peer)
                 self._poke()
 
@@ -221,7 +218,7 @@ class FlServer:
         late = self.activity.late(cid, round_num, payload.get("metrics"), self.clock.now())
         if late is not None:
             observe_late(self.coordinator.strategy.selector, cid, late)
-            self.telemetry.event("late_update", client=cid, round=round_num, received_s=late)
+            self.held.event("late_update", client=cid, round=round_num, received_s=late)
             log.info("late update from client %d for round %d (after its deadline): wasted, not used", cid, round_num)
             self._poke()
             return {"accepted": False, "reason": f"late: round {round_num} closed at its deadline before this update "
@@ -230,7 +227,7 @@ class FlServer:
         accepted, reason = self.coordinator.submit(cid, round_num, payload.get("weights"), metrics)
         if not accepted:
             log.warning("rejected update from client %d in round %d: %s", cid, round_num, reason)
-            self.telemetry.event("rejected", client=cid, round=round_num, reason=reason)
+            self.held.event("rejected", client=cid, round=round_num, reason=reason)
         else:
             self._received.add(cid)
         self._poke()
@@ -273,11 +270,6 @@ class FlServer:
                 return condition()
         return True
 
-    def _print_console(self) -> None:
-        """The info lines held back while a round's tasks went out (serve), in order."""
-        while self._console:
-            log.info(*self._console.pop(0))
-
     def _closes_round(self, round_num: int) -> bool:
         plan = self.coordinator.open_round
         return plan is not None and plan.round == round_num and not self.coordinator.waiting_for()
@@ -297,49 +289,55 @@ class FlServer:
             raise RpcError(StatusCode.UNAVAILABLE, f"cannot listen on {self.door.host}:{self.door.port}: "
                                                    f"{e.strerror or e}") from None
 
-    async def serve(self, registration_timeout_s: float | None = None) -> None:
-        """Run the remaining rounds, the final evaluation and reimbursement, then tell clients we are done."""
+    async def _rounds(self, registration_timeout_s: float | None) -> None:
         c = self.coordinator
         while not c.done:
             await self._await_quorum(registration_timeout_s)
+            self.held.hold()  # from here until the tasks are out (and from each round's close)
             start = self.clock.now()
             available = self.available()
             plan = c.begin_round(available, start)
             # the coordinator's deadline: the scheduler's round_deadline, capped by --round-timeout
             deadline, deadline_s = plan.deadline, plan.deadline - start
             self._received = set()
-            self.telemetry.event("round_start", round=plan.round, selected=plan.selected,
-                                 connected=sorted(self._queues), available=available, deadline_s=deadline_s)
-            self._console.append(("round %d: selected %s of %d available (%d connected); deadline %.3gs", plan.round,
-                                  plan.selected, len(available), len(self._queues), deadline_s))
+            self.held.event("round_start", round=plan.round, selected=plan.selected,
+                            connected=sorted(self._queues), available=available, deadline_s=deadline_s)
+            self.held.info("round %d: selected %s of %d available (%d connected); deadline %.3gs", plan.round,
+                           plan.selected, len(available), len(self._queues), deadline_s)
+            weights = encoded_arrays(plan.weights)  # serialised once, not once per client's task
             for cid in plan.selected:
                 self.activity.task_sent(cid, plan.round, self.clock.now())
-                self._queues[cid].put_nowait({"type": "train", "round": plan.round, "weights": plan.weights,
+                self._queues[cid].put_nowait({"type": "train", "round": plan.round, "weights": weights,
                                               "train": plan.train, "seed": plan.seeds[cid]})
-            # the tasks leave first (one loop pass: every session's handler writes its own), then the console lines
-            # of the last round's end and this round's start (~0.3 ms of CPU each), while the clients train
-            await asyncio.sleep(0)
-            self._print_console()
+            await asyncio.sleep(0)  # the tasks leave (every session's handler writes its own), then what was held
+            self.held.release()
             await self._wait(lambda: not c.waiting_for(), deadline)
             collected = self.clock.now()
+            self.held.hold()
             self.receipts.flush()  # no await until the round's end and the next task: they leave together
             outcome = c.finish_round(collected - start)
             outcome.phases = {"collect_s": collected - start, **outcome.phases}
             self.outcomes.append(outcome)
             self.activity.round_closed(outcome.round, [r.client_id for r in outcome.with_status("failed")])
-            self.telemetry.event("round_end", **outcome.to_record(), deadline_s=deadline_s, available=available,
-                                 scheduling=scheduling_record(c.strategy.selector), wasted=dict(self.activity.wasted),
-                                 resources={str(k): v for k, v in sorted(self.activity.resources.items())})
+            self.held.event("round_end", **outcome.to_record(), deadline_s=deadline_s, available=available,
+                            scheduling=scheduling_record(c.strategy.selector), wasted=dict(self.activity.wasted),
+                            resources={str(k): v for k, v in sorted(self.activity.resources.items())})
             self.telemetry.observe("round_s", outcome.duration_s)
             self._tell_round_end(outcome)
             if self.on_round:
                 self.on_round(outcome)
             if self.crash_after_round is not None and outcome.round >= self.crash_after_round:
-                self._print_console()
+                self.held.release()
                 log.error("crashing after round %d (fault injection)", outcome.round)
                 os._exit(3)  # like a kill: the round is committed, nothing else is
-        self._print_console()
-        if not c.finished:
+
+    async def serve(self, registration_timeout_s: float | None = None) -> None:
+        """Run the remaining rounds, the final evaluation and reimbursement, then tell clients we are done."""
+        try:
+            await self._rounds(registration_timeout_s)
+        finally:
+            self.held.release()
+        if not (c := self.coordinator).finished:
             await self._final_evaluation()
         books = Books.read(c.ledger)
         for cid, queue in list(self._queues.items()):
@@ -353,14 +351,15 @@ class FlServer:
     async def _await_quorum(self, registration_timeout_s: float | None) -> None:
         """Wait for min_clients connected clients (failing after the timeout), then up to fill_timeout_s
         for per_round of them, so clients joining at start-up or after a restart are not left out."""
-        need = self.config.wait_for
+        need, full = self.config.wait_for, min(self.config.per_round, self.config.data.num_clients)
+        if len(self.available()) < max(need, full):
+            self.held.release()  # a wait: what the last round's close held back is written now
         deadline = None if registration_timeout_s is None else self.clock.now() + registration_timeout_s
         if not await self._wait(lambda: len(self.available()) >= need, deadline):
             raise RuntimeFailure(f"only {len(self.available())} of the {need} clients a round needs were available "
                                  f"within {registration_timeout_s:g}s before round {self.coordinator.round + 1} "
                                  f"(--min-clients sets how many a round needs; rerun with the same --run-dir "
                                  f"to resume)")
-        full = min(self.config.per_round, self.config.data.num_clients)
         await self._wait(lambda: len(self.available()) >= full, self.clock.now() + self.config.fill_timeout_s)
 
     def _tell_round_end(self, outcome: RoundOutcome) -> None:
@@ -373,9 +372,9 @@ class FlServer:
             if report.status == "rejected" and cid in self._received:
                 log.warning("rejected update from client %d in round %d after the round checks: %s",
                             cid, outcome.round, report.reason)
-                self.telemetry.event("rejected", client=cid, round=outcome.round, reason=report.reason)
+                self.held.event("rejected", client=cid, round=outcome.round, reason=report.reason)
         pay_line = ", ".join(f"{cid}: {paid.get(client_account(cid), 0.0):.4g}" for cid in outcome.selected)
-        self._console.append(("round %d: paid %s", outcome.round, pay_line or "nobody"))
+        self.held.info("round %d: paid %s", outcome.round, pay_line or "nobody")
         books = self.earnings.after_round(ledger, paid)  # the ledger's totals, read once and then kept
         for cid, queue in list(self._queues.items()):
             queue.put_nowait(round_end_message(outcome, cid, books, paid))
@@ -385,12 +384,13 @@ class FlServer:
         self._eval_results = {}
         asked = sorted(self._queues)
         self._eval_asked = set(asked)
+        kept = encoded_arrays(c.kept_weights)  # the model the job keeps
         for cid in asked:
-            self._queues[cid].put_nowait({"type": "evaluate", "weights": c.kept_weights})  # the model the job keeps
+            self._queues[cid].put_nowait({"type": "evaluate", "weights": kept})
         await self._wait(lambda: all(cid in self._eval_results or cid not in self._queues for cid in asked),
                          self.clock.now() + self.eval_timeout_s)
         c.finish_job(dict(self._eval_results))
-        self.telemetry.event("job_end", consumer_accuracy=self._eval_results)
+        self.held.event("job_end", consumer_accuracy=self._eval_results)
 
     async def stop(self, grace: float = 1.0) -> None:
         for queue in list(self._queues.values()):
