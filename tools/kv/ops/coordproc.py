@@ -10,7 +10,6 @@ against the given ensemble; the map goes under its root.
 from __future__ import annotations
 
 import shutil
-import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 from mlsyskit.core.clock import Clock, RealClock
 from mlsyskit.core.config import ConfigError
 from mlsyskit.core.errors import RuntimeFailure
+from mlsyskit.core.net import free_port
 from mlsyskit.core.retry import Backoff, retry_call
 from mlsyskit.tools.kv.client.call import call, parse_info
 from mlsyskit.tools.kv.coord.spec import CoordinatorSpec, parse_coordinator
@@ -86,14 +86,13 @@ def current_map(spec: CoordinatorSpec) -> ShardMap | None:
 
 def spec_for_up(url: str, host: str, heartbeat: float, misses: int, data_dir: Path) -> CoordinatorSpec | None:
     """`bespokv up`'s coordinator; an embedded one starts from an empty state (`up` is a new
-    configuration from the spec; the data stays) on a port the OS hands out."""
+    configuration from the spec; the data stays) on a free port from the project's picker (outside the
+    kernel's ephemeral range, where any outgoing connection could take it before the coordinator binds)."""
     if url == "none":
         return None
     if url == "embedded":
         shutil.rmtree(data_dir / "coord", ignore_errors=True)
-        with socket.socket() as s:
-            s.bind((host, 0))
-            url = f"embedded://{host}:{s.getsockname()[1]}"
+        url = f"embedded://{host}:{free_port(host)}"
     spec = parse_coordinator(url, heartbeat, misses)
     load_or_create_secret(data_dir)  # the coordinator's clients prove the cluster secret (peerauth.py)
     return replace(spec, secret_file=str(data_dir / SECRET_FILE))
