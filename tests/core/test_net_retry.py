@@ -1,8 +1,10 @@
 """core.net (the one port picker) and core.retry (the one backoff and retry loop)."""
 from __future__ import annotations
 
+import ast
 import asyncio
 import random
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,22 @@ def test_ports_come_from_the_window_and_are_never_given_twice(monkeypatch) -> No
     assert len(seen) == 20 and all(41_000 <= p < 41_100 for p in seen)
     base = net.free_range(5)
     assert not seen & set(range(base, base + 5))
+
+
+def _binds_port_zero(tree: ast.AST) -> list[int]:
+    """Lines of `sock.bind((host, 0))`: a port the kernel picks from its ephemeral range."""
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "bind"
+            and node.args and isinstance(node.args[0], ast.Tuple) and len(node.args[0].elts) == 2
+            and isinstance(node.args[0].elts[1], ast.Constant) and node.args[0].elts[1].value == 0]
+
+
+def test_product_code_never_lets_the_kernel_pick_a_port() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    assert _binds_port_zero(ast.parse("import socket\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\n")) == [3]
+    found = [f"{path.relative_to(repo)}:{line}" for top in ("core", "tools")
+             for path in sorted((repo / top).rglob("*.py")) for line in _binds_port_zero(ast.parse(path.read_text()))]
+    assert not found, "bind(0) takes a port from the ephemeral range (use core.net.free_port): " + ", ".join(found)
 
 
 def test_worker_slices_do_not_overlap_and_stay_in_the_kernel_window() -> None:

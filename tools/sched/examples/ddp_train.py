@@ -16,20 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import time
+
+from mlsyskit.core.net import free_port
 
 
 def world_size() -> int:
     ids = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     return max(1, len(ids))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
@@ -112,7 +107,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     world = world_size()
-    port = _free_port()
+    port = free_port()  # the project's picker: outside the ephemeral range, where a connect() could take it first
     if world == 1:
         _worker(0, 1, port, args)
         return
