@@ -3,8 +3,9 @@
 
     .venv/bin/python scripts/bench_kv_reads.py --members 20000 --out docs/results/bench_kv_reads.json
 
-For HGET, HEXISTS, HLEN, SISMEMBER, SCARD, ZSCORE, ZCARD, LLEN, LINDEX (middle) and LRANGE (10 at
-the middle) on a value of 100-byte members, the CPU seconds per call (time.process_time over
+For HGET, HEXISTS, HLEN, SISMEMBER, SCARD, ZSCORE, ZCARD, LLEN, LINDEX (middle), LRANGE (10 at
+the middle), and the sorted-set reads off its score index -- ZRANGE (10 at the middle), ZRANK (middle),
+ZRANGEBYSCORE (from the middle score, LIMIT 0 10) and ZCOUNT (a middle half) -- on a value of 100-byte members, the CPU seconds per call (time.process_time over
 --calls calls, the best of --repeats) of the answer a node gives (redis/queries.answer):
 
 - `view`: on the memory datalet's live value, answered from its structure (live.read_entry);
@@ -45,7 +46,10 @@ def reads(members: list[bytes]) -> list[tuple[bytes, list[bytes]]]:
     return [(HASH, [b"HGET", b"K", mid[-20:]]), (HASH, [b"HEXISTS", b"K", mid[-20:]]), (HASH, [b"HLEN", b"K"]),
             (SET, [b"SISMEMBER", b"K", mid]), (SET, [b"SCARD", b"K"]), (ZSET, [b"ZSCORE", b"K", mid]),
             (ZSET, [b"ZCARD", b"K"]), (LIST, [b"LLEN", b"K"]), (LIST, [b"LINDEX", b"K", b"%d" % half]),
-            (LIST, [b"LRANGE", b"K", b"%d" % half, b"%d" % (half + 9)])]
+            (LIST, [b"LRANGE", b"K", b"%d" % half, b"%d" % (half + 9)]),
+            (ZSET, [b"ZRANGE", b"K", b"%d" % half, b"%d" % (half + 9)]), (ZSET, [b"ZRANK", b"K", mid]),
+            (ZSET, [b"ZRANGEBYSCORE", b"K", b"(%d" % half, b"+inf", b"LIMIT", b"0", b"10"]),
+            (ZSET, [b"ZCOUNT", b"K", b"%d" % (half // 2), b"(%d" % (half + half // 2)])]
 
 
 def cpu_per_call(answer, calls: int, repeats: int) -> float:

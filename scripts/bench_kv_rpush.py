@@ -13,7 +13,13 @@ and command: the total seconds, the mean microseconds per command in the first a
 (a write must not slow down as its value grows), the same in CPU time of the server processes
 (redis-server; the three nodes together), which a busy machine distorts far less than wall time,
 and bespokv / Redis. With --reads, then as many point reads of the grown key (LINDEX, SISMEMBER,
-HGET, ZSCORE, STRLEN) and the server CPU per read. Every answer is checked. os.getloadavg() goes into the JSON; on a busy machine
+HGET, ZSCORE, STRLEN) and the server CPU per read. Every answer is checked.
+
+The commands that read or edit a value in place (ZPOPMIN, ZRANGE, ZRANK, ZRANGEBYSCORE, SPOP, LSET,
+LTRIM) first grow the key to --elements with a few large ZADD/SADD/RPUSH commands (not measured),
+then run --elements of the command, measured as above: ZPOPMIN, SPOP and LTRIM (1 -1) drain the key
+from --elements to empty; ZRANGE (10 members), ZRANK and ZRANGEBYSCORE ((score +inf LIMIT 0 10)
+walk the ranks of the full key; LSET writes at scattered indexes. os.getloadavg() goes into the JSON; on a busy machine
 read the ratios, not the rates.
 """
 from __future__ import annotations
@@ -63,13 +69,40 @@ def point_read(command: str, key: bytes, i: int, size: int, elements: int) -> tu
             "APPEND": ((b"STRLEN", key), elements * size)}[command]
 
 
+EDITS = {"ZPOPMIN": "ZADD", "ZRANGE": "ZADD", "ZRANK": "ZADD", "ZRANGEBYSCORE": "ZADD", "SPOP": "SADD",
+         "LSET": "RPUSH", "LTRIM": "RPUSH"}  # command measured: the growth that makes its key first
+
+
+def setup(command: str, key: bytes, elements: int, size: int) -> list[tuple]:
+    """The few commands (500 elements each) that grow the key an EDITS command reads or edits."""
+    base = EDITS[command]
+    return [(base.encode(), key, *(a for i in range(start, min(start + 500, elements))
+                                    for a in growth(base, key, i, size)[0][2:]))
+            for start in range(0, elements, 500)]
+
+
+def edit(command: str, key: bytes, i: int, size: int, elements: int) -> tuple[tuple, object]:
+    """(the i-th measured command on the grown key, the answer it must get)."""
+    def item(j: int) -> bytes:
+        return b"%0*d" % (size, j)
+    j = i % (elements - 11)
+    return {"ZPOPMIN": lambda: ((b"ZPOPMIN", key), [item(i), b"%d" % i]),
+            "SPOP": lambda: ((b"SPOP", key), lambda reply: isinstance(reply, bytes) and len(reply) == size),
+            "ZRANGE": lambda: ((b"ZRANGE", key, b"%d" % j, b"%d" % (j + 9)), [item(j + k) for k in range(10)]),
+            "ZRANK": lambda: ((b"ZRANK", key, item(j)), j),
+            "ZRANGEBYSCORE": lambda: ((b"ZRANGEBYSCORE", key, b"(%d" % j, b"+inf", b"LIMIT", b"0", b"10"),
+                                      [item(j + 1 + k) for k in range(10)]),
+            "LSET": lambda: ((b"LSET", key, b"%d" % (i * 7919 % elements), item(i)), b"OK"),
+            "LTRIM": lambda: ((b"LTRIM", key, b"1", b"-1"), b"OK")}[command]()
+
+
 def ask(sock: socket.socket, reader: hiredis.Reader, args: tuple, expected: object, where: str = "") -> None:
     sock.sendall(hiredis.pack_command(args))
     reply = False
     while reply is False:
         reader.feed(sock.recv(65536))
         reply = reader.gets()
-    if reply != expected:
+    if not expected(reply) if callable(expected) else reply != expected:
         raise RuntimeError(f"{args[0]!r} answered {reply!r}{where} (expected {expected!r})")
 
 
@@ -79,19 +112,21 @@ def push_round(port: int, key: bytes, elements: int, size: int, cpu, command: st
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     reader = hiredis.Reader()
     tenth = max(elements // 10, 1)
+    for args in setup(command, key, elements, size) if command in EDITS else []:
+        ask(sock, reader, args, lambda reply: not isinstance(reply, hiredis.ReplyError))
     marks, cpu_marks = [], []
     began = time.perf_counter()
     for i in range(elements):
         if i % tenth == 0:
             marks.append(time.perf_counter())
             cpu_marks.append(cpu())
-        args, expected = growth(command, key, i, size)
+        args, expected = edit(command, key, i, size, elements) if command in EDITS else growth(command, key, i, size)
         ask(sock, reader, args, expected, f" at element {i + 1}")
     end = time.perf_counter()
     marks.append(end)
     cpu_marks.append(cpu())
     read_cpu = cpu()
-    for r in range(reads):  # of the whole grown value: answered in O(1) (a LINDEX walks to its element)
+    for r in range(reads if command not in EDITS else 0):  # of the whole grown value: answered in O(1) (a LINDEX walks to its element)
         ask(sock, reader, *point_read(command, key, r * 7919 % elements, size, elements))
     read_cpu = cpu() - read_cpu
     sock.sendall(hiredis.pack_command((b"DEL", key)))
@@ -130,13 +165,14 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--controlet", default="ms-sc")
-    ap.add_argument("--commands", default="RPUSH", help="comma-separated: RPUSH,SADD,HSET,ZADD,APPEND")
+    ap.add_argument("--commands", default="RPUSH", help="comma-separated: RPUSH,SADD,HSET,ZADD,APPEND, "
+                    "and the in-place reads and edits " + ",".join(EDITS))
     ap.add_argument("--reads", type=int, default=0, help="then this many point reads of the grown key "
                     "(LINDEX, SISMEMBER, HGET, ZSCORE, STRLEN), their server CPU per read reported")
     ap.add_argument("--out", type=Path, default=None, help="write the JSON here too")
     args = ap.parse_args()
     commands = [c.strip().upper() for c in args.commands.split(",") if c.strip()]
-    unknown = set(commands) - {"RPUSH", "SADD", "HSET", "ZADD", "APPEND"}
+    unknown = set(commands) - {"RPUSH", "SADD", "HSET", "ZADD", "APPEND", *EDITS}
     if unknown:
         ap.error(f"unknown --commands {sorted(unknown)}")
     if shutil.which("redis-server") is None:

@@ -24,7 +24,7 @@ from tests.kv.test_live_reads import random_bounds, random_range_options
 
 
 def _depth(node) -> int:
-    return 1 if node.__class__ is tuple else 1 + max(map(_depth, node.kids))
+    return 1 if node.__class__ is list else 1 + max(map(_depth, node.kids))
 
 
 def test_the_counted_tree_keeps_order_counts_and_old_versions_under_random_inserts_and_removals() -> None:

@@ -1,12 +1,12 @@
 """A persistent counted B+tree of distinct sorted keys: a sorted set's score index (livemap.py) and
 the ranking every sorted-set command reads (zorder.py).
 
-A node is a leaf (a tuple of at most FAN keys, sorted) or an Inner (its children, each child's
+A node is a leaf (a list of at most FAN keys, sorted) or an Inner (its children, each child's
 largest key and each child's key count). An insert or a removal copies the path from the root to
 one leaf (about 3 nodes of FAN entries at 20,000 keys) and shares everything else, so the old root
 stays a valid, unchanged version: a strong controlet's undo image and a snapshot's view stay O(1) to
 keep, as for the rest of a live value. The counts give a key's rank, the key at a rank and the keys
-between two ranks in O(log n + k). The empty tree is the empty leaf ().
+between two ranks in O(log n + k). The empty tree is an empty leaf.
 
 Keys here are (score, member) pairs: Python orders them as Redis orders a sorted set (by score, then
 member bytes), and scores are never NaN (the commands refuse one).
@@ -18,57 +18,73 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 FAN = 64  # keys per leaf, children per inner node: an update copies about 3 x FAN pointers at 20,000 keys
-EMPTY: tuple = ()
+FILL = 48  # keys per leaf (children per node) of a bulk-built tree: room for inserts before a split
 
 
 class Inner:
+    """kids, highs (each kid's largest key) and sizes (each kid's key count) are lists that are never
+    changed once the node is made (a list copies faster than a tuple is sliced and joined)."""
+
     __slots__ = ("highs", "kids", "size", "sizes")
 
-    def __init__(self, highs: tuple, kids: tuple, sizes: tuple, size: int) -> None:
+    def __init__(self, highs: list, kids: list, sizes: list, size: int) -> None:
         self.highs, self.kids, self.sizes, self.size = highs, kids, sizes, size
 
     @classmethod
-    def of(cls, kids: tuple) -> Inner:
-        sizes = tuple(map(size, kids))
-        return cls(tuple(map(high, kids)), kids, sizes, sum(sizes))
+    def of(cls, kids: list) -> Inner:
+        sizes = [size(k) for k in kids]
+        return cls([high(k) for k in kids], kids, sizes, sum(sizes))
 
 
-Node = tuple | Inner
+Node = list | Inner  # a leaf is a sorted list of keys, never changed once made
 
 
 def size(node: Node) -> int:
-    return len(node) if node.__class__ is tuple else node.size
+    return len(node) if node.__class__ is list else node.size
 
 
 def high(node: Node) -> Any:
-    return node[-1] if node.__class__ is tuple else node.highs[-1]
+    return node[-1] if node.__class__ is list else node.highs[-1]
 
 
 def build(keys: list) -> Node:
     """The tree of `keys` (sorted, distinct), bottom up: O(n)."""
-    level: list = [tuple(keys[at:at + FAN]) for at in range(0, len(keys), FAN)] or [EMPTY]
+    level: list = [keys[at:at + FILL] for at in range(0, len(keys), FILL)] or [[]]
     while len(level) > 1:
-        level = [Inner.of(tuple(level[at:at + FAN])) for at in range(0, len(level), FAN)]
+        level = [Inner.of(level[at:at + FILL]) for at in range(0, len(level), FILL)]
     return level[0]
 
 
 def insert(root: Node, key: Any) -> Node:
     """A new version with `key` (absent from `root`) added; `root` is unchanged."""
     parts = _insert(root, key)
-    return parts[0] if len(parts) == 1 else Inner.of(parts)
+    return parts[0] if len(parts) == 1 else Inner.of(list(parts))
 
 
 def _insert(node: Node, key: Any) -> tuple:
-    if node.__class__ is tuple:
-        i = bisect_left(node, key)
-        new = node[:i] + (key,) + node[i:]
+    if node.__class__ is list:
+        new = node.copy()
+        new.insert(bisect_left(node, key), key)
         return (new,) if len(new) <= FAN else (new[:len(new) // 2], new[len(new) // 2:])
-    i = min(bisect_left(node.highs, key), len(node.kids) - 1)  # past every high: the last child
+    highs = node.highs
+    i = bisect_left(highs, key)
+    if i == len(highs):
+        i -= 1  # past every high: the last child, whose high becomes the key
     parts = _insert(node.kids[i], key)
-    kids = node.kids[:i] + parts + node.kids[i + 1:]
-    highs = node.highs[:i] + tuple(map(high, parts)) + node.highs[i + 1:]
-    sizes = node.sizes[:i] + tuple(map(size, parts)) + node.sizes[i + 1:]
+    kids = node.kids.copy()
+    if len(parts) == 1:
+        kids[i] = parts[0]
+        if key > highs[i]:
+            highs = highs.copy()
+            highs[i] = key
+        sizes = node.sizes.copy()
+        sizes[i] += 1
+        return (Inner(highs, kids, sizes, node.size + 1),)
+    kids[i:i + 1] = parts
     if len(kids) <= FAN:
+        highs, sizes = highs.copy(), node.sizes.copy()
+        highs[i:i + 1] = [high(p) for p in parts]
+        sizes[i:i + 1] = [size(p) for p in parts]
         return (Inner(highs, kids, sizes, node.size + 1),)
     half = len(kids) // 2
     return Inner.of(kids[:half]), Inner.of(kids[half:])
@@ -85,31 +101,34 @@ def remove(root: Node, key: Any) -> Node:
 
 
 def _remove(node: Node, key: Any) -> Node:
-    if node.__class__ is tuple:
+    if node.__class__ is list:
         i = bisect_left(node, key)
         if i == len(node) or node[i] != key:
             raise KeyError(key)
-        return node[:i] + node[i + 1:]
+        new = node.copy()
+        del new[i]
+        return new
     i = bisect_left(node.highs, key)
     if i == len(node.kids):
         raise KeyError(key)
     child = _remove(node.kids[i], key)
-    kids = list(node.kids)
+    kids = node.kids.copy()
     if size(child) == 0:
         del kids[i]
-        if not kids:
-            return EMPTY
-        return Inner.of(tuple(kids))
+        return Inner.of(kids) if kids else []
     kids[i] = child
-    if child.__class__ is tuple and len(child) < FAN // 4 and len(kids) > 1:
+    if child.__class__ is list and len(child) < FAN // 4 and len(kids) > 1:
         j = i + 1 if i + 1 < len(kids) else i - 1  # the neighbour: merged when both fit in one leaf
-        if kids[j].__class__ is tuple and len(kids[j]) + len(child) <= FAN:
+        if kids[j].__class__ is list and len(kids[j]) + len(child) <= FAN:
             lo = min(i, j)
             kids[lo:lo + 2] = [kids[lo] + kids[lo + 1]]
-            return Inner.of(tuple(kids))
-    highs, sizes = list(node.highs), list(node.sizes)
-    highs[i], sizes[i] = high(child), sizes[i] - 1
-    return Inner(tuple(highs), tuple(kids), tuple(sizes), node.size - 1)
+            return Inner.of(kids)
+    highs, sizes = node.highs, node.sizes.copy()
+    if key == highs[i]:  # the child's largest key went: its high is now its new largest
+        highs = highs.copy()
+        highs[i] = high(child)
+    sizes[i] -= 1
+    return Inner(highs, kids, sizes, node.size - 1)
 
 
 def rank(root: Node, key: Any) -> int:
@@ -151,7 +170,7 @@ def between(root: Node, a: int, b: int) -> list:
 
 
 def _collect(node: Node, a: int, b: int, out: list) -> None:
-    if node.__class__ is tuple:
+    if node.__class__ is list:
         out.extend(node[a:b])
         return
     start = 0
@@ -164,7 +183,7 @@ def _collect(node: Node, a: int, b: int, out: list) -> None:
 
 
 def iterate(node: Node) -> Iterator:
-    if node.__class__ is tuple:
+    if node.__class__ is list:
         yield from node
         return
     for kid in node.kids:
