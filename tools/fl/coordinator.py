@@ -117,6 +117,7 @@ class Coordinator:
         self.store.put(NS, "config", mine)  # rounds/per_round/timeouts may change on resume
         for key, info in self.store.items("fl_clients"):
             self.clients[int(key)] = info
+        self._tell_selector(self.clients)
         state = self.store.get(NS, "state", None)
         if state is not None:
             self.round = state["round"]
@@ -160,6 +161,11 @@ class Coordinator:
             for client_id, record in records.items():
                 self.clients[client_id] = record
                 self.store.put("fl_clients", str(client_id), record)
+        self._tell_selector(records)
+
+    def _tell_selector(self, records: dict[int, dict[str, Any]]) -> None:
+        """The selector learns the registered sample counts (Oort explores big clients first, as FedScale's)."""
+        self.strategy.selector.register_clients({cid: r["num_samples"] for cid, r in records.items()})
 
     def _record(self, client_id: int, info: dict[str, Any]) -> dict[str, Any]:
         if not 0 <= client_id < self.config.data.num_clients:

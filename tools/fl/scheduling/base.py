@@ -9,7 +9,7 @@ restarted server resumes with the same memory; randomness comes only from `selec
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +64,7 @@ class TrackingScheduler(Selector):
         self.accuracy_round: dict[int, int] = {}  # the round each client's accuracy was reported in
         self.latest_round = 0
         self.seen: set[int] = set()  # every client ever offered as available: the fairness population
+        self.registered_samples: dict[int, int] = {}  # sample counts clients registered with (register_clients)
 
     # --- selection helpers -------------------------------------------------------------------------
     def offer(self, available: Sequence[int]) -> list[int]:
@@ -82,6 +83,9 @@ class TrackingScheduler(Selector):
 
     def tier_accuracies(self) -> dict[int, float]:
         return {t: a for t in range(self.tracking.num_tiers) if (a := self.tier_accuracy.accuracy(t)) is not None}
+
+    def register_clients(self, samples: Mapping[int, int]) -> None:
+        self.registered_samples.update((c, n) for c, n in samples.items() if n > 0)
 
     # --- learning ----------------------------------------------------------------------------------
     def observe(self, outcome: RoundOutcome) -> None:

@@ -8,7 +8,7 @@ every round; the state is the two states side by side.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlsyskit.core.config import require
@@ -35,6 +35,10 @@ class GatedScheduler(Selector):
     def observe(self, outcome: RoundOutcome) -> None:
         self.gate.observe(outcome)
         self.scheduler.observe(outcome)
+
+    def register_clients(self, samples: Mapping[int, int]) -> None:
+        self.gate.register_clients(samples)
+        self.scheduler.register_clients(samples)
 
     def state_dict(self) -> dict[str, Any]:
         return {"gate": self.gate.state_dict(), "scheduler": self.scheduler.state_dict()}

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +48,7 @@ from mlsyskit.core.config import require
 from mlsyskit.core.telemetry import percentile
 from mlsyskit.tools.fl.outcome import RoundOutcome
 from mlsyskit.tools.fl.scheduling.base import TrackingConfig, TrackingScheduler
-from mlsyskit.tools.fl.scheduling.oort import weighted_sample
+from mlsyskit.tools.fl.scheduling.oort import EXPLORE_BY, explore_by_size, weighted_sample
 from mlsyskit.tools.fl.scheduling.signals import signals
 from mlsyskit.tools.fl.scheduling.utility_rate import utility_rate_cutoff
 
@@ -66,6 +66,8 @@ PRESETS: dict[str, dict[str, float]] = {
 # afair by per-client accuracy spread, adaptive by time to target. Others: not tuned.
 PRESET_TUNED: dict[str, tuple[float, bool]] = {"afair": (3.0, True), "adaptive": (0.0, True)}
 FAST_UNITS = ("latency", "per-sample")
+UTIL_PRIORS = ("median", "size")
+EXPLORE_WINDOW = 5.0  # explore_by "size": among the 5 x n largest unprofiled clients (FedScale's sample_window)
 FAST_CUTOFFS = ("pool", "utility-rate")  # fast's L*: the fast_pool quantile, or utility_rate.py's cut-off
 # adaptive's fast takes every client within the latency that buys the most statistical utility per second: by plain
 # latency it trained the clients with the least data and lost to Oort on MNIST-1D (issue 21 item 8; chosen on
@@ -102,6 +104,8 @@ class HeteroConfig:
     # on the tuning seeds 0-2 0.25 took MNIST-1D's mean time to target 194 -> 143 s, synthetic 137 -> 137 s (0.5:
     # MNIST-1D 116 s, synthetic seed 0 never reached); issue 21 item 8, README
     fast_floor: float = 0.25
+    explore_by: str = "random"  # explore slots: unprofiled clients uniformly, or "size" (Oort's FedScale rule)
+    util_prior: str = "median"  # util of a client not measured yet: the median known, or "size" (its count x median)
 
     def __post_init__(self) -> None:
         require(self.preset in PRESETS, f"preset must be one of {', '.join(PRESETS)}")
@@ -118,6 +122,8 @@ class HeteroConfig:
         require(0 < self.util_clip <= 100, "util_clip must be in (0, 100]")
         require(0 <= self.fast_floor <= 1, "fast_floor must be in [0, 1]")
         require(self.fast_cutoff in (None, *FAST_CUTOFFS), f"fast_cutoff must be one of {FAST_CUTOFFS}")
+        require(self.explore_by in EXPLORE_BY and self.util_prior in UTIL_PRIORS,
+                f"explore_by must be one of {EXPLORE_BY}, util_prior one of {UTIL_PRIORS}")
         require(self.fast_cutoff != "utility-rate" or self.fast_unit == "latency",
                 "fast_cutoff 'utility-rate' compares round latencies: it needs fast_unit 'latency'")
 
@@ -176,8 +182,7 @@ class HeteroScheduler(TrackingScheduler):
         rank = max(1, math.ceil(quantile * len(ordered) - 1e-9))
         pool_latency = ordered[min(rank, len(ordered)) - 1] if ordered else 1.0
         if self.config.cutoff() == "utility-rate" and latency:
-            pool_latency = utility_rate_cutoff(latency, {c: self.utility[c] for c in latency if c in self.utility},
-                                               k) or pool_latency
+            pool_latency = utility_rate_cutoff(latency, self.expected_utility(latency), k) or pool_latency
         max_part = max(self.participation.values(), default=0) or 1
         max_cpu = max(self.cpu_s.values(), default=0.0) or 1.0
         tier_acc = self.tier_accuracies()
@@ -198,6 +203,19 @@ class HeteroScheduler(TrackingScheduler):
             out["perf"][c] = gain.get(tier, 0.5) if tier is not None else 0.5
             out["util"][c] = util_term.get(c, 0.5)
         return out
+
+    def expected_utility(self, ids: Iterable[int]) -> dict[int, float]:
+        """Measured utility; with util_prior "size", a client not measured yet gets its registered count x the
+        measured clients' median utility per sample (utility grows with data); else it is left out (median)."""
+        known = {c: self.utility[c] for c in ids if c in self.utility}
+        if self.config.util_prior == "median":
+            return known
+        per_sample = [u / self.samples[c] for c, u in self.utility.items() if self.samples.get(c)]
+        if not per_sample:
+            return known
+        rate = statistics.median(per_sample)
+        sizes = self.registered_samples
+        return {c: known[c] if c in known else rate * sizes[c] for c in ids if c in known or c in sizes}
 
     def utility_terms(self, ids: Sequence[int]) -> dict[int, float]:
         """Per-client util term: statistical utility over its cap, so one absurd loss gains nothing over the top few."""
@@ -229,7 +247,9 @@ class HeteroScheduler(TrackingScheduler):
         # never explores can stay on the clients it happened to measure first
         n_explore = min(k, math.ceil(self.config.explore * k - 1e-9))
         unprofiled = [c for c in ids if c not in self.tiers.ema]
-        explore = rng.sample(unprofiled, min(n_explore, len(unprofiled)))
+        n_unprofiled = min(n_explore, len(unprofiled))
+        explore = rng.sample(unprofiled, n_unprofiled) if self.config.explore_by == "random" else \
+            explore_by_size(unprofiled, n_unprofiled, self.registered_samples, EXPLORE_WINDOW, rng)
         taken = set(explore)
         if len(explore) < n_explore:
             more = rng.sample([c for c in ids if c not in taken], n_explore - len(explore))

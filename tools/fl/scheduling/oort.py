@@ -15,15 +15,20 @@ From the paper:
                         over the last W rounds is within 10% of the W before, tighten when it changed >= 5x
 As in Oort's code, statistical utility is capped at the `clip_bound` (95th) percentile of the
 candidates' (a client reporting an absurd loss gains nothing over the top 5%) and divided by that
-cap before the staleness bonus is added, so the two are on one scale. Unexplored clients are explored at random
-(we know nothing about their speed or data size before their first round; FedScale's simulator registers both and
-explores big, fast ones first). FedScale's code also widens the exploitation pool (`cutoff` 0.05, at least
+cap before the staleness bonus is added, so the two are on one scale. Unexplored clients are explored as
+FedScale's code does (`explore_by` "size", the default): by the sample count each registered with
+(Selector.register_clients), the `sample_window` x n_explore largest sampled in proportion to it; "random" draws
+them uniformly (the paper; also what a client registered without a count gets). FedScale also registers a
+device-profile duration and penalises slow unexplored clients; our clients report no speed before their first
+round, so neither scheduler knows it. FedScale's code also widens the exploitation pool (`cutoff` 0.05, at least
 10x the exploited slots: `pool_factor`); the paper's 0.95 and no minimum are the defaults here.
 """
 from __future__ import annotations
 
+import heapq
 import math
 import random
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +40,7 @@ from mlsyskit.tools.fl.scheduling.base import TrackingConfig, TrackingScheduler
 from mlsyskit.tools.fl.scheduling.signals import signals
 
 PACER_RULES = ("falling", "flat")
+EXPLORE_BY = ("size", "random")
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,8 @@ class OortConfig:
     cutoff: float = 0.95
     pool_factor: float = 0.0  # the exploitation pool holds at least this many x the exploited slots (FedScale: 10)
     clip_bound: float = 0.95  # statistical utility is capped at this percentile of the candidates'
+    explore_by: str = "size"  # unexplored clients: by registered sample count (FedScale's code) or "random"
+    sample_window: float = 5.0  # FedScale's: explore among the sample_window x n_explore largest unexplored
 
     def __post_init__(self) -> None:
         require(0 <= self.explore_min <= self.explore_start <= 1, "need 0 <= explore_min <= explore_start <= 1")
@@ -61,6 +69,8 @@ class OortConfig:
         require(0 < self.clip_bound <= 1 and 0 < self.cutoff <= 1, "clip_bound and cutoff in (0, 1]")
         require(self.pacer_rule in PACER_RULES and self.pool_factor >= 0,
                 f"pacer_rule must be one of {PACER_RULES}, pool_factor >= 0")
+        require(self.explore_by in EXPLORE_BY and self.sample_window >= 1,
+                f"explore_by must be one of {EXPLORE_BY}, sample_window >= 1")
 
 
 def weighted_sample(items: Sequence[int], weights: Sequence[float], k: int, rng: random.Random) -> list[int]:
@@ -68,6 +78,18 @@ def weighted_sample(items: Sequence[int], weights: Sequence[float], k: int, rng:
     keyed = [(rng.random() ** (1.0 / w) if w > 0 else 0.0, item) for item, w in zip(items, weights, strict=True)]
     keyed.sort(reverse=True)
     return [item for _, item in keyed[:k]]
+
+
+def explore_by_size(unexplored: Sequence[int], n: int, sizes: dict[int, int], window: float,
+                    rng: random.Random) -> list[int]:
+    """FedScale's exploration: n of the `window` x n unexplored clients with the most registered samples, drawn in
+    proportion to their counts; uniformly when none registered one (a client without one counts as the median)."""
+    if not n or not any(c in sizes for c in unexplored):
+        return rng.sample(list(unexplored), n)
+    typical = statistics.median(sizes[c] for c in unexplored if c in sizes)
+    reward = {c: float(sizes.get(c, typical)) for c in unexplored}
+    top = heapq.nlargest(min(len(unexplored), int(window * n)), unexplored, key=lambda c: (reward[c], -c))
+    return weighted_sample(top, [reward[c] for c in top], n, rng)
 
 
 class OortScheduler(TrackingScheduler):
@@ -120,8 +142,13 @@ class OortScheduler(TrackingScheduler):
             pool = [c for i, c in enumerate(ranked) if utility[c] >= cut or i <= least]
             chosen = weighted_sample(pool, [utility[c] for c in pool], n_exploit, rng)
         self.exploited = set(chosen)
-        chosen += rng.sample(unexplored, n_explore)
+        chosen += self.explore(unexplored, n_explore, rng)
         return sorted(chosen)
+
+    def explore(self, unexplored: list[int], n: int, rng: random.Random) -> list[int]:
+        if self.config.explore_by == "random":
+            return rng.sample(unexplored, n)
+        return explore_by_size(unexplored, n, self.registered_samples, self.config.sample_window, rng)
 
     def observe(self, outcome: RoundOutcome) -> None:
         super().observe(outcome)

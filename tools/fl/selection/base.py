@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlsyskit.tools.fl.outcome import RoundOutcome
@@ -30,6 +30,10 @@ class Selector(ABC):
 
     def observe(self, outcome: RoundOutcome) -> None:  # noqa: B027 (optional hook)
         """Learn from a finished round."""
+
+    def register_clients(self, samples: Mapping[int, int]) -> None:  # noqa: B027 (optional hook)
+        """Clients joined with these training-sample counts (their word; the coordinator's client table). Called
+        on every start for every known client, so it is not part of the checkpointed state."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}
