@@ -48,10 +48,15 @@ class ReplyBatch(NamedTuple):
 
 def batch_fields(seq: int, reqs: Sequence[Any]) -> tuple:
     """The stream entry of a batch of plain SET requests: (seq, BATCH, lengths, data)."""
-    parts: list[bytes] = []
-    for r in reqs:
-        parts.append(r.key)
-        parts.append(r.value)
+    return entry_fields(seq, [r.key for r in reqs], [r.value for r in reqs])
+
+
+def entry_fields(seq: int, keys: list[bytes], values: list[bytes]) -> tuple:
+    """batch_fields from the batch's keys and values: interleaved by slice assignment, sized by
+    map(len): no Python-level step per write."""
+    parts: list[Any] = [None] * (2 * len(keys))
+    parts[::2] = keys
+    parts[1::2] = values
     lengths = array("I", map(len, parts))
     if _BIG:
         lengths.byteswap()
@@ -85,6 +90,9 @@ def batch_apply(fields: Sequence[Any], seq: int) -> ApplyBatch:
     return ApplyBatch(keys, values, None, seq)
 
 
-def origin_apply(reqs: Sequence[Any], seq: int) -> ApplyBatch:
-    """The origin's own writes of a batch, answering `reqs`."""
-    return ApplyBatch([r.key for r in reqs], [r.value for r in reqs], reqs, seq)
+def origin_entry(seq: int, reqs: Sequence[Any], apply_seq: int) -> tuple[tuple, ApplyBatch]:
+    """The origin's stream entry for its batch (numbered seq) and its own writes answering `reqs`
+    (apply_seq: the undo number, 0 for none), sharing one list of keys and one of values."""
+    keys = [r.key for r in reqs]
+    values = [r.value for r in reqs]
+    return entry_fields(seq, keys, values), ApplyBatch(keys, values, reqs, apply_seq)

@@ -26,7 +26,7 @@ from mlsyskit.tools.kv.controlets.base import (
     stored,
     wire_write,
 )
-from mlsyskit.tools.kv.controlets.batch import BATCH, ReplyBatch, batch_apply, batch_fields, origin_apply
+from mlsyskit.tools.kv.controlets.batch import BATCH, ReplyBatch, batch_apply, origin_entry
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
 from mlsyskit.tools.kv.redis import rmw
 
@@ -91,11 +91,11 @@ class AsyncPrimaryBackup(OrderedStream):
         if self.node_id != self.master or self.mode is not self.READY_MODE or not self.others:
             return [a for r in reqs for a in self.on_client(r)]  # one at a time, as ever
         self.applied += 1
-        fields = batch_fields(self.applied, reqs)
+        fields, apply = origin_entry(self.applied, reqs, 0)
         self.record(fields)
         # Applied and answered together: a write that fails is answered with its error instead
         # (the interpreter skips the requests of a failed write), the others with OK.
-        out: list[Action] = [origin_apply(reqs, 0), ReplyBatch(reqs)]
+        out: list[Action] = [apply, ReplyBatch(reqs)]
         out.extend(Send(n, b"REPL", fields) for n in self.others)
         return out
 

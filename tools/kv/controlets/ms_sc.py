@@ -42,7 +42,7 @@ from mlsyskit.tools.kv.controlets.base import (
     stored,
     wire_write,
 )
-from mlsyskit.tools.kv.controlets.batch import BATCH, ReplyBatch, batch_apply, batch_fields, origin_apply
+from mlsyskit.tools.kv.controlets.batch import BATCH, ReplyBatch, batch_apply, origin_entry
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
 from mlsyskit.tools.kv.controlets.undo import failed_message
 from mlsyskit.tools.kv.redis import rmw
@@ -139,9 +139,9 @@ class ChainReplication(OrderedStream):
         self.applied += 1
         seq, deadline = self.applied, self.now + self.options.write_timeout
         self.in_flight.extend([(seq, r, deadline) for r in reqs])
-        fields = batch_fields(seq, reqs)
+        fields, apply = origin_entry(seq, reqs, seq)
         self.record(fields)
-        return [origin_apply(reqs, seq), Send(self.successor, b"CHAIN", fields)]
+        return [apply, Send(self.successor, b"CHAIN", fields)]
 
     def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
         code = fields[1]

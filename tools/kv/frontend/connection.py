@@ -11,8 +11,11 @@ bulk header over `max_bulk_bytes` is refused before its payload is read.
 """
 from __future__ import annotations
 
+from time import monotonic
+
 import hiredis
 
+from mlsyskit.core.clock import RealClock
 from mlsyskit.tools.kv.controlets.base import GET, PUT
 from mlsyskit.tools.kv.frontend import admin
 from mlsyskit.tools.kv.frontend.commands import HANDLERS
@@ -46,6 +49,10 @@ class ClientConnection(Session):
         fast_get, fast_put = node.fast_get, node.fast_put
         gated = self.in_refused_multi or not self.authed
         owns, fits, as_is = node.owns, self.key_fits, self.set_as_is  # the handlers' rules (session.rules)
+        max_key, max_value = self.limits.max_key_bytes, self.limits.max_value_bytes  # session.rules, inlined
+        # A leased fast-path GET checks the lease per operation (node/control.py _leased_get, inlined:
+        # two Python frames fewer per GET); the real clock's now() is time.monotonic itself.
+        now = monotonic if type(node.clock) is RealClock else node.clock.now
         all_mine = node.only_shard
         out, slots, ok, gets, first = self.out, self.slots, resp.OK, reader.gets, values.FIRST
         budget = self.limits.max_output_bytes - self.transport.get_write_buffer_size()
@@ -56,7 +63,83 @@ class ClientConnection(Session):
         try:
             while (cmd := gets()) is not False:
                 count += 1
-                if batching and not gated and type(cmd) is list and 2 <= len(cmd) <= 3:
+                if not slots and fast_get is not None and not gated and type(cmd) is list and len(cmd) == 2 \
+                        and cmd[0] == b"GET":
+                    # A run of plain GETs this replica answers from its own datalet, served in this inner
+                    # loop until another command comes (it goes on below; nothing a GET does changes the
+                    # state the run depends on). A key the run does not take is answered below too.
+                    peek = node.peek  # fast_get's read (a live value: its record below)
+                    while True:
+                        key = cmd[1]
+                        if not (type(key) is bytes and len(key) <= max_key and (all_mine or owns(key))):
+                            break
+                        until = node.lease_until  # _leased_get's check, inlined (node/control.py)
+                        if until is not None and now() >= until and not node.renewed_late():
+                            out.append(self.lease_refusal())  # deposed or paused past its lease: retriable
+                        elif (v := peek(key)) is None:
+                            out.append(b"$-1\r\n")
+                        elif v.__class__ is not bytes or v[:1] == first:  # a live value, or a record
+                            # (redis/values.py: a deadline, a type, an escape); a live collection's
+                            # WRONGTYPE comes from its header, no record built
+                            out.append(values.get_answer(v, self.unix_ms()))
+                        else:
+                            out += (b"$%d\r\n" % len(v), v, b"\r\n")
+                            budget -= len(v)
+                            if budget < 0:
+                                self.over_output_limit()
+                                return
+                        if (cmd := gets()) is False:
+                            break
+                        count += 1
+                        if not (type(cmd) is list and len(cmd) == 2 and cmd[0] == b"GET"):
+                            break
+                    if cmd is False:
+                        break
+                    fast_get, fast_put = node.fast_get, node.fast_put  # (a lease refusal may renew it)
+                if relay and puts and not gated and type(cmd) is list and len(cmd) == 2 and cmd[0] == b"GET" \
+                        and puts[0].op is GET:
+                    # a proxy's run of plain GETs into the open RelayBatch (one reply slot for the batch)
+                    keys = puts[0].keys
+                    while True:
+                        key = cmd[1]
+                        if not (type(key) is bytes and len(key) <= max_key):
+                            break
+                        keys.append(key)
+                        if (cmd := gets()) is False:
+                            break
+                        count += 1
+                        if not (type(cmd) is list and len(cmd) == 2 and cmd[0] == b"GET"):
+                            break
+                    if cmd is False:
+                        break
+                if puts and not gated and type(cmd) is list and len(cmd) == 3 and cmd[0] == b"SET" \
+                        and puts[0].op is PUT and (relay or not (self.held or self.unanswered_reads)):
+                    # a run of plain SETs into the open batch: a proxy's RelayBatch, or a stream origin's
+                    # Requests (session order holds through the run: it adds writes only)
+                    batch = puts[0] if relay else None
+                    while True:
+                        key, value = cmd[1], cmd[2]
+                        if not (type(key) is bytes and type(value) is bytes and len(key) <= max_key
+                                and len(value) <= max_value and value[:1] != first):  # set_as_is, inlined
+                            break
+                        if batch is not None:
+                            batch.keys.append(key)
+                            batch.values.append(value)
+                        elif all_mine or owns(key):
+                            item = Request(PUT, key, value, self)
+                            slots.append(item)
+                            puts.append(item)
+                            self.unacked_writes += 1
+                        else:
+                            break
+                        if (cmd := gets()) is False:
+                            break
+                        count += 1
+                        if not (type(cmd) is list and len(cmd) == 3 and cmd[0] == b"SET"):
+                            break
+                    if cmd is False:
+                        break
+                if batching and not gated and type(cmd) is list and (len(cmd) == 3 or (relay and len(cmd) == 2)):
                     key = cmd[1]
                     if len(cmd) == 3:
                         value = cmd[2]
@@ -65,7 +148,7 @@ class ClientConnection(Session):
                         op = PUT
                     else:
                         value, op = None, GET
-                        take = relay and cmd[0] == b"GET" and type(key) is bytes and fits(key)
+                        take = cmd[0] == b"GET" and type(key) is bytes and len(key) <= max_key
                     if take:
                         if puts and puts[0].op is not op:  # a batch is of one kind: GETs, or SETs
                             self.submit_puts()
@@ -98,30 +181,7 @@ class ClientConnection(Session):
                         return
                     fast_get, fast_put, batching = node.fast_get, node.fast_put, node.batch_puts or relay
                 if not slots and not gated and type(cmd) is list:
-                    n = len(cmd)
-                    if n == 2 and fast_get is not None and cmd[0] == b"GET":
-                        key = cmd[1]
-                        if type(key) is bytes and fits(key) and (all_mine or owns(key)):
-                            try:
-                                v = fast_get(key)
-                            except LeaseExpired:  # deposed or paused past its lease: a retriable refusal
-                                out.append(self.lease_refusal())
-                                continue
-                            if v is None:
-                                out.append(b"$-1\r\n")
-                                continue
-                            if v.__class__ is not bytes or v[:1] == first:  # a live value, or a record
-                                # (redis/values.py: a deadline, a type, an escape); a live collection's
-                                # WRONGTYPE comes from its header, no record built
-                                out.append(values.get_answer(v, self.unix_ms()))
-                                continue
-                            out.append(b"$%d\r\n%b\r\n" % (len(v), v))
-                            budget -= len(v)
-                            if budget < 0:
-                                self.over_output_limit()
-                                return
-                            continue
-                    elif n == 3 and fast_put is not None and cmd[0] == b"SET":
+                    if len(cmd) == 3 and fast_put is not None and cmd[0] == b"SET":
                         key, value = cmd[1], cmd[2]
                         if type(key) is bytes and type(value) is bytes and as_is(key, value) \
                                 and (all_mine or owns(key)):

@@ -194,10 +194,13 @@ class Session(asyncio.Protocol):
                 self._release()
         slots = self.slots
         out = self.out
-        while slots and slots[0].payload is not None:
-            payload = slots.popleft().payload
-            out.append(payload)
-            self.out_bytes += len(payload)
+        if slots and slots[0].payload is not None:  # the ready prefix, in order
+            popleft, append, size = slots.popleft, out.append, 0
+            while slots and slots[0].payload is not None:
+                payload = popleft().payload
+                append(payload)
+                size += len(payload)
+            self.out_bytes += size
         if self.reading_paused and len(slots) + self.batched < PIPELINE_PAUSE // 2 and self.transport is not None:
             self.reading_paused = False
             self.transport.resume_reading()
