@@ -36,6 +36,7 @@ from mlsyskit.core.console import emit_table, log, make_table
 from mlsyskit.core.storage import MetaStore
 from mlsyskit.tools.fl.config import DataSpec, JobConfig, TrainSpec
 from mlsyskit.tools.fl.sched_report import plot_schedules, schedule_metrics
+from mlsyskit.tools.fl.scheduling.hetero import PRESETS
 from mlsyskit.tools.fl.selectors import make_selector
 from mlsyskit.tools.fl.sim_world import WorldConfig
 from mlsyskit.tools.fl.simulator import Simulation, SimulationOptions
@@ -78,6 +79,7 @@ def run_one(config: JobConfig, scheduler: str, args) -> dict:
     started = time.process_time()
     with MetaStore(":memory:") as store:
         sim = Simulation(config, store, options=SimulationOptions(scheduler, world=world(args),
+                                                                  scheduler_config=scheduler_config(args, scheduler),
                                                                   eval_clients=args.eval_clients,
                                                                   time_budget_s=args.time_budget))
         sim.run()
@@ -258,13 +260,29 @@ def print_tables(cells: list[dict], scale: list[dict]) -> None:
                                for r in scale]))
 
 
+def scheduler_config(args, name: str):
+    """The scheduler's own config dataclass with --set's fields for it (None: its defaults)."""
+    fields = args.set.get(name)
+    if not fields:
+        return None
+    return type(make_selector(name).config)(**({"preset": name} if name in PRESETS else {}), **fields)
+
+
 def scheduler_configs(args) -> dict[str, dict]:
-    """Each scheduler's defaults as run (its config and tracking), so the JSON says which settings were compared."""
+    """Each scheduler's settings as run (its config and tracking), so the JSON says which settings were compared."""
     out = {}
     for name in args.schedulers:
-        selector = make_selector(name)
+        selector = make_selector(name, scheduler_config(args, name))
         out[name] = {"config": getattr(selector.config, "__dict__", None),
                      "tracking": getattr(getattr(selector, "tracking", None), "__dict__", None)}
+    return out
+
+
+def settings(text: str) -> dict[str, dict]:
+    out = {}
+    for part in filter(None, text.split(";")):
+        name, _, fields = part.partition("=")
+        out[name.strip()] = json.loads(fields)
     return out
 
 
@@ -297,6 +315,8 @@ def main() -> None:
     ap.add_argument("--scale", type=ints, default=[])
     ap.add_argument("--scale-only", action="store_true")
     ap.add_argument("--scale-child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--set", type=settings, default={}, metavar="NAME=JSON",
+                    help='a scheduler\'s config fields, e.g. oort=\'{"explore_by": "random"}\' (; between several)')
     ap.add_argument("--plots", type=Path, default=None)
     ap.add_argument("--json-out", type=Path, default=Path("docs/results/bench_fl_sched.json"))
     args = ap.parse_args()

@@ -23,14 +23,14 @@ def explored(config, sizes, k=10, draws=50):
 
 def test_oort_explores_the_largest_registered_clients_first():
     sizes = {cid: 10 + cid for cid in range(100)}  # client 99 holds the most data
-    by_size = explored(OortConfig(), sizes)
+    by_size = explored(OortConfig(explore_by="size"), sizes)
     assert all(len(p) == 10 and min(p) >= 50 for p in by_size)  # within the 5 x 10 largest
     mean_pick = sum(map(sum, by_size)) / (10 * len(by_size))
     assert mean_pick > 75.5  # drawn in proportion to size: the big end of the window more often
     uniform = explored(OortConfig(explore_by="random"), sizes)
     assert any(min(p) < 50 for p in uniform)  # the paper's rule: any unexplored client
     # without registered counts (a real client that sent none) FedScale's rule falls back to uniform draws
-    assert explored(OortConfig(), {}) == uniform
+    assert explored(OortConfig(explore_by="size"), {}) == uniform
 
 
 def test_coordinator_tells_the_selector_registered_counts_and_again_on_restart():
