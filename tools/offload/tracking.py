@@ -113,7 +113,8 @@ class UseTracker:
         self.model = model
         self.host = host
         self.by_id = {id(e.param): e for e in entries}
-        self.holds: dict[int, int] = {}  # entry idx -> holders (modules, functional uses, live views)
+        self.holds: dict[int, int] = {}  # entry idx -> holders (modules, functional uses, live views); > 0 only
+        self._held: dict[int, Any] = {}  # entry idx -> entry, for every idx in holds (what _pack scans)
         self.transient: list[Any] = []  # held by a functional use or a saved-ref fetch until the next event
         self.backward_held: list[Any] = []  # held by the last backward module use
         self.busy = False
@@ -170,9 +171,10 @@ class UseTracker:
         self._drop_transient()
         self._drop_backward_held()
         for e in self.by_id.values():  # nothing but live views may hold a tensor between passes
-            if self.holds.get(e.idx, 0) > getattr(e, "view_refs", 0):
-                self.holds[e.idx] = getattr(e, "view_refs", 0)
-                if self.holds[e.idx] == 0:
+            views = getattr(e, "view_refs", 0)
+            if self.holds.get(e.idx, 0) > views:
+                self._set_holds(e, views)
+                if views == 0:
                     self._call(self.host.release, [e])
 
     def remove(self) -> None:
@@ -192,20 +194,28 @@ class UseTracker:
     def _hold(self, label: str, phase: str, entries: list[Any]) -> None:
         self._call(self.host.acquire, label, phase, entries)
         for e in entries:
-            self.holds[e.idx] = self.holds.get(e.idx, 0) + 1
+            self._set_holds(e, self.holds.get(e.idx, 0) + 1)
 
     def _unhold(self, entries: list[Any]) -> None:
         gone = []
         for e in entries:
             n = self.holds.get(e.idx, 0) - 1
-            self.holds[e.idx] = max(n, 0)
+            self._set_holds(e, n)
             if n == 0:
                 gone.append(e)
         if gone:
             self._call(self.host.release, gone)
 
+    def _set_holds(self, e: Any, n: int) -> None:
+        if n > 0:
+            self.holds[e.idx] = n
+            self._held[e.idx] = e
+        else:
+            self.holds.pop(e.idx, None)
+            self._held.pop(e.idx, None)
+
     def held(self, e: Any) -> bool:
-        return self.holds.get(e.idx, 0) > 0
+        return e.idx in self.holds
 
     def _drop_transient(self) -> None:
         if self.transient:
@@ -236,13 +246,15 @@ class UseTracker:
 
     # -- functional uses ------------------------------------------------------------------------------
     def unheld_params(self, args: tuple, kwargs: dict) -> list[Any]:
+        # every torch call of the forward comes here: look tracked Parameters up by identity (a live object's
+        # id is unique) rather than isinstance(t, nn.Parameter), whose metaclass check runs in Python
         found = []
+        by_id, holds = self.by_id, self.holds
         for a in (*args, *kwargs.values()):
             for t in (a if isinstance(a, (list, tuple)) else (a,)):
-                if isinstance(t, nn.Parameter):
-                    e = self.by_id.get(id(t))
-                    if e is not None and not self.held(e) and e not in found:
-                        found.append(e)
+                e = by_id.get(id(t))
+                if e is not None and e.idx not in holds and e not in found:
+                    found.append(e)
         return found
 
     def functional_use(self, entries: list[Any]) -> None:
@@ -258,7 +270,7 @@ class UseTracker:
         for e in entries:
             data = e.param.data
             if data.numel() and data.untyped_storage().data_ptr() == ptr and _overlaps(out, data):
-                self.holds[e.idx] = self.holds.get(e.idx, 0) + 1
+                self._set_holds(e, self.holds.get(e.idx, 0) + 1)
                 e.view_refs = getattr(e, "view_refs", 0) + 1
                 weakref.finalize(out, self._view_freed, e)
 
@@ -277,9 +289,10 @@ class UseTracker:
             self._saved_storages[id(t)] = t.untyped_storage().nbytes()
             return t
         ptr = t.untyped_storage().data_ptr()
-        for e in self.by_id.values():
-            if not self.held(e):
-                continue
+        # only held tensors can be read now (the others point at placeholders); scanned in index order, so
+        # of several overlapping parameters the first one's reference is saved, as over all of them
+        for idx in sorted(self._held):
+            e = self._held[idx]
             data = e.param.data
             if data.numel() and data.untyped_storage().data_ptr() == ptr and _overlaps(t, data):
                 if t.dtype != data.dtype:
