@@ -47,6 +47,7 @@ from mlsyskit.tools.fl.local_data import check_fits
 from mlsyskit.tools.fl.measure import Snapshot, Span, heartbeat_sample
 from mlsyskit.tools.fl.model import evaluate, init_weights, shapes
 from mlsyskit.tools.fl.plugins import call_user
+from mlsyskit.tools.fl.scaling import InputScaling
 from mlsyskit.tools.fl.task import ClientData
 from mlsyskit.tools.fl.threads import freeze_startup_heap, single_threaded
 from mlsyskit.tools.fl.tls_probe import refuses_certificate
@@ -122,6 +123,12 @@ class FlClient:
         self.num_features, self.num_classes = int(job["task"]["num_features"]), int(job["task"]["num_classes"])
         if self._job is None:
             check_fits(self._data, self.num_features, self.num_classes, self.data_name)
+            try:  # the job's input scaling (the server's root-set statistics), applied once to this client's data
+                scaling = InputScaling.from_task(job["task"], self.num_features)
+            except ValueError as e:
+                raise ClientStopped(str(e)) from None
+            if scaling is not None:
+                self._data = scaling.applied_to(self._data)
         self._job = mine
         self.train_spec = self._spec(job["train"])
         if self._local_only is None:

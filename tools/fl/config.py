@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from mlsyskit.core.config import require
+from mlsyskit.tools.fl.scaling import SCALINGS
 
 DATASETS = ("digits", "mnist1d", "synthetic", "breast-cancer")
 OWN_DATA = "own"  # `fl-server run`: every client holds its own data (fl-client run --data); nothing is partitioned
@@ -28,6 +29,9 @@ class DataSpec:
     synthetic_beta: float = 1.0
     test_fraction: float = 0.2  # each client's own test split (and the global held-out split)
     seed: int = 0
+    # your own data (a loader, --validation/--data files): standardize | none, with the server's root-set
+    # statistics (scaling.py); the built-in datasets come prepared and are left as they are
+    input_scaling: str = "standardize"
 
     def __post_init__(self) -> None:
         require(self.dataset in DATASETS or self.dataset == OWN_DATA or ":" in self.dataset,
@@ -37,6 +41,7 @@ class DataSpec:
         require(self.alpha > 0, "alpha must be positive")
         require(self.shards_per_client >= 1, "shards_per_client must be at least 1")
         require(0 < self.test_fraction < 1, "test_fraction must be in (0, 1)")
+        require(self.input_scaling in SCALINGS, f"input_scaling must be one of {', '.join(SCALINGS)}")
 
 
 @dataclass(frozen=True)

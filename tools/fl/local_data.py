@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from mlsyskit.tools.fl.plugins import PluginError, UserCodeError, call_user, load_object
+from mlsyskit.tools.fl.scaling import standardizer
 from mlsyskit.tools.fl.task import ClientData, ServerData
 
 HELD_OUT = 0.2  # of a client's samples, when its SPEC has no test split
@@ -137,9 +138,11 @@ def check_fits(data: ClientData, num_features: int, num_classes: int, spec: str)
         raise DataSpecError(f"--data {spec!r} has label {top}; the server's task has classes 0..{num_classes - 1}")
 
 
-def load_server_data(validation: str, test: str | None = None, num_classes: int | None = None) -> ServerData:
+def load_server_data(validation: str, test: str | None = None, num_classes: int | None = None,
+                     input_scaling: str = "none") -> ServerData:
     """The server's root/validation set (FLTrust's root dataset) and its test set for reporting (default: a
-    folder's test split, else the validation set itself). Classes: `num_classes`, else the largest label + 1."""
+    folder's test split, else the validation set itself). Classes: `num_classes`, else the largest label + 1.
+    `input_scaling` standardize: both sets scaled with the root set's statistics, which the task carries."""
     (x_val, y_val), folder_test = read_spec(validation, "--validation")
     if test is not None:
         (x_test, y_test), _ = read_spec(test, "--test")
@@ -159,7 +162,10 @@ def load_server_data(validation: str, test: str | None = None, num_classes: int 
     classes = num_classes or top
     if classes < max(top, 2):
         raise DataSpecError(f"--classes {classes} is fewer than the labels in --validation/--test (0..{top - 1})")
-    return ServerData(x_val.shape[1], classes, x_val, y_val, x_test, y_test)
+    scaling = standardizer(x_val, input_scaling)
+    if scaling is not None:
+        x_val, x_test = scaling.apply(x_val), scaling.apply(x_test)
+    return ServerData(x_val.shape[1], classes, x_val, y_val, x_test, y_test, input_scaling=scaling)
 
 
 __all__ = ["DataSpecError", "UserCodeError", "check_fits", "load_client_data", "load_server_data", "read_spec"]

@@ -1,7 +1,9 @@
 """`fl-server partition`: one dataset split into per-client folders, to try a real federation on one machine.
 
 The split is the simulator's (data.load_federated: IID, Dirichlet label skew or shards, seeded), so
-`simulate` and a real run on the same spec see the same clients. Layout (local_data.py reads it):
+`simulate` and a real run on the same spec see the same clients. The files hold the samples as they
+are; `fl-server run` standardizes every party's data with its root set's statistics (scaling.py),
+as `simulate` does for a package.module:loader dataset (the built-in ones it runs as prepared). Layout (local_data.py reads it):
     OUT/task.json                       the task (features, classes) and how the split was made
     OUT/server/validation.npz, test.npz the server's root/validation set and test set (held out), task.json
     OUT/client-K/train.npz, test.npz    client K's own data (x, y), nothing else
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,8 @@ def _save(folder: Path, name: str, x: np.ndarray, y: np.ndarray) -> None:
 
 
 def write_partition(spec: DataSpec, out: Path) -> dict[str, Any]:
-    data = load_federated(spec)
+    # the folders hold the data as they are: a real run's server scales them (DataSpec.input_scaling)
+    data = load_federated(replace(spec, input_scaling="none"))
     out.mkdir(parents=True, exist_ok=True)
     _save(out / "server", "validation.npz", data.x_val, data.y_val)
     _save(out / "server", "test.npz", data.x_test, data.y_test)

@@ -103,7 +103,7 @@ def run(config: Path | None = opt.JOB_CONFIG, strategy: str | None = opt.STRATEG
     if classes is not None and classes < 2:
         raise UsageError(f"--classes must be at least 2, got {classes}")
     try:
-        server_data = load_server_data(validation, test, classes)
+        server_data = load_server_data(validation, test, classes, job.data.input_scaling)
     except UserCodeError as e:
         raise opt.user_code_failed(e) from None
     except ValueError as e:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlsyskit.tools.fl.model import Weights
+from mlsyskit.tools.fl.scaling import InputScaling
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,9 @@ class ServerData:
     x_test: np.ndarray
     y_test: np.ndarray
     evaluator: Callable[[Weights], dict[str, float]] | None = None
+    input_scaling: InputScaling | None = None  # already applied to x_val and x_test; clients apply it to theirs
 
-    def task(self) -> dict[str, int]:
-        """What a client is told about the data: the shape of the task, nothing else."""
-        return {"num_features": self.num_features, "num_classes": self.num_classes}
+    def task(self) -> dict:
+        """What a client is told about the data: the shape of the task and the job's input scaling."""
+        shape = {"num_features": self.num_features, "num_classes": self.num_classes}
+        return shape if self.input_scaling is None else shape | self.input_scaling.to_task()
