@@ -82,3 +82,19 @@ def test_arrays_encoded_once_give_the_same_bytes_and_decode_as_the_arrays() -> N
         encoded_arrays({"x": (1, 2)})
     with pytest.raises(CodecError):
         encoded_arrays({"x": 1.5})
+
+
+def test_a_known_header_still_checks_its_body() -> None:
+    good = encode({"w": np.ones((3, 4), np.float32)})
+    assert decode(good)["w"].shape == (3, 4)  # the header is now parsed and cached
+    with pytest.raises(CodecError, match="needs 48 bytes"):
+        decode(_with_body_shortened(good, 4))
+    again = decode(good)["w"]
+    again[0, 0] = 5.0  # writable, and not shared with the cache or the message
+    assert decode(good)["w"][0, 0] == 1.0
+
+
+def _with_body_shortened(message: bytes, by: int) -> bytes:
+    """The same {"w": array} message with the array's ext body `by` bytes shorter (its ext length fixed)."""
+    payload = msgpack.unpackb(message, ext_hook=lambda code, data: msgpack.ExtType(code, data[:-by]), raw=False)
+    return msgpack.packb(payload, use_bin_type=True)
