@@ -26,6 +26,7 @@ from mlsyskit.tools.fl.config import DataSpec, JobConfig
 from mlsyskit.tools.fl.coordinator import Coordinator
 from mlsyskit.tools.fl.data import load_client, load_federated
 from mlsyskit.tools.fl.incentive.ledger import Ledger
+from mlsyskit.tools.fl.local_data import load_server_data
 from mlsyskit.tools.fl.partition import write_partition
 from mlsyskit.tools.fl.training import train_local
 from tests.conftest import ProcManager, free_port, wait_for_port
@@ -167,8 +168,11 @@ def replay(config: JobConfig, run_dir, replay_db) -> tuple[Coordinator, list[dic
         joined = {int(payee.split(":")[1]): r for r, payee in
                   store.query("SELECT round, payee FROM fl_ledger WHERE kind='endowment'")}
     data = load_federated(config.data)
+    # what the real server holds: the partition's sets, scaled by its root set, whose scaling the clients apply
+    server = load_server_data(str(run_dir.parent / "parts" / "server"), input_scaling=config.data.input_scaling)
+    scaling = server.input_scaling
     store = MetaStore(replay_db)
-    coordinator = Coordinator(config, store)
+    coordinator = Coordinator(config, store, server=server)
     for record in rounds:
         for cid in sorted(c for c, after in joined.items() if after == record["round"] - 1):
             coordinator.register(cid, clients[str(cid)])
@@ -178,7 +182,8 @@ def replay(config: JobConfig, run_dir, replay_db) -> tuple[Coordinator, list[dic
             if record["reports"][str(cid)]["status"] == "failed":
                 coordinator.drop(cid, "failed in the chaotic run")
                 continue
-            result = train_local(plan.weights, data.clients[cid], config.train, coordinator.num_features,
+            own = data.clients[cid] if scaling is None else scaling.applied_to(data.clients[cid])
+            result = train_local(plan.weights, own, config.train, coordinator.num_features,
                                  coordinator.num_classes, plan.seeds[cid])
             coordinator.submit(cid, plan.round, result.weights, result.metrics())
         coordinator.finish_round(0.0)
