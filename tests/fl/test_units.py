@@ -49,7 +49,17 @@ def test_dirichlet_skews_labels_more_than_iid():
     assert mean_classes("dirichlet") < 0.7 * mean_classes("iid")
 
 
-def test_mnist1d_and_synthetic_load():
+def test_mnist1d_and_synthetic_load(monkeypatch):
+    import mnist1d.data
+
+    default_args = mnist1d.data.get_dataset_args
+
+    def fewer_samples():  # MNIST-1D's own generator, 500 of its 5,000 samples (5.7 CPU s for all of them)
+        args = default_args()
+        args.num_samples = 500
+        return args
+
+    monkeypatch.setattr(mnist1d.data, "get_dataset_args", fewer_samples)
     m = load_federated(DataSpec(dataset="mnist1d", num_clients=5, seed=0))
     assert m.num_features == 40 and m.num_classes == 10 and len(m.clients) == 5
     s = load_federated(DataSpec(dataset="synthetic", num_clients=5, seed=0))
