@@ -10,8 +10,8 @@ replica holds into the answer. A key holding another kind raises values.WrongTyp
 Cost: on bytes (a blob datalet such as lmdb, or a form the memory datalet does not keep live) a
 collection is one stored value, so a write decodes and re-encodes it -- O(size) per command --
 except a push (listpush.py: one copy of the bytes, no decode). On the memory datalet's live values
-(live.py) pushes, APPEND and the set, hash and sorted-set writes whose handlers change `data` with
-`e.data.copy()` below (a dict copy, or a MapEdit of a livemap.LiveMap: O(changed members)) cost
+(live.py) pushes, pops, LSET/LTRIM/LINSERT/LREM (listedit.py), APPEND and the set, hash and
+sorted-set writes whose handlers change `data` with `e.data.copy()` below (a dict copy, or a MapEdit of a livemap.LiveMap: O(changed members)) cost
 O(delta). The controlets replicate the command, not the value (rmw.DELTAS), and refuse a value past
 the limit (rmw.too_large, live.py) before anything is applied.
 """
