@@ -2,7 +2,7 @@
 
 - LSET: the chunk holding the index is copied with the new element, and the cells between it and
   the nearer end of the list are re-linked: O(CHUNK + distance / CHUNK), O(1) near either end (Redis:
-  O(N) walking its quicklist).
+  O(N) walking its quicklist); an end with no chunks first takes half of the other end's (once).
 - LTRIM: the elements outside the range are popped off both ends (LiveList.popped): O(removed),
   as in Redis.
 - LINSERT: the pivot is found scanning from the left (Redis does the same), then the element goes
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from mlsyskit.tools.kv.redis import resp, values
 from mlsyskit.tools.kv.redis.datatypes import CommandError, _int, _span
-from mlsyskit.tools.kv.redis.livelist import CHUNK, Cell, LiveList, packed_size
+from mlsyskit.tools.kv.redis.livelist import CHUNK, Cell, LiveList, packed_size, split_half
 
 Edit = Callable[[tuple, int], tuple]  # (a chunk, an offset in it) -> the chunk edited (never empty)
 
@@ -37,8 +37,18 @@ def edited_at(live: LiveList, index: int, edit: Edit) -> LiveList:
     """A new LiveList whose element `index` (0 <= index < count) is in a chunk `edit` made; the
     chunks from the nearer end to it are re-linked, the rest shared. Count and size: the caller's."""
     n = live.count
+    left = index <= n - 1 - index
+    if (live.front if left else live.back) is None:
+        # The nearer end holds no chunk (a list pushed from one end, or built from bytes): hand it the
+        # half of the other end's chunks nearest to it first, as a pop does (O(n / CHUNK), once: the
+        # version made keeps that layout, so later edits near this end start there).
+        if left:
+            front, back = split_half(live.back)
+        else:
+            back, front = split_half(live.front)
+        live = LiveList(live.deadline, front, back, n, live.packed)
     sides = (("front", index), ("back", n - 1 - index))
-    for side, k in (sides if index <= n - 1 - index else sides[::-1]):
+    for side, k in (sides if left else sides[::-1]):
         cell = live.front if side == "front" else live.back
         passed: list[tuple] = []
         while cell is not None:

@@ -86,7 +86,7 @@ class LiveList(LiveValue):
         taken: list[bytes] = []
         while len(taken) < n:
             if near is None:
-                near, far = _split(far)  # everything left is at the far end: bring half of it over
+                near, far = split_half(far)  # everything left is at the far end: bring half of it over
             chunk, rest = near
             need = n - len(taken)
             if left:
@@ -220,7 +220,7 @@ def iterate_back(cell: Cell | None) -> Iterator:
         yield from chunk
 
 
-def _split(far: Cell) -> tuple[Cell, Cell | None]:
+def split_half(far: Cell) -> tuple[Cell, Cell | None]:
     """(a new near end holding the half of the far end's chunks nearest to it, the far end's rest)."""
     chunks = []
     while far is not None:
