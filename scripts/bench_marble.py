@@ -57,7 +57,7 @@ from marblebench.breakdown import breakdown, rows_for_table  # noqa: E402
 from marblebench.heldout import APP_REQUESTS, HELDOUT, heldout_rows, philly_windows, write_csv  # noqa: E402
 from marblebench.speed import daemon_part, latency_part, scale_child, scale_part  # noqa: E402
 
-POLICIES = ["fifo", "backfill", "optimus", "tiresias", "marble-las", "pollux", "marble"]
+POLICIES = ["fifo", "backfill", "optimus", "tiresias", "marble-las", "pollux", "marble-admit", "marble"]
 CLUSTERS = ["16x4", "16x6"]
 # The four shipped workloads, at their own arrival times and with arrivals compressed to load 8
 # (the held-out workloads run at loads 4-24; the shipped ones at 1.3-4.9): the only tuning data.

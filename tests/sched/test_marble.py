@@ -1,4 +1,4 @@
-"""marble, the default policy: elastic GPU counts from the scaling curve, LAS order, bounded
+"""marble-admit (marble before its Pollux-style allocation): elastic GPU counts from the scaling curve, LAS order, bounded
 restarts, starvation guard; and every policy on random mixed-size clusters (a property test)."""
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,15 +26,15 @@ def test_marble_is_the_default():
 
 def test_an_idle_cluster_gives_a_job_that_scales_more_than_it_asked():
     # lin scales perfectly: asked 2, it may get up to 4 x 2 = 8 > 6, so the whole node
-    assert starts(create_policy("marble", MODEL).decide(state_with(ONE_NODE, [job(1, "lin", 2, 1e6)])))[1].shape == (6,)
+    assert starts(create_policy("marble-admit", MODEL).decide(state_with(ONE_NODE, [job(1, "lin", 2, 1e6)])))[1].shape == (6,)
     # elastic_max_scale bounds it: at most 1.5 x 2 = 3
     opts = PolicyOptions(elastic_max_scale=1.5)
-    assert starts(create_policy("marble", MODEL, opts).decide(state_with(ONE_NODE, [job(1, "lin", 2, 1e6)])))[1].shape == (3,)
+    assert starts(create_policy("marble-admit", MODEL, opts).decide(state_with(ONE_NODE, [job(1, "lin", 2, 1e6)])))[1].shape == (3,)
 
 
 def test_a_flat_curve_gets_fewer_gpus_than_asked_and_no_more_when_idle():
     # flat: 1 -> 2 GPUs adds 0.8 of a GPU, 2 -> 3 only 0.2 (< admit 0.35 and < grow 0.3): 2 of the 6
-    d = create_policy("marble", MODEL).decide(state_with(ONE_NODE, [job(1, "flat", 6, 1e6)]))
+    d = create_policy("marble-admit", MODEL).decide(state_with(ONE_NODE, [job(1, "flat", 6, 1e6)]))
     assert starts(d)[1].shape == (2,)
 
 
@@ -42,7 +42,7 @@ def test_grown_jobs_shrink_back_when_a_new_job_needs_the_gpus():
     state = state_with(ONE_NODE, [job(2, "sub", 2, 1e5)], now=100.0)
     state.restart_cost = 30.0
     run_job(state, MODEL, job(1, "lin", 2, 1e8), [(0, 6)])   # lin asked 2 and was grown to 6
-    policy = create_policy("marble", MODEL)
+    policy = create_policy("marble-admit", MODEL)
     d = policy.decide(state)
     resized = [a for a in d.actions if isinstance(a, Resize)]
     # lin's p* is 2 (what it asked): it shrinks to 2, never preempted; sub starts on what that frees
@@ -57,7 +57,7 @@ def test_a_running_job_grows_at_most_once_per_resize_interval():
     state.restart_cost = 30.0
     run_job(state, MODEL, job(1, "lin", 4, 1e9), [(0, 4)])
     state.free.take(((0, 1),))          # one GPU out of service: one is free
-    policy = create_policy("marble", MODEL, opts)
+    policy = create_policy("marble-admit", MODEL, opts)
     first = policy.decide(state)
     assert [(type(a), sum(a.shape)) for a in first.actions] == [(Resize, 5)]
     view = state.running[1]              # applied as the simulator would
@@ -78,10 +78,10 @@ def test_the_starvation_guard_puts_a_long_waiting_job_first():
     # j1 has waited 2 h (since t=0) with much attained service; j2 arrived just now with none
     state = state_with(spec, [job(1, "lin", 6, 1e9), job(2, "lin", 6, 1e9, arrival=7000.0)], now=7200.0)
     state.queue[1].attained, state.queue[1].since = 1e6, 0.0
-    assert set(starts(create_policy("marble", MODEL, opts).decide(state))) == {1}
+    assert set(starts(create_policy("marble-admit", MODEL, opts).decide(state))) == {1}
     # without the guard least-attained-service picks the newcomer
     state.queue[1].since = 7000.0
-    assert set(starts(create_policy("marble", MODEL, PolicyOptions(starvation_s=3600.0)).decide(state))) == {2}
+    assert set(starts(create_policy("marble-admit", MODEL, PolicyOptions(starvation_s=3600.0)).decide(state))) == {2}
 
 
 def test_the_one_row_repro_on_mixed_nodes_finishes_under_every_policy(tmp_path):
@@ -126,3 +126,12 @@ def test_every_admissible_job_eventually_runs_on_random_mixed_clusters(case):
         # run() raises PolicyError when jobs are left waiting with nothing pending: every one finished
         assert set(result.finish) == {j.job_id for j in jobs}, name
         assert all(r.first_start is not None for r in result.jobs), name
+
+
+def test_marble_steps_over_the_node_boundary_dip_that_stops_a_one_gpu_greedy():
+    # lin on 3 nodes of 6: 7 GPUs (6+1, slow network) run slower than 6 on one node, 18 faster than
+    # both; pollux's one-GPU-at-a-time greedy stops at 6, marble's envelope step takes all 18
+    spec = ClusterSpec(3, 6)
+    shapes = {name: starts(create_policy(name, MODEL).decide(state_with(spec, [job(1, "lin", 6, 1e9)])))[1].shape
+              for name in ("marble", "pollux")}
+    assert shapes == {"marble": (6, 6, 6), "pollux": (6,)}

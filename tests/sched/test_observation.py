@@ -33,7 +33,7 @@ def test_the_observation_has_no_ground_truth_fields():
                       "finished", "samples", "noise_reports"}
 
 
-@pytest.mark.parametrize("module", ["base", "common", "fifo", "backfill", "marble", "marble_fifo", "marble_elastic",
+@pytest.mark.parametrize("module", ["base", "common", "fifo", "backfill", "marble", "marble_goodput", "pollux", "marble_fifo", "marble_elastic",
                                     "marble_las", "optimus", "tiresias", "loss_fit", "sizing", "learned",
                                     "goodput"])
 def test_policy_code_does_not_import_the_truth(module):

@@ -20,8 +20,8 @@ def starts(decision):
 
 
 def test_registry_has_the_six_policies_and_rejects_bad_names():
-    assert sorted(POLICIES) == ["backfill", "fifo", "marble", "marble-elastic", "marble-fifo", "marble-las", "optimus",
-                              "pollux", "tiresias"]
+    assert sorted(POLICIES) == ["backfill", "fifo", "marble", "marble-admit", "marble-elastic", "marble-fifo", "marble-las",
+                              "optimus", "pollux", "tiresias"]
     with pytest.raises(KeyError, match="unknown policy"):
         create_policy("lsf", MODEL)
 

@@ -19,7 +19,7 @@ def test_a_job_asking_many_gpus_is_not_ranked_behind_a_longer_one_asking_few():
     # GPU. On one GPU sub is the shorter (100 s vs 110 s); GPU-seconds on p* (125 vs 110) said lin.
     state = state_with(ClusterSpec(1, 4), [job(1, "sub", 6, 1.0), job(2, "lin", 2, 1.0)],
                        history={"sub": [1000.0], "lin": [1100.0]})
-    assert started(create_policy("marble", MODEL).decide(state)) == {1: 4}
+    assert started(create_policy("marble-admit", MODEL).decide(state)) == {1: 4}
 
 
 def test_marble_thresholds_are_marbles_own_and_empty_means_one_queue():
@@ -31,10 +31,10 @@ def test_marble_thresholds_are_marbles_own_and_empty_means_one_queue():
         return s
     # with LAS queues the newcomer (level 0) goes first, whatever tiresias' thresholds are
     las = PolicyOptions(marble_thresholds=(3600.0,), tiresias_thresholds=(1e9,))
-    assert set(started(create_policy("marble", MODEL, las).decide(state()))) == {2}
+    assert set(started(create_policy("marble-admit", MODEL, las).decide(state()))) == {2}
     # one queue: the shortest estimated remaining time first
     one = PolicyOptions(marble_thresholds=(), tiresias_thresholds=(3600.0,))
-    assert set(started(create_policy("marble", MODEL, one).decide(state()))) == {1}
+    assert set(started(create_policy("marble-admit", MODEL, one).decide(state()))) == {1}
     # tiresias keeps its own: with (3600,) the newcomer goes first
     assert set(started(create_policy("tiresias", MODEL, one).decide(state()))) == {2}
 

@@ -26,7 +26,7 @@ def _replay(policy: str, workload: str, cluster: str) -> dict:
 def test_marble_shortcuts_decide_as_the_plain_paths(monkeypatch):
     covered, plain_covers = [], Marble._covers
     monkeypatch.setattr(Marble, "_covers", staticmethod(lambda *a: covered.append(plain_covers(*a)) or covered[-1]))
-    fast = _replay("marble", "workload-2", "16x4")   # with preemptions: grown jobs leave by both ways
+    fast = _replay("marble-admit", "workload-2", "16x4")   # with preemptions: grown jobs leave by both ways
     assert covered.count(True) > 20 and covered.count(False) > 0, (covered.count(True), covered.count(False))
 
     plain_sync = Marble._sync
@@ -37,7 +37,7 @@ def test_marble_shortcuts_decide_as_the_plain_paths(monkeypatch):
 
     monkeypatch.setattr(Marble, "_covers", staticmethod(lambda *a: False))
     monkeypatch.setattr(Marble, "_sync", checked_sync)
-    assert _replay("marble", "workload-2", "16x4") == fast
+    assert _replay("marble-admit", "workload-2", "16x4") == fast
 
 
 def test_pollux_rows_decide_as_plain_rates(monkeypatch):

@@ -12,14 +12,15 @@ from mlsyskit.tools.sched.policies.fifo import Fifo
 from mlsyskit.tools.sched.policies.marble import Marble
 from mlsyskit.tools.sched.policies.marble_elastic import MarbleElastic
 from mlsyskit.tools.sched.policies.marble_fifo import MarbleFifo
+from mlsyskit.tools.sched.policies.marble_goodput import MarbleGoodput
 from mlsyskit.tools.sched.policies.marble_las import MarbleLas
 from mlsyskit.tools.sched.policies.optimus import Optimus
 from mlsyskit.tools.sched.policies.pollux import Pollux
 from mlsyskit.tools.sched.policies.tiresias import Tiresias
 
-for _cls in (Fifo, Backfill, Optimus, Tiresias, Marble, MarbleFifo, MarbleElastic, MarbleLas, Pollux):
+for _cls in (Fifo, Backfill, Optimus, Tiresias, MarbleGoodput, Marble, MarbleFifo, MarbleElastic, MarbleLas, Pollux):
     register(_cls)
 
-DEFAULT_POLICY = Marble.name
+DEFAULT_POLICY = MarbleGoodput.name
 
 __all__ = ["DEFAULT_POLICY", "POLICIES", "Policy", "PolicyOptions", "create_policy", "register"]

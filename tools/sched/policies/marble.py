@@ -1,4 +1,5 @@
-"""marble (ours; the default): elastic, goodput-aware GPU counts from measured scaling curves.
+"""marble-admit (marble before its Pollux-style allocation, policies.marble_goodput): admits
+each job at its efficient size and grows it onto idle GPUs.
 
 Who runs: Tiresias' discretised least-attained-service order with preemption (tiresias.py, the
 incremental index) on marble's own queues (`marble_thresholds`), inside a queue the least
@@ -69,8 +70,8 @@ def _shape_of(placement: Placement) -> Shape:
 
 
 class Marble(Tiresias):
-    name = "marble"
-    description = "ours: elastic goodput-aware GPU counts from measured scaling curves, LAS order, starvation guard"
+    name = "marble-admit"
+    description = "marble before its Pollux-style allocation: admit at p*, elastic goodput-aware GPU counts from measured scaling curves, LAS order, starvation guard"
 
     def __init__(self, model, options=None) -> None:
         super().__init__(model, options)
@@ -278,8 +279,8 @@ class Marble(Tiresias):
                 for job_id, job in state.running.items():
                     if job_id in changed or now < job.busy_until:
                         continue
-                    sizes = self.curve(state, job)[1]
-                    if not sizes or job.held_gpus >= sizes[-1]:
+                    base, sizes = self.curve(state, job)[:2]
+                    if job.held_gpus >= (sizes[-1] if sizes else base):
                         continue
                     since = self._resized.get(job_id, -math.inf)
                     if now - since < opts.resize_interval:
@@ -320,11 +321,11 @@ class Marble(Tiresias):
     def _step(self, state: ClusterState, job: JobView, k: int, left: float) -> tuple[float, int, int] | None:
         """(-seconds saved per added GPU, job, size) of growing from k GPUs to the next size on
         the job's ladder (the concave envelope of its curve), None at the top."""
-        _, ladder_sizes, _, rates, _ = self.curve(state, job)
-        i = bisect.bisect_right(ladder_sizes, k)
-        if i == len(ladder_sizes) or rates[k] <= 0:
+        base, ladder_sizes, _, rates, _ = self.curve(state, job)
+        i = bisect.bisect_right(ladder_sizes, k)   # below p* (it rose with the noise scale): p* next
+        size = base if k < base else ladder_sizes[i] if i < len(ladder_sizes) else 0
+        if not size or rates[k] <= 0:
             return None
-        size = ladder_sizes[i]
         saved = left * (1.0 / rates[k] - 1.0 / rates[size]) / (size - k)
         return (-saved, job.job_id, size) if saved > 0 else None
 
@@ -335,8 +336,8 @@ class Marble(Tiresias):
     def _top(self, state: ClusterState, job: JobView, k: int) -> int:
         """The size repeated _steps take the job to from k GPUs with GPUs to spare: the estimated
         work left is > 0 (state.estimated_remaining), so a step saves time where its rate is higher."""
-        _, ladder_sizes, _, rates, _ = self.curve(state, job)
-        for size in ladder_sizes[bisect.bisect_right(ladder_sizes, k):]:
+        base, ladder_sizes, _, rates, _ = self.curve(state, job)
+        for size in ([base] if k < base else []) + ladder_sizes[bisect.bisect_right(ladder_sizes, k):]:
             if rates[k] <= 0 or 1.0 / rates[k] - 1.0 / rates[size] <= 0:
                 break
             k = size
@@ -366,7 +367,8 @@ class Marble(Tiresias):
             free.take(placement)
             actions.append(Resize(job_id, placement, shapes[k - 1], self._batch(state, job, k)))
             self._running.touch(self._key[job_id])
-            self._grown.add(job_id)
+            if k > self.curve(state, job)[0]:
+                self._grown.add(job_id)
             self._resized[job_id] = now
             self._push_crossing(job, now, job.attained_at(now), k)
 

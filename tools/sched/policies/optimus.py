@@ -57,6 +57,14 @@ class Optimus(Policy):
             return total - progress
         return remaining_work(self.model, state, job)
 
+    def order(self, state: ClusterState, jobs) -> list[JobView]:
+        """Who gets a GPU first when there are more jobs than GPUs: arrival order."""
+        return sorted(jobs, key=lambda j: (j.arrival, j.job_id))
+
+    def queue_order(self, state: ClusterState):
+        """Waiting jobs in the order they share free GPUs between full re-allocations."""
+        return state.queue.values()
+
     def allocate(self, state: ClusterState, jobs: list[JobView], gpus: int) -> dict[int, int]:
         """Greedy GPU counts per job id for `jobs` (in priority order) sharing `gpus` GPUs."""
         gpn = state.spec.gpus_per_node
@@ -112,7 +120,7 @@ class Optimus(Policy):
         due = self._last_plan is None or now - self._last_plan >= interval
         if due and state.running:
             self._last_plan = now
-            jobs = sorted([*state.running.values(), *state.queue.values()], key=lambda j: (j.arrival, j.job_id))
+            jobs = self.order(state, [*state.running.values(), *state.queue.values()])
             counts = self.allocate(state, jobs, state.spec.total_gpus)
             changed = [j for i, j in state.running.items() if counts.get(i, 0) != j.held_gpus]
             for job in changed:
@@ -131,7 +139,7 @@ class Optimus(Policy):
                 return Decision((), self._wake(state, now, interval))
             if self._last_plan is None:
                 self._last_plan = now
-            waiting = list(itertools.islice(state.queue.values(), free.total))
+            waiting = list(itertools.islice(self.queue_order(state), free.total))
             counts = self.allocate(state, waiting, free.total)
         for job in waiting:
             k = counts.get(job.job_id, 0)
