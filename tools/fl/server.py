@@ -92,7 +92,7 @@ class FlServer:
         self._eval_asked: set[int] = set()
         self._received: set[int] = set()  # clients whose update got an "accepted" receipt this round
         self.receipts, self.earnings = Receipts(receipt_hold_s), Earnings()  # when receipts leave; pay over the job
-        self.held = HeldBack(self.telemetry, log)  # events and round lines, written once the next tasks are out
+        self.held = HeldBack(log)  # the round lines, printed once the next tasks are out
         self.linger_s = linger_s  # after the job: how long to wait for away clients to come back and hear "done"
         self._told_done: set[int] = set()
         self.outcomes: list[RoundOutcome] = []
@@ -180,7 +180,7 @@ class FlServer:
         queue = SessionQueue(batches=payload.get("batches") is True)  # its client reads batch messages
         self._queues[cid] = queue
         peer = self._peer(call)
-        self.held.event("join", client=cid, peer=peer)
+        self.telemetry.event("join", client=cid, peer=peer)
         log.info("client %d joined from %s%s", cid, peer, " (rejoined)" if old is not None else "")
         self._poke()
         self.activity.joined(cid)
@@ -204,7 +204,7 @@ class FlServer:
             if self._generation.get(cid) == generation:
                 self._queues.pop(cid, None)
                 self.coordinator.drop(cid, "connection lost")
-                self.held.event("leave", client=cid)
+                self.telemetry.event("leave", client=cid)
                 log.info("client %d left (%s)", cid, peer)
                 self._poke()
 
@@ -218,7 +218,7 @@ class FlServer:
         late = self.activity.late(cid, round_num, payload.get("metrics"), self.clock.now())
         if late is not None:
             observe_late(self.coordinator.strategy.selector, cid, late)
-            self.held.event("late_update", client=cid, round=round_num, received_s=late)
+            self.telemetry.event("late_update", client=cid, round=round_num, received_s=late)
             log.info("late update from client %d for round %d (after its deadline): wasted, not used", cid, round_num)
             self._poke()
             return {"accepted": False, "reason": f"late: round {round_num} closed at its deadline before this update "
@@ -227,7 +227,7 @@ class FlServer:
         accepted, reason = self.coordinator.submit(cid, round_num, payload.get("weights"), metrics)
         if not accepted:
             log.warning("rejected update from client %d in round %d: %s", cid, round_num, reason)
-            self.held.event("rejected", client=cid, round=round_num, reason=reason)
+            self.telemetry.event("rejected", client=cid, round=round_num, reason=reason)
         else:
             self._received.add(cid)
         self._poke()
@@ -293,15 +293,15 @@ class FlServer:
         c = self.coordinator
         while not c.done:
             await self._await_quorum(registration_timeout_s)
-            self.held.hold()  # from here until the tasks are out (and from each round's close)
+            self.held.hold()  # the round lines wait until the tasks are out (as from each round's close)
             start = self.clock.now()
             available = self.available()
             plan = c.begin_round(available, start)
             # the coordinator's deadline: the scheduler's round_deadline, capped by --round-timeout
             deadline, deadline_s = plan.deadline, plan.deadline - start
             self._received = set()
-            self.held.event("round_start", round=plan.round, selected=plan.selected,
-                            connected=sorted(self._queues), available=available, deadline_s=deadline_s)
+            self.telemetry.event("round_start", round=plan.round, selected=plan.selected,
+                                 connected=sorted(self._queues), available=available, deadline_s=deadline_s)
             self.held.info("round %d: selected %s of %d available (%d connected); deadline %.3gs", plan.round,
                            plan.selected, len(available), len(self._queues), deadline_s)
             weights = encoded_arrays(plan.weights)  # serialised once, not once per client's task
@@ -319,9 +319,9 @@ class FlServer:
             outcome.phases = {"collect_s": collected - start, **outcome.phases}
             self.outcomes.append(outcome)
             self.activity.round_closed(outcome.round, [r.client_id for r in outcome.with_status("failed")])
-            self.held.event("round_end", **outcome.to_record(), deadline_s=deadline_s, available=available,
-                            scheduling=scheduling_record(c.strategy.selector), wasted=dict(self.activity.wasted),
-                            resources={str(k): v for k, v in sorted(self.activity.resources.items())})
+            self.telemetry.event("round_end", **outcome.to_record(), deadline_s=deadline_s, available=available,
+                                 scheduling=scheduling_record(c.strategy.selector), wasted=dict(self.activity.wasted),
+                                 resources={str(k): v for k, v in sorted(self.activity.resources.items())})
             self.telemetry.observe("round_s", outcome.duration_s)
             self._tell_round_end(outcome)
             if self.on_round:
@@ -372,7 +372,7 @@ class FlServer:
             if report.status == "rejected" and cid in self._received:
                 log.warning("rejected update from client %d in round %d after the round checks: %s",
                             cid, outcome.round, report.reason)
-                self.held.event("rejected", client=cid, round=outcome.round, reason=report.reason)
+                self.telemetry.event("rejected", client=cid, round=outcome.round, reason=report.reason)
         pay_line = ", ".join(f"{cid}: {paid.get(client_account(cid), 0.0):.4g}" for cid in outcome.selected)
         self.held.info("round %d: paid %s", outcome.round, pay_line or "nobody")
         books = self.earnings.after_round(ledger, paid)  # the ledger's totals, read once and then kept
@@ -390,7 +390,7 @@ class FlServer:
         await self._wait(lambda: all(cid in self._eval_results or cid not in self._queues for cid in asked),
                          self.clock.now() + self.eval_timeout_s)
         c.finish_job(dict(self._eval_results))
-        self.held.event("job_end", consumer_accuracy=self._eval_results)
+        self.telemetry.event("job_end", consumer_accuracy=self._eval_results)
 
     async def stop(self, grace: float = 1.0) -> None:
         for queue in list(self._queues.values()):

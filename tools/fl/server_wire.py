@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlsyskit.core.rpc import DEFAULT_MAX_MESSAGE_BYTES, RpcError, StatusCode
-from mlsyskit.core.telemetry import Telemetry
 from mlsyskit.tools.fl.config import JobConfig
 from mlsyskit.tools.fl.incentive.ledger import Ledger, client_account
 from mlsyskit.tools.fl.outcome import RoundOutcome
@@ -157,36 +156,26 @@ class Receipts:
 
 
 class HeldBack:
-    """The server's telemetry events and round lines, written at once or, between a round's close and the
-    moment the next round's tasks have left (`hold` .. `release`), after it: the round_end record (~0.3 ms
-    of CPU to serialise and write) and the console lines (rich, ~0.3 ms each) then cost the clients no
-    time before their next training. Everything keeps its order, and each event the time it happened; the
-    round is already committed when they are written, as before (a crash loses at most these lines)."""
+    """The server's round lines (rich, ~0.3 ms of CPU each), printed at once or, between a round's close and
+    the moment the next round's tasks have left (`hold` .. `release`), after it, in order, so they cost the
+    clients no time before their next training. Telemetry events are not held: a round's start is in the
+    log before any client can have its task, and a committed round's end right after its commit."""
 
-    def __init__(self, telemetry: Telemetry, logger: logging.Logger) -> None:
-        self.telemetry, self._log = telemetry, logger
-        self._held: list[tuple[str, tuple, dict]] | None = None  # None: not holding
+    def __init__(self, logger: logging.Logger) -> None:
+        self._log = logger
+        self._held: list[tuple] | None = None  # None: not holding
 
     def hold(self) -> None:
         if self._held is None:
             self._held = []
 
-    def event(self, kind: str, **fields: Any) -> None:
-        if self._held is None:
-            self.telemetry.event(kind, **fields)
-        else:
-            self._held.append(("event", (kind,), {**fields, "t": self.telemetry.clock.now()}))
-
     def info(self, message: str, *args: Any) -> None:
         if self._held is None:
             self._log.info(message, *args)
         else:
-            self._held.append(("info", (message, *args), {}))
+            self._held.append((message, *args))
 
     def release(self) -> None:
         held, self._held = self._held or [], None
-        for kind, args, fields in held:
-            if kind == "event":
-                self.telemetry.event(*args, **fields)
-            else:
-                self._log.info(*args)
+        for line in held:
+            self._log.info(*line)
