@@ -13,8 +13,12 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_wine
 
+from mlsyskit.core.storage import MetaStore
+from mlsyskit.tools.fl.config import DataSpec, JobConfig, TrainSpec
+from mlsyskit.tools.fl.data import load_federated
 from mlsyskit.tools.fl.local_data import load_client_data, load_server_data
 from mlsyskit.tools.fl.scaling import InputScaling
+from mlsyskit.tools.fl.simulator import Simulation
 
 WINE = "wine_as_it_comes:load"
 
@@ -57,3 +61,28 @@ def test_the_servers_sets_are_scaled_by_the_root_set_and_its_task_tells_clients(
     as_is = load_server_data(str(tmp_path), input_scaling="none")
     assert as_is.input_scaling is None and set(as_is.task()) == {"num_features", "num_classes"}
     assert np.array_equal(as_is.x_val, x[:60].astype(np.float32))
+
+
+def _accuracy(input_scaling: str, strategy: str) -> float:
+    config = JobConfig(strategy=strategy, rounds=6, per_round=3, seed=1, train=TrainSpec(local_only_epochs=2),
+                       data=DataSpec(dataset=WINE, num_clients=3, partition="iid", seed=1, input_scaling=input_scaling))
+    with MetaStore(":memory:") as store:
+        result = Simulation(config, store).run()
+    return max(o.global_metrics["accuracy"] for o in result.outcomes)
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "tiff+fedadam-sfcap"])
+def test_raw_wine_learns_only_standardized(strategy):
+    assert _accuracy("standardize", strategy) >= 0.9
+    assert _accuracy("none", strategy) <= 0.5  # the repro: as they come, three classes stay at chance
+
+
+def test_a_loader_dataset_is_standardized_by_default_and_partition_keeps_it_as_it_is(tmp_path):
+    scaled = load_federated(DataSpec(dataset=WINE, num_clients=3, seed=1))
+    raw = load_federated(DataSpec(dataset=WINE, num_clients=3, seed=1, input_scaling="none"))
+    scaling = InputScaling.of(raw.x_val)
+    assert np.array_equal(scaled.x_val, scaling.apply(raw.x_val))
+    assert all(np.array_equal(s.x_train, scaling.apply(r.x_train)) for s, r in zip(scaled.clients, raw.clients,
+                                                                                    strict=True))
+    digits = load_federated(DataSpec(dataset="digits", num_clients=3, seed=1))
+    assert digits.x_val.min() >= 0 and digits.x_val.max() <= 1  # built-in datasets run as prepared

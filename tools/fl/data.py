@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from mlsyskit.core.sim import Seeds
 from mlsyskit.tools.fl.config import OWN_DATA, DataSpec
 from mlsyskit.tools.fl.leaf_synthetic import CLASSES, DIM, SyntheticUsers, held_out
 from mlsyskit.tools.fl.plugins import is_target, load_dataset
+from mlsyskit.tools.fl.scaling import standardizer
 from mlsyskit.tools.fl.task import ClientData, ServerData
 
 MIN_CLIENT_SAMPLES = 4
@@ -203,7 +204,12 @@ def _custom(spec: DataSpec, seeds: Seeds) -> FederatedData:
     split_rng = seeds.numpy("client-split")
     clients = tuple(ClientData(i, *_split_train_test(x_pool[p], y_pool[p], spec.test_fraction, split_rng))
                     for i, p in enumerate(parts))
-    return with_validation(clients, x_held, y_held, x.shape[1], int(y.max()) + 1, seeds)
+    data = with_validation(clients, x_held, y_held, x.shape[1], int(y.max()) + 1, seeds)
+    scaling = standardizer(data.x_val, spec.input_scaling)  # your data: as a real run's server and clients do
+    if scaling is None:
+        return data
+    return replace(data, clients=tuple(scaling.applied_to(c) for c in data.clients),
+                   x_test=scaling.apply(data.x_test), x_val=scaling.apply(data.x_val))
 
 
 def with_validation(clients: Sequence[ClientData], x_held: np.ndarray, y_held: np.ndarray, num_features: int,
