@@ -62,27 +62,39 @@ def is_verbose() -> bool:
     return _level["verbose"]
 
 
+def _plain_line(console: Console, line: str) -> bool:
+    """Write one line as it is where nobody looks at a terminal (a log file, a pipe, CI): no style to
+    render there, and rich's wrap at 80 columns would only split the line a grep looks for. Rendering
+    cost ~0.7 ms of CPU a line, on a server's critical path between rounds. False on a terminal."""
+    if console.is_terminal:
+        return False
+    console.file.write(line + "\n")
+    console.file.flush()
+    return True
+
+
 def log(message: str, *, style: str | None = None) -> None:
     """An info line on stderr (silenced by -q)."""
-    if not _level["quiet"]:
+    if not _level["quiet"] and not _plain_line(console := _console("err"), str(message)):
         from rich.text import Text
 
-        _console("err").print(Text(str(message), style=style or ""))
+        console.print(Text(str(message), style=style or ""))
 
 
 def debug(message: str) -> None:
     """A detail line on stderr, shown only with -v."""
-    if _level["verbose"]:
+    if _level["verbose"] and not _plain_line(console := _console("err"), str(message)):
         from rich.text import Text
 
-        _console("err").print(Text(str(message), style="dim"))
+        console.print(Text(str(message), style="dim"))
 
 
 def warn(message: str) -> None:
     """A warning on stderr; shown even with -q."""
-    from rich.text import Text
+    if not _plain_line(console := _console("err"), f"warning: {message}"):
+        from rich.text import Text
 
-    _console("err").print(Text.assemble(("warning: ", "bold yellow"), str(message)))
+        console.print(Text.assemble(("warning: ", "bold yellow"), str(message)))
 
 
 def error_line(message: str) -> None:
@@ -188,9 +200,10 @@ class Reporter:
     def _line(self, text: str) -> None:
         self._last_line = self.clock()
         self._last_status = text
-        from rich.text import Text
+        if not _plain_line(self.console, text):
+            from rich.text import Text
 
-        self.console.print(Text(text))
+            self.console.print(Text(text))
 
 
 @contextmanager
