@@ -33,6 +33,7 @@ class MarbleGoodput(Pollux):
     def __init__(self, model, options=None) -> None:
         super().__init__(model, options)
         self.wants_noise_scale = self.options.adapt_batch   # off: no noise scale, every batch kept
+        self._steps: dict[tuple, tuple[tuple[int, int], tuple[float, int]]] = {}   # _envelope_step's, stamped
 
     def order(self, state: ClusterState, jobs) -> list[JobView]:
         """Arrival order, jobs that have waited `starvation_s` since they (re)entered the queue first."""
@@ -58,15 +59,12 @@ class MarbleGoodput(Pollux):
         caps = {i: self._cap(state, by_id[i]) for i in counts}
         rates = {i: self._rates(by_id[i], gpn) for i in counts if caps[i] > 1}
 
+        curves = {i: (by_id[i].app, by_id[i].batch_size, self._noise.bucket(by_id[i]), gpn, caps[i], weight[i])
+                  for i in rates}
+
         def step(job_id: int, k: int, room: int) -> tuple[float, int, int] | None:
             """(-gain per GPU, job, size) of the best step from k GPUs within `room` more."""
-            rate, w = rates[job_id], weight[job_id]
-            now = w / rate(k)
-            best, size = 0.0, 0
-            for q in range(k + 1, min(caps[job_id], k + room) + 1):
-                gain = (now - w / rate(q)) / (q - k)
-                if gain > best:
-                    best, size = gain, q
+            best, size = self._envelope_step(curves[job_id], rates[job_id], k, min(caps[job_id], k + room))
             return (-best, job_id, size) if size else None
 
         heap = [s for i in rates if (s := step(i, 1, gpus))]
@@ -84,6 +82,46 @@ class MarbleGoodput(Pollux):
             if size < caps[job_id] and (s := step(job_id, size, gpus)):
                 heapq.heappush(heap, s)
         return counts
+
+    @staticmethod
+    def _scan(rate, w: float, now: float, k: int, hi: int) -> tuple[float, int]:
+        """(gain per GPU, size) of the best step from k GPUs (now = w / rate(k)) to at most hi GPUs
+        (size 0: no step gains)."""
+        best, size = 0.0, 0
+        for q in range(k + 1, hi + 1):
+            gain = (now - w / rate(q)) / (q - k)
+            if gain > best:
+                best, size = gain, q
+        return best, size
+
+    def _curve_stamp(self, app: str, batch: int) -> tuple[int, int]:
+        """Moves whenever the curve's goodputs may: the model's estimates for (app, batch) (what
+        best_batch's memo keys on; `version` for a model without per-curve ones) or a memo clear."""
+        versions = getattr(self.model, "versions", None)
+        mark = versions.get((app, batch), 0) if versions is not None else getattr(self.model, "version", 0)
+        return mark, self._noise.memo.generation
+
+    def _envelope_step(self, curve: tuple, rate, k: int, hi: int) -> tuple[float, int]:
+        """_scan, its answers kept per (curve, k, hi) while the curve's stamp stands. Re-reading
+        every larger size at each step was most of allocate's CPU; a hit skips only reads that
+        return the same values without side effects (after rate(k), read first as the scan does, no
+        refresh is pending), so decisions are unchanged. An answer up to the cap also serves a
+        smaller bound: the range is a prefix, so a best size within it (or none) is its answer too."""
+        w = curve[5]
+        now = w / rate(k)
+        stamp = self._curve_stamp(curve[0], curve[1])
+        found = self._steps.get((curve, k, hi))
+        if found is not None and found[0] == stamp:
+            return found[1]
+        full = self._steps.get((curve, k, curve[4]))
+        if full is not None and full[0] == stamp and full[1][1] <= hi:
+            return full[1]
+        answer = self._scan(rate, w, now, k, hi)
+        if stamp == self._curve_stamp(curve[0], curve[1]):   # nothing moved mid-scan
+            if len(self._steps) > 100_000:
+                self._steps.clear()
+            self._steps[(curve, k, hi)] = (stamp, answer)
+        return answer
 
     def decide(self, state: ClusterState) -> Decision:
         decision = super().decide(state)
