@@ -47,17 +47,7 @@ class MarbleGoodput(Pollux):
         """GPU counts per job id for `jobs` (in order) sharing `gpus`: one each, then envelope steps
         by the largest gain per added GPU (module docstring)."""
         gpn = state.spec.gpus_per_node
-        counts: dict[int, int] = {}
-        weight: dict[int, float] = {}
-        for job in jobs:
-            if gpus == 0:
-                break
-            counts[job.job_id] = 1
-            weight[job.job_id] = self.remaining_work(state, job)
-            gpus -= 1
-        by_id = {j.job_id: j for j in jobs}
-        caps = {i: self._cap(state, by_id[i]) for i in counts}
-        rates = {i: self._rates(by_id[i], gpn) for i in counts if caps[i] > 1}
+        counts, weight, by_id, caps, rates, gpus = self.one_gpu_each(state, jobs, gpus)
 
         curves = {i: (by_id[i].app, by_id[i].batch_size, self._noise.bucket(by_id[i]), gpn, caps[i], weight[i])
                   for i in rates}

@@ -65,9 +65,11 @@ class Optimus(Policy):
         """Waiting jobs in the order they share free GPUs between full re-allocations."""
         return state.queue.values()
 
-    def allocate(self, state: ClusterState, jobs: list[JobView], gpus: int) -> dict[int, int]:
-        """Greedy GPU counts per job id for `jobs` (in priority order) sharing `gpus` GPUs."""
-        gpn = state.spec.gpus_per_node
+    def one_gpu_each(self, state: ClusterState, jobs: list[JobView], gpus: int) -> tuple[
+            dict[int, int], dict[int, float], dict[int, JobView], dict[int, int], dict[int, Callable[[int], float]], int]:
+        """The first pass of the greedy allocations (this one and marble's): one GPU per job in order while
+        GPUs last, with each such job's remaining work, GPU cap and rate curve (none for a cap of 1).
+        Returns (counts, work, jobs by id, caps, rates, GPUs left)."""
         counts: dict[int, int] = {}
         work: dict[int, float] = {}
         for job in jobs:
@@ -78,7 +80,12 @@ class Optimus(Policy):
             gpus -= 1
         by_id = {j.job_id: j for j in jobs}
         caps = {i: self._cap(state, by_id[i]) for i in counts}
-        rates = {i: self._rates(by_id[i], gpn) for i in counts if caps[i] > 1}
+        rates = {i: self._rates(by_id[i], state.spec.gpus_per_node) for i in counts if caps[i] > 1}
+        return counts, work, by_id, caps, rates, gpus
+
+    def allocate(self, state: ClusterState, jobs: list[JobView], gpus: int) -> dict[int, int]:
+        """Greedy GPU counts per job id for `jobs` (in priority order) sharing `gpus` GPUs."""
+        counts, work, _, caps, rates, gpus = self.one_gpu_each(state, jobs, gpus)
 
         def gain(job_id: int, k: int) -> float:
             left, rate = work[job_id], rates[job_id]
