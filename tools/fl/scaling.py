@@ -7,8 +7,9 @@ The server's root (validation) set is the sample of the task's distribution that
 trusts (FLTrust's root dataset), so its per-feature mean and standard deviation are the job's: the
 server scales its own sets with them and sends the two vectors with the task, and each client
 scales its own data with the same vectors (it sends nothing back about its data). A feature that
-is constant in the root set is only shifted. The built-in datasets come prepared and are left as
-they are (`DataSpec.input_scaling`).
+is constant in the root set is only shifted. `simulate` scales a package.module:loader dataset the
+same way (with its validation split) and runs the built-in datasets as prepared; `fl-server run`
+cannot tell prepared data from raw, so it scales whatever its root set is (`DataSpec.input_scaling`).
 """
 from __future__ import annotations
 
