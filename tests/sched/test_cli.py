@@ -57,6 +57,11 @@ def test_user_mistakes_are_one_line_errors():
         (["curve", "--app", "ncf", "--batch", "8", "--efficiency-threshold", "5"], "efficiency_threshold"),
         (["sim", "-w", "workload-1", "--out", "/proc/no/such/dir"], "cannot create --out"),
         (["profile", "--cmd", "true", "--gpus", "0"], "--gpus"),
+        # the default policy sizes by goodput: a threshold only marble-fifo/marble-las read changes nothing
+        (["sim", "-w", "workload-1", "--efficiency-threshold", "0.3"],
+         "--efficiency-threshold is read only by marble-fifo and marble-las"),
+        (["sim", "-w", "workload-1", "--policies", "marble-las", "--pressure-threshold", "0.9"],
+         "--pressure-threshold is read only by marble-fifo, which is not among the policies (marble-las)"),
     ]:
         code, output = run(args)
         assert code == 2, (args, output)
@@ -77,10 +82,12 @@ def test_sim_settings_from_config_with_flags_over_file(tmp_path):
     config = tmp_path / "sim.toml"
     config.write_text('[sim]\nworkload = "synthetic:40@0.7"\ncluster = "2x6"\npolicies = "fifo"\n'
                       'efficiency_threshold = 0.6\n')
-    code, output = run(["sim", "--config", str(config), "--policies", "marble", "--json", "-q"])
+    code, output = run(["sim", "--config", str(config), "--policies", "marble-las", "--json", "-q"])
     assert code == 0, output
     doc = json.loads(output)
-    assert list(doc["policies"]) == ["marble"] and doc["cluster"] == "2x6"
+    assert list(doc["policies"]) == ["marble-las"] and doc["cluster"] == "2x6"
+    code, output = run(["sim", "--config", str(config), "--policies", "marble", "-q"])  # the file's threshold unread
+    assert code == 2 and "--efficiency-threshold is read only by" in output, output
     config.write_text('[sim]\nworkload = "synthetic:40@0.7"\nthreshold = 0.6\n')
     code, output = run(["sim", "--config", str(config)])
     assert code == 2 and "'threshold'" in output and "efficiency_threshold" in output
@@ -121,3 +128,12 @@ def test_policies_lists_every_registered_policy():
     listed = sorted(json.loads(res.stdout))
     assert listed == POLICIES.names()
     assert {"backfill", "fifo", "marble", "marble-elastic", "optimus", "tiresias"} <= set(listed)
+
+
+def test_serve_refuses_a_threshold_its_policy_does_not_read(tmp_path):
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text('[[nodes]]\nname = "a"\ngpus = 4\n')
+    code, output = run(["serve", "--cluster", str(cluster), "--policy", "marble", "--pressure-threshold", "0.9",
+                        "--state-dir", str(tmp_path / "state")])
+    assert code == 2 and "--pressure-threshold is read only by marble-fifo" in output, output
+    assert not (tmp_path / "state").exists()  # refused before anything was made

@@ -71,8 +71,8 @@ def sim(
     seed: int | None = seed_option(None, "first seed (default 0); every random choice derives from it"),
     restart_cost: float | None = typer.Option(None, help="checkpoint-restart cost in seconds (default 30)"),
     model_error: float | None = typer.Option(None, help="mean relative error of the fitted throughput model the policies start from (default 0.1 = 10%, a realistic fit; they then correct it online from measured throughput); the simulator keeps the true one"),
-    efficiency_threshold: float | None = typer.Option(None, "--efficiency-threshold", help="marble: least gain per added GPU, in single-GPU throughputs (default 0.5)"),
-    pressure_threshold: float | None = typer.Option(None, help="marble: the same while waiting jobs want more GPUs than are free (default 0.8)"),
+    efficiency_threshold: float | None = typer.Option(None, "--efficiency-threshold", help="marble-fifo and marble-las: least gain per added GPU, in single-GPU throughputs (default 0.5; the default policy sizes by goodput and reads neither threshold)"),
+    pressure_threshold: float | None = typer.Option(None, help="marble-fifo: the same while waiting jobs want more GPUs than are free (default 0.8)"),
     out: Path | None = out_option("results.json, timing.json, jct_cdf.png, utilisation.png, events-POLICY-seedN.jsonl"),
     events: bool | None = typer.Option(None, "--events/--no-events", help="also write a JSONL event log per run under --out"),
     config: Path | None = config_option(),
@@ -85,6 +85,7 @@ def sim(
     from mlsyskit.tools.sched.cluster import ClusterSpec
     from mlsyskit.tools.sched.experiment import WorkloadSource, parse_policies, report, run_one
     from mlsyskit.tools.sched.policies import DEFAULT_POLICY, PolicyOptions
+    from mlsyskit.tools.sched.policies.option_readers import unread_options
     from mlsyskit.tools.sched.sim_settings import sim_settings
     from mlsyskit.tools.sched.simulator import PolicyError
     from mlsyskit.tools.sched.workloads import WorkloadError
@@ -101,6 +102,9 @@ def sim(
     options = PolicyOptions(efficiency_threshold=cfg.efficiency_threshold, pressure_threshold=cfg.pressure_threshold)
     names = parse_policies(cfg.policies or ",".join(dict.fromkeys(["fifo", "backfill", "optimus", "tiresias",
                                                                     DEFAULT_POLICY])))   # unknown/repeated: exit 2
+    unread = unread_options(names, options)
+    if unread:
+        raise UsageError("; ".join(unread))
     if not math.isfinite(cfg.restart_cost):
         raise UsageError(f"--restart-cost must be a finite number of seconds, got {cfg.restart_cost}")
     if cfg.events and out is None:

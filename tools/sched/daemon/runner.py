@@ -23,6 +23,7 @@ from mlsyskit.tools.sched.daemon.users import Users
 from mlsyskit.tools.sched.executors import EXECUTORS
 from mlsyskit.tools.sched.policies import DEFAULT_POLICY, POLICIES, PolicyOptions, create_policy
 from mlsyskit.tools.sched.policies.learned import LearnedModel, PriorModel
+from mlsyskit.tools.sched.policies.option_readers import unread_options
 from mlsyskit.tools.sched.throughput import ThroughputModel
 
 
@@ -42,6 +43,9 @@ def serve_with(cfg: ServeSettings) -> None:
     spec = load_cluster(cfg.cluster)
     users = Users(Path(cfg.users)) if cfg.users else None
     options = PolicyOptions(efficiency_threshold=cfg.efficiency_threshold, pressure_threshold=cfg.pressure_threshold)
+    unread = unread_options([policy], options)
+    if unread:
+        raise UsageError("; ".join(unread))
     files = DaemonFiles(Path(cfg.state_dir or default_state_dir()).absolute())
     try:
         files.state_dir.mkdir(parents=True, exist_ok=True)

@@ -21,8 +21,8 @@ def register_serve(app: typer.Typer) -> None:
                                           "resizes are carried out where the executor can restart jobs (local: the "
                                           "job's processes are stopped and it is queued again); on slurm they are "
                                           "not."),
-        efficiency_threshold: float | None = typer.Option(None, "--efficiency-threshold", help="marble: least gain per added GPU (default 0.5)."),
-        pressure_threshold: float | None = typer.Option(None, "--pressure-threshold", help="marble: the same under queue pressure (default 0.8)."),
+        efficiency_threshold: float | None = typer.Option(None, "--efficiency-threshold", help="marble-fifo and marble-las: least gain per added GPU (default 0.5; the default policy reads neither threshold)."),
+        pressure_threshold: float | None = typer.Option(None, "--pressure-threshold", help="marble-fifo: the same under queue pressure (default 0.8)."),
         state_dir: Path | None = typer.Option(None, "--state-dir", envvar="MLSYSKIT_MARBLE_STATE_DIR",
                                               help="Job table, logs, token, daemon.json (default ~/.local/state/marble)."),
         listen: str | None = typer.Option(None, "--listen", help="Address to serve on (default 127.0.0.1:0, any free port)."),
