@@ -195,7 +195,7 @@ def test_cancel_logs_nodes_and_errors(daemon, tmp_path):
     wait_for(lambda: not Path(f"/proc/{grandchild}").exists() or "Z" in Path(f"/proc/{grandchild}/stat").read_text()
              .rsplit(")", 1)[1].split()[0], 30, "the job's whole process group to die")
     assert daemon.cli("logs", long, "-f").stdout == "begun\n"   # -f returns once the job has ended
-    failing = daemon.cli("submit", "--cmd", "exit 3", "--app", "ncf", "--gpus", "1").stdout.strip()
+    failing = daemon.cli("submit", "--cmd", "exit 3", "--gpus", "1").stdout.strip()   # any program: no --app
     wait_for(lambda: daemon.polled_jobs()[-1]["state"] == "failed", 60, "the failing job")
     assert daemon.jobs()[-1]["exit_code"] == 3 and failing == str(daemon.jobs()[-1]["id"])
     # usage errors (exit 2) name the field; runtime failures (exit 1) say what failed
@@ -203,6 +203,8 @@ def test_cancel_logs_nodes_and_errors(daemon, tmp_path):
     assert bad.returncode == 2 and "app: unknown application 'gpt'" in bad.stderr
     bad = daemon.cli("submit", "--cmd", "true", "--app", "ncf", "--gpus", "2", "--min-gpus", "3", check=False)
     assert bad.returncode == 2 and "min_gpus" in bad.stderr
+    bad = daemon.cli("submit", "--cmd", "true", "--gpus", "2", "--min-gpus", "1", check=False)
+    assert bad.returncode == 2 and "an elastic job needs `app`" in bad.stderr
     bad = daemon.cli("cancel", "999", check=False)
     assert bad.returncode == 2 and "no job 999" in bad.stderr
     job_toml = tmp_path / "job.toml"

@@ -8,6 +8,7 @@ from mlsyskit.core.clock import VirtualClock
 from mlsyskit.core.config import ConfigError
 from mlsyskit.core.errors import UsageError
 from mlsyskit.tools.sched.daemon.jobstore import JobStore
+from mlsyskit.tools.sched.daemon.runner import daemon_model
 from mlsyskit.tools.sched.daemon.scheduler import Scheduler
 from mlsyskit.tools.sched.daemon.specs import (
     ClusterConfig,
@@ -54,11 +55,11 @@ class FakeExecutor(Executor):
             self.status[handle] = Status(GONE, reason="killed")
 
 
-def make(tmp_path, executor=None, nodes=2, gpus=4, policy="marble", store=None):
+def make(tmp_path, executor=None, nodes=2, gpus=4, policy="marble", store=None, model=MODEL):
     cluster = ClusterConfig(tuple(NodeConfig(f"n{i}", gpus, logical=True) for i in range(nodes)))
     clock = VirtualClock(1000.0)
     ex = executor or FakeExecutor()
-    sched = Scheduler(cluster, store or JobStore(tmp_path / "jobs.db"), ex, create_policy(policy, MODEL), MODEL,
+    sched = Scheduler(cluster, store or JobStore(tmp_path / "jobs.db"), ex, create_policy(policy, model), model,
                       clock, tmp_path, cancel_grace_s=10.0)
     return sched, ex, clock
 
@@ -171,6 +172,21 @@ def test_gpu_counts_are_exact_unless_min_gpus_opts_into_elasticity(tmp_path, pol
     got = sched.store.get(elastic.id)
     assert got.state == "queued" or 2 <= len(sched.launch_of(got).visible) <= 4
     assert sched.describe(sched.store.get(exact.id))["min_gpus"] == 3
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_job_without_an_app_is_any_program_and_runs_on_exactly_its_gpus(tmp_path, policy):
+    sched, _, _ = make(tmp_path, policy=policy, model=daemon_model())    # 2 x 4 GPUs, all idle
+    request = job_from_mapping({"cmd": "python train.py", "gpus": 3}, daemon_model().apps)
+    assert request.app == "" and request.model_app == "linear"
+    anything = sched.submit(request)
+    sched.step()
+    got = sched.store.get(anything.id)
+    assert got.state != "queued" and len(sched.launch_of(got).visible) == 3   # never grown onto the idle GPUs
+    with pytest.raises(ConfigError, match="an elastic job needs `app`"):
+        JobRequest(cmd="python train.py", gpus=4, min_gpus=2)
+    with pytest.raises(ConfigError, match="an elastic job needs `app`"):
+        job_from_mapping({"cmd": "python train.py", "gpus": 2, "max_gpus": 4}, daemon_model().apps)
 
 
 def test_jobs_larger_than_the_cluster_are_refused(tmp_path):

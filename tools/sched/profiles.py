@@ -114,6 +114,17 @@ def load_profile(app_dir: Path) -> AppProfile:
     return AppProfile(app_dir.name, rows)
 
 
+LINEAR_APP = "linear"
+
+
+def linear_profile() -> AppProfile:
+    """An application that scales perfectly (no gradient sync, step time proportional to the local
+    batch): what the daemon sizes a job by when it names no application. Such a job runs on exactly
+    the GPUs it asks for, so the profile only has to rank and place it, never to resize it."""
+    shapes = ((1,), (2,), (4,), (1, 1), (2, 2), (4, 4))
+    return AppProfile(LINEAR_APP, [Row(s, len(s), sum(s), bsz, 0.1 * bsz, 0.0) for s in shapes for bsz in (1.0, 2.0)])
+
+
 def load_profiles(root: Path = APPS_DIR) -> dict[str, AppProfile]:
     if not root.is_dir():
         raise FileNotFoundError(f"marble's measurement folder {root} is missing; install from a source "

@@ -87,7 +87,7 @@ class Measurements:
             if job.started is None or report.t_last < job.started or (job.id, job.restarts) in self._fed:
                 continue   # a report from before this run (or already fed)
             self._fed.add((job.id, job.restarts))
-            self.samples.append((job.request.app, _shape_of(job), batch_of(job, model), report.rate))
+            self.samples.append((job.request.model_app, _shape_of(job), batch_of(job, model), report.rate))
             added += 1
         return added
 
@@ -98,7 +98,7 @@ def default_batch(model: ThroughputModel, app: str, gpus: int) -> int:
 
 
 def batch_of(job: Job, model: ThroughputModel) -> int:
-    return job.request.batch_size or default_batch(model, job.request.app, job.request.gpus)
+    return job.request.batch_size or default_batch(model, job.request.model_app, job.request.gpus)
 
 
 def _shape_of(job: Job) -> tuple[int, ...]:
@@ -110,15 +110,15 @@ def learn(history: WorkHistory, job: Job, model: ThroughputModel) -> None:
     if job.state != DONE or job.started is None or job.ended is None or not job.shape:
         return
     if job.samples:
-        history.add(job.request.app, job.samples)
+        history.add(job.request.model_app, job.samples)
     else:
-        rate = model.rate(job.request.app, _shape_of(job), batch_of(job, model))
-        history.add(job.request.app, max(0.0, job.ended - job.started) * rate)
+        rate = model.rate(job.request.model_app, _shape_of(job), batch_of(job, model))
+        history.add(job.request.model_app, max(0.0, job.ended - job.started) * rate)
 
 
 def queued_view(job: Job, model: ThroughputModel) -> JobView:
     """A queued job as the policy sees it: the request, and the service it attained before a preemption."""
-    view = JobView(job.id, job.name, job.request.app, job.submitted, job.request.upper_gpus, batch_of(job, model))
+    view = JobView(job.id, job.name, job.request.model_app, job.submitted, job.request.upper_gpus, batch_of(job, model))
     view.attained, view.restarts, view.started_before = job.attained, job.restarts, job.restarts > 0
     return view
 
@@ -147,7 +147,7 @@ def build_state(cluster: ClusterConfig, jobs: list[Job], model: ThroughputModel,
         view.since = view.first_start = started      # attained and progress count from here
         view.started_before = True
         view.attained = job.attained
-        view.measured_rate = model.rate(job.request.app, view.shape, view.batch_size)
+        view.measured_rate = model.rate(job.request.model_app, view.shape, view.batch_size)
         report = reports.get(job.id)
         if report is not None and report.rate is not None and report.t_last >= started:
             # reported samples at t_last; attained service and progress counted up to then

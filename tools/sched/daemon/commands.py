@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
         job_file: Path | None = typer.Argument(None, help="job.toml (cmd, app, gpus, min_gpus, max_gpus, name, time, "
                                                           "dependency, nodes, array, ...)."),
         cmd: str | None = typer.Option(None, "--cmd", help="Shell command to run."),
-        app_name: str | None = typer.Option(None, "--app", help="Application the throughput model knows (marble model)."),
+        app_name: str | None = typer.Option(None, "--app", help="Application the throughput model knows (marble model; optional: without it the job runs on exactly --gpus, and --min-gpus needs it)."),
         gpus: str | None = typer.Option(None, "--gpus", "-G", help="GPUs the job runs on (exact unless --min-gpus)."),
         min_gpus: str | None = typer.Option(None, "--min-gpus", help="Fewest GPUs it can run on: opts into elasticity "
                                                                       "(the policy sizes it between this and --gpus)."),

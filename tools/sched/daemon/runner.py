@@ -55,7 +55,7 @@ def serve_with(cfg: ServeSettings) -> None:
     if server_tls is None and not cfg.listen.startswith(("127.", "localhost", "[::1]")):
         raise UsageError(f"--listen {cfg.listen} is not loopback: serve it with --tls or --tls-cert/--tls-key")
     _check_port(cfg.listen)
-    model = _model(Path(cfg.profiles) if cfg.profiles else None)
+    model = daemon_model(Path(cfg.profiles) if cfg.profiles else None)
     executor = EXECUTORS.get(cfg.executor)()
     lock_fd = lock_state_dir(files)
     try:
@@ -99,13 +99,14 @@ def online_model(model: ThroughputModel) -> LearnedModel:
     return LearnedModel(PriorModel.of(model, 0.0))
 
 
-def _model(extra: Path | None) -> ThroughputModel:
-    """The shipped Pollux measurements plus the user's own (`marble profile --out`), same names refused."""
-    if extra is None:
-        return ThroughputModel()
-    from mlsyskit.tools.sched.profiles import load_profiles
+def daemon_model(extra: Path | None = None) -> ThroughputModel:
+    """The shipped Pollux measurements, the linear application a job without `app` is sized by, and
+    the user's own (`marble profile --out`); a name that would replace one of them is refused."""
+    from mlsyskit.tools.sched.profiles import LINEAR_APP, linear_profile, load_profiles
 
-    shipped = load_profiles()
+    shipped = {**load_profiles(), LINEAR_APP: linear_profile()}
+    if extra is None:
+        return ThroughputModel(shipped)
     try:
         own = load_profiles(extra)
     except (FileNotFoundError, KeyError, ValueError) as e:

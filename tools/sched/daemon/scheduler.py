@@ -106,7 +106,7 @@ class Scheduler:
         """Queue a job (or one per array task); refuse one that can never run here or waits on no job.
         It never waits for a scheduling step: new jobs go to an inbox the next step takes in. A `key`
         seen before returns that submit's jobs (a retried submit never queues twice)."""
-        self.model.check_app(request.app)
+        self.model.check_app(request.model_app)
         why = admission.unavailable(self.cluster, request)
         if why:
             raise UsageError(why)
@@ -119,7 +119,7 @@ class Scheduler:
             with self._inbox_lock:
                 self._inbox.extend(jobs)
             what = str(ids[0]) if len(ids) == 1 else f"{ids[0]}-{ids[-1]} (array of {len(ids)})"
-            self.log(f"job {what} ({request.display_name}) queued: {request.gpus} GPU(s), app {request.app}"
+            self.log(f"job {what} ({request.display_name}) queued: {request.gpus} GPU(s), app {request.app or '- (exact GPUs)'}"
                      + (f", user {user}" if user else ""))
         return jobs
 

@@ -3,7 +3,7 @@
     # job.toml                              # cluster.toml
     name = "cifar-a"                        [[nodes]]
     cmd = "python train.py"                 name = "node0"
-    app = "cifar10"                         gpus = 4
+    app = "cifar10"     # optional           gpus = 4
     gpus = 4                                host = "gpu-a"        # Slurm NodeName (default: name)
     min_gpus = 1        # optional          devices = [0, 1, 2, 3]  # CUDA ids (default: 0.. per machine)
     batch_size = 512    # optional          logical = true          # no physical GPUs behind the ids
@@ -14,7 +14,10 @@
 GPU counts are exact unless `min_gpus` (or `max_gpus`) opts into elasticity: `gpus = 8` runs on 8.
 
 Field errors name the field (`gpus: expected an integer`); unknown fields name the valid ones.
-`app` must be an application the throughput model knows (the policy sizes jobs from it).
+`app` (optional) names an application the throughput model knows (`marble model`, or your own
+from `marble profile --out` given to `serve --profiles`); the policy sizes elastic jobs from its
+curve. A job without `app` is any program: it runs on exactly `gpus`, ranked and placed as if it
+scaled linearly (`linear`); elasticity (`min_gpus`, `max_gpus`) needs an `app`.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from typing import Any
 
 from mlsyskit.core.config import ConfigError, from_dict, load_toml, require
 from mlsyskit.tools.sched.cluster import ClusterSpec
+from mlsyskit.tools.sched.profiles import LINEAR_APP
 
 MAX_NODES = 4096
 MAX_TIME_S = 365 * 86400           # a wall-time limit beyond a year is a typo, not a job
@@ -91,8 +95,8 @@ def parse_array(text: str, limit: int = 1000) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class JobRequest:
     cmd: str
-    app: str
     gpus: int
+    app: str = ""                  # "" -> any program, sized as LINEAR_APP and never resized
     name: str = ""
     min_gpus: int = 0              # 0 -> gpus (exact); fewer opts into elasticity
     max_gpus: int = 0              # 0 -> gpus; the policy never gives more than this
@@ -110,6 +114,9 @@ class JobRequest:
                 f"min_gpus: must be in 1..gpus ({self.gpus}), got {self.min_gpus}")
         require(self.max_gpus == 0 or self.gpus <= self.max_gpus <= 4096,
                 f"max_gpus: must be in gpus ({self.gpus})..4096, got {self.max_gpus}")
+        require(bool(self.app) or self.min_gpus in (0, self.gpus) and self.max_gpus in (0, self.gpus),
+                "min_gpus/max_gpus: an elastic job needs `app` (--app): the policy sizes it from that "
+                "application's measured curve (`marble model` lists them; `marble profile` measures your own)")
         require(0 <= self.batch_size <= MAX_BATCH,
                 f"batch_size: must be in 1..{MAX_BATCH:,} samples (0 = the app's usual), got {self.batch_size:,}")
         require(0 <= self.nodes <= MAX_NODES, f"nodes: must be in 1..{MAX_NODES} (0 = any), got {self.nodes}")
@@ -122,6 +129,11 @@ class JobRequest:
         for key in self.env:
             require(key.isidentifier() and not key.startswith(("MARBLE_", "CUDA_VISIBLE_DEVICES")),
                     f"env: {key!r} is not a variable a job may set (MARBLE_* and CUDA_VISIBLE_DEVICES are the daemon's)")
+
+    @property
+    def model_app(self) -> str:
+        """The application the policy sizes this job by."""
+        return self.app or LINEAR_APP
 
     @property
     def upper_gpus(self) -> int:
@@ -168,7 +180,7 @@ def job_from_mapping(data: dict[str, Any], known_apps: list[str] | None = None, 
         job = from_dict(JobRequest, data)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
-    if known_apps is not None and job.app not in known_apps:
+    if known_apps is not None and job.app and job.app not in known_apps:
         raise ConfigError(f"{where}: app: unknown application {job.app!r}; known: {', '.join(known_apps)}")
     return job
 
