@@ -253,7 +253,10 @@ def make_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequenc
 
 
 def fmt(value: Any) -> str:
-    """Numbers with SIGNIFICANT_DIGITS significant digits (integers whole, with separators)."""
+    """Numbers with SIGNIFICANT_DIGITS significant digits (integers whole, with separators); a missing
+    value (None) as "-"."""
+    if value is None:
+        return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):

@@ -16,6 +16,7 @@ def test_fmt_significant_digits():
     assert fmt(0.012345) == "0.01235"
     assert fmt(12345.6) == "12,346"
     assert fmt(2.5e-7) == "2.500e-07" and fmt(3.2e9) == "3.200e+09"
+    assert fmt(None) == "-"   # a missing value in a table, never the word None
     assert fmt(0.0) == "0" and fmt(7) == "7" and fmt(True) == "yes"
     assert fmt(float("nan")) == "nan"
 

@@ -102,7 +102,10 @@ def print_summary(summary: dict, json_out: bool, consumers: bool = False) -> Non
             "malicious_providers",
             "tokens_per_honest_provider", "tokens_per_malicious_provider", "honest_tokens_vs_baseline",
             "malicious_tokens_vs_baseline", "accuracy_gain_points", "mean_trr", "pool", "infra", "ledger_total"]
-    emit_table(make_table("FL run", ["metric", "value"], [(k, summary[k]) for k in keys if k in summary]))
+    shown = dict(summary)
+    if abs(shown.get("ledger_total") or 0.0) < 1e-9:   # float sums of the transfers leave ~1e-16: show 0
+        shown["ledger_total"] = 0.0
+    emit_table(make_table("FL run", ["metric", "value"], [(k, shown[k]) for k in keys if k in shown]))
     if consumers and "consumers" in summary:
         rows = [(cid, c["paid"], c["refund"], c["trr"], c["uir"] if c["uir"] is not None else "-")
                 for cid, c in sorted(summary["consumers"].items(), key=lambda kv: int(kv[0]))]
