@@ -230,10 +230,12 @@ def run_once(args: argparse.Namespace, config: str, python: Path | None, scratch
                   "optimizer_nvme_tensors": r["occupancy"].get("optimizer_nvme_tensors", 0)}
                  for r in steps if r["kind"] == "step"]
         extra["budgets"] = cmd[cmd.index("--device-mem"):cmd.index("--opt-mem") + 2]
+        extra["torch_threads"] = json.loads((out / "summary.json").read_text())["summary"]["torch_threads"]
     else:
         ds = json.loads(out.with_suffix(".json").read_text())
         steps = ds["steps"]
-        extra.update(memory_used=ds["training_peak_rss"] - ds["baseline_rss"], config=ds["config"])
+        extra.update(memory_used=ds["training_peak_rss"] - ds["baseline_rss"], config=ds["config"],
+                     torch_threads=ds["threads"])  # intra-op threads as each side ran: equal (--threads)
     return {"steps": steps, "losses": [s["loss"] for s in steps], "peak_rss": usage.ru_maxrss * 1024, **extra}
 
 

@@ -178,7 +178,7 @@ class OffloadEngine(GradientUpdates, StateIO):
             counts[n] = counts.get(n, 0) + 1
         # the new compute copy goes back into its tier from the staging slot (its own NVMe staging too)
         self.stager = GradStager(self.store.mover.streams, counts, STAGING_DEPTH, write=self._write_back)
-        self._worker_s = 0.0  # written by the worker only; merged into stats when it is idle
+        self._worker_s = 0.0  # job time (jobs never overlap); merged into stats when the worker is idle
         self._populate(plan, masters, states)
         if self.shards is not None:
             self.gatherer = Gatherer(self.ranks, self.shards, self.store)
@@ -189,6 +189,7 @@ class OffloadEngine(GradientUpdates, StateIO):
         if hyper_opt := self.hyper.optimizer:  # the user's own opt.step() would update nothing: refuse it
             self._step_hook = hyper_opt.register_step_pre_hook(self._guard_step)
         self.worker = OptimizerWorker(optimizer_depth)  # last: nothing after it can fail and leak the thread
+        self.stager.run_job = self.worker.run_oldest
 
     # -- setup --------------------------------------------------------------------------------------
     def _populate(self, plan, masters: Mapping[str, torch.Tensor], states) -> None:

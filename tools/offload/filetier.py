@@ -12,7 +12,8 @@ buffer, counted in `stats.bounce_copies`. The payload checksum is XXH3-64 (the x
 per write and verified on every read, it is the hot path's only pass over the bytes besides the I/O, and
 it runs 3-5x faster than zlib.crc32 here (format version 1, crc32, is still read). The 4 KiB header keeps
 a crc32. Every mismatch raises `CorruptBlockError` naming the file and block. `submit_read`/`submit_write`
-run the same calls on a thread pool (os.preadv/pwritev release the GIL), returning futures.
+run the same calls on a thread pool (os.preadv/pwritev release the GIL), returning tasks whose waiter does
+the I/O itself when no pool thread has started it yet (stealing.py).
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import struct
 import threading
 import time
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from mlsyskit.core.storage_errors import (
     StorageError,
     translate,
 )
+from mlsyskit.tools.offload.stealing import StealingPool, Task
 
 ALIGN = 4096
 BLOCK_MAGIC = b"MLSKBLK1"
@@ -107,7 +108,7 @@ class FileTier:
         self.stats = TierStats()
         self._stats_lock = threading.Lock()
         self._local = threading.local()
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="filetier")
+        self._pool = StealingPool(workers, "filetier")
 
     def _probe(self) -> bool:
         """Write one aligned block to a scratch file: errors here are the directory's, reported at open."""
@@ -262,11 +263,19 @@ class FileTier:
         return length
 
     # -- async, housekeeping -----------------------------------------------------------------------
-    def submit_write(self, key: str, buf: Any, length: int | None = None) -> Future[int]:
+    def submit_write(self, key: str, buf: Any, length: int | None = None) -> Task:
         return self._pool.submit(self.write, key, buf, length)
 
-    def submit_read(self, key: str, buf: Any) -> Future[int]:
+    def submit_read(self, key: str, buf: Any) -> Task:
         return self._pool.submit(self.read_into, key, buf)
+
+    def submit_read_after(self, write: Task, key: str, buf: Any) -> Task:
+        """A read of `key` that starts once `write` (of the same block, submitted earlier) has finished."""
+        def read() -> int:
+            write.result()  # runs the write here if no worker has started it
+            return self.read_into(key, buf)
+
+        return self._pool.submit(read)
 
     def exists(self, key: str) -> bool:
         return self.path(key).exists()

@@ -9,12 +9,14 @@ quick: it stages each finished gradient and submits a job to a bounded queue, th
       into a pinned slot of the gradient's size,       cast the new master weight into the staging
       event recorded after the copy (streams.py)       buffer -> hand-back
       host: the gradient itself
-    -> OptimizerWorker.submit (blocks when full)
+    -> OptimizerWorker.submit (when full, runs the
+       oldest waiting job itself)
     at the next gradient and at step end (join): apply hand-backs: write the compute copy into its tier,
     release the staging slot
 
-The tiers are only ever touched by the thread that owns them; the worker touches only the optimizer-state
-cache and the staged buffers handed to it. A job's error (a non-finite gradient) stops the jobs after it
+The tiers are only ever touched by the thread that owns them; a job (whichever thread runs it: the worker,
+or the tier thread when it would otherwise wait for the worker) touches only the optimizer-state cache and
+the staged buffers handed to it. A job's error (a non-finite gradient) stops the jobs after it
 and is raised by `submit` and by `join`.
 """
 from __future__ import annotations
@@ -32,12 +34,20 @@ from mlsyskit.tools.offload.streams import StreamOps, enqueue_copy
 
 
 class OptimizerWorker:
-    """One thread running submitted jobs in order; `depth` jobs at most wait in its queue."""
+    """Submitted jobs run one at a time in submission order, on the worker thread or on the submitting one,
+    whoever gets there first: a submit that finds `depth` jobs waiting, and `join`, run the oldest waiting job
+    themselves instead of waiting for the worker to be scheduled (on a busy host, tens of ms per wake-up).
+    Jobs never overlap (the optimizer-state cache is not thread-safe), and both threads use the same torch
+    intra-op thread count, so a job's result does not depend on which thread ran it."""
 
     def __init__(self, depth: int, *, threads: int | None = None) -> None:
         if depth < 1:
             raise ValueError(f"optimizer queue depth must be >= 1, got {depth}")
-        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=depth)
+        self._depth = depth
+        self._jobs: deque[Callable[[], None]] = deque()
+        self._queue = threading.Condition()  # guards _jobs and _closing; wakes the worker
+        self._running = threading.Lock()  # held while a job is taken and run: jobs never overlap
+        self._closing = False
         self._error: BaseException | None = None
         # torch's intra-op thread count is per thread: match the caller's, so reductions sum in the same order
         self._threads = threads if threads is not None else torch.get_num_threads()
@@ -47,31 +57,50 @@ class OptimizerWorker:
     def _run(self) -> None:
         torch.set_num_threads(self._threads)
         while True:
-            job = self._jobs.get()
-            try:
-                if job is None:
+            with self._queue:
+                while not self._jobs and not self._closing:
+                    self._queue.wait()
+                if not self._jobs:
                     return
-                if self._error is None:
+            self.run_oldest()
+
+    def run_oldest(self) -> bool:
+        """Run the oldest waiting job in this thread; False when none waits (then none is running either)."""
+        with self._running:
+            with self._queue:
+                if not self._jobs:
+                    return False
+                job = self._jobs.popleft()
+            if self._error is None:
+                try:
                     job()
-            except BaseException as exc:  # kept for the owner's next submit/join; later jobs are skipped
-                self._error = exc
-            finally:
-                self._jobs.task_done()
+                except BaseException as exc:  # kept for the owner's next submit/join; later jobs are skipped
+                    self._error = exc
+            return True
 
     def submit(self, job: Callable[[], None]) -> None:
         if self._error is not None:
             raise self._error
-        self._jobs.put(job)
+        while True:
+            with self._queue:
+                if len(self._jobs) < self._depth:
+                    self._jobs.append(job)
+                    self._queue.notify()
+                    return
+            self.run_oldest()  # full: do the oldest job here rather than wait for the worker
 
     def join(self) -> BaseException | None:
-        """Wait until every submitted job has run; return (and clear) the first job's error, if any."""
-        self._jobs.join()
+        """Run or wait for every submitted job; return (and clear) the first job's error, if any."""
+        while self.run_oldest():
+            pass
         error, self._error = self._error, None
         return error
 
     def close(self) -> None:
+        with self._queue:
+            self._closing = True
+            self._queue.notify()
         if self._thread.is_alive():
-            self._jobs.put(None)
             self._thread.join()
 
 
@@ -92,6 +121,7 @@ class GradStager:
                      if streams is not None else None)
         self._back: queue.SimpleQueue = queue.SimpleQueue()  # (entry, values | None, slot | None)
         self._retiring: deque = deque()  # (event, slot, owner): device writes still reading a slot
+        self.run_job: Callable[[], bool] | None = None  # the optimizer worker's run_oldest, once it exists
 
     @property
     def capacity_bytes(self) -> int:
@@ -142,11 +172,14 @@ class GradStager:
         self.release(slot, owner)
 
     def _free_one(self) -> None:
-        """No free slot: one comes from a retiring write, else from the worker's next hand-back."""
+        """No free slot: one comes from a retiring write, else from the next hand-back (`run_job` runs the
+        oldest waiting job in this thread, False when none waits; then the worker is running one)."""
         if self._retiring:
             self._retire_oldest()
-        else:
-            self._apply(self._back.get())
+            return
+        while self._back.empty() and self.run_job is not None and self.run_job():
+            pass
+        self._apply(self._back.get())
 
     # -- the worker --------------------------------------------------------------------------------------
     def hand_back(self, entry: Any, values: torch.Tensor | None, slot: Slot | None) -> None:

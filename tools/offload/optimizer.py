@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +24,7 @@ from mlsyskit.tools.offload.chunks import chunk_ranges
 from mlsyskit.tools.offload.filetier import FileTier
 from mlsyskit.tools.offload.memory import BufferPool, Slot
 from mlsyskit.tools.offload.pools import BudgetError, class_slots
+from mlsyskit.tools.offload.stealing import StealingPool, Task
 
 
 class NonFiniteError(RuntimeFailure):
@@ -146,7 +146,7 @@ class _Rotation:
     slot: Slot
     holder: int | None = None  # a chunk (unit) id
     dirty: bool = False
-    future: Future | None = None
+    future: Task | None = None
 
 
 @dataclass
@@ -211,8 +211,9 @@ class OptimizerStateCache:
                 cls.rotation = [_Rotation(self.pool.acquire(s, owner=("rotation", s, i), exact=True))
                                 for i in range(reserve[s])]
         self.class_of = sizes
-        self._writes: dict[int, Future] = {}  # chunk -> the swap that writes it back (latest)
-        self._io = ThreadPoolExecutor(workers, thread_name_prefix="tencache-opt") if self.nvme_homed else None
+        self._writes: dict[int, Task] = {}  # chunk -> the swap that writes it back (latest)
+        # a swap no helper has started when its chunk is needed is done by the waiting thread (stealing.py)
+        self._io = StealingPool(workers, "tencache-opt") if self.nvme_homed else None
 
     @property
     def nvme_homed(self) -> int:

@@ -18,12 +18,12 @@ gives the tiers one copy call for streams and for the emulated device's copy thr
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import torch
 
 from mlsyskit.tools.offload.copy_kernels import batched_copy
+from mlsyskit.tools.offload.stealing import StealingPool, Task
 
 
 class Event(Protocol):
@@ -110,9 +110,9 @@ def enqueue_copy(ops: StreamOps, dsts: Sequence[torch.Tensor], srcs: Sequence[to
 
 class ThreadCopy:
     """A copy done by a thread (the emulated device's copy thread, or a read from NVMe): compute waits for it
-    on the host."""
+    on the host, or does it itself when the thread has not started it (stealing.py)."""
 
-    def __init__(self, future: Future) -> None:
+    def __init__(self, future: Task) -> None:
         self.future = future
 
     def done(self) -> bool:
@@ -127,14 +127,15 @@ class ThreadCopy:
 
 class Mover:
     """Asynchronous copies between host and device: on the side stream of `streams` (CUDA, or a test's
-    fake), else on one copy thread (the emulated device). Every copy returns a future-like object with
-    `done`, `result` (host wait) and `consume` (order compute after it)."""
+    fake), else on one copy thread (the emulated device; a copy it has not started when compute needs it
+    is done by the waiting thread). Every copy returns a future-like object with `done`, `result` (host
+    wait) and `consume` (order compute after it)."""
 
     def __init__(self, device: torch.device, streams: StreamOps | None = None) -> None:
         if streams is None and device.type == "cuda":
             streams = CudaStreams(device)
         self.streams = streams
-        self._thread = None if streams is not None else ThreadPoolExecutor(1, thread_name_prefix="tencache-copy")
+        self._thread = None if streams is not None else StealingPool(1, "tencache-copy")
 
     def copy(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> Any:
         if self.streams is not None:

@@ -10,13 +10,13 @@ on the pool could finish out of order).
 """
 from __future__ import annotations
 
-from concurrent.futures import Future
 from typing import Any
 
 import torch
 
 from mlsyskit.tools.offload.chunks import chunk_ranges
 from mlsyskit.tools.offload.filetier import FileTier
+from mlsyskit.tools.offload.stealing import Task
 
 
 class AllDone:
@@ -48,7 +48,7 @@ class BlockIO:
             ranges = chunk_ranges(numel, chunk)
             self._blocks[e.idx] = ([(e.key, 0, e.nbytes)] if len(ranges) == 1 else
                                    [(f"{e.key}c{j}", lo * size, hi * size) for j, (lo, hi) in enumerate(ranges)])
-        self._writes: dict[str, Future] = {}  # block key -> its latest write still (maybe) in flight
+        self._writes: dict[str, Task] = {}  # block key -> its latest write still (maybe) in flight
 
     def blocks(self, e: Any, lo: int = 0, hi: int | None = None) -> list[tuple[str, int, int]]:
         """(key, first byte, end byte) of e's blocks covering bytes [lo, hi) exactly (chunk-aligned)."""
@@ -91,20 +91,10 @@ class BlockIO:
             return None
         return AllDone(futures)
 
-    def _read_block(self, key: str, buf: torch.Tensor) -> Future:
+    def _read_block(self, key: str, buf: torch.Tensor) -> Task:
         writing = self._writes.get(key)
         if writing is None or writing.done():
             self._writes.pop(key, None)
             return self.nvme.submit_read(key, buf)
-        out: Future = Future()
-
-        def chain(_: Any) -> None:
-            try:
-                writing.result()
-                out.set_result(self.nvme.read_into(key, buf))
-            except BaseException as exc:  # the write's storage error is the read's too
-                out.set_exception(exc)
-
-        # not submitted to the file tier's pool now: another of its workers could still be writing the block
-        writing.add_done_callback(chain)
-        return out
+        # the write's storage error is the read's too (raised by writing.result() inside the read)
+        return self.nvme.submit_read_after(writing, key, buf)

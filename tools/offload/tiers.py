@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +31,7 @@ from torch import nn
 from mlsyskit.tools.offload.copy_kernels import plan_batches
 from mlsyskit.tools.offload.filetier import FileTier
 from mlsyskit.tools.offload.memory import BufferPool, Slot, aligned_empty
+from mlsyskit.tools.offload.stealing import StealingPool
 from mlsyskit.tools.offload.streams import Mover, QueuedCopy, StreamOps, ThreadCopy
 from mlsyskit.tools.offload.tier_blocks import BlockIO
 
@@ -105,7 +105,7 @@ class TierStore:
         self.queued_idx: list[int] = []  # the entries whose copies are queued, in order
         self._staging: dict[int, list[torch.Tensor]] = {}  # free pinned staging buffers per size (device<->NVMe)
         # device<->NVMe moves through streams (a GPU) wait for their device<->host copy: off this thread
-        self._spill_io = (ThreadPoolExecutor(2, thread_name_prefix="tencache-spill")
+        self._spill_io = (StealingPool(2, "tencache-spill")
                           if self.mover.streams is not None else None)
         # an unbound parameter points at an empty tensor of its own dtype: any use outside the tracked
         # forward fails loudly (shape mismatch) instead of reading another tensor's bytes

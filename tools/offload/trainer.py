@@ -341,7 +341,7 @@ def summarize(steps: list[dict[str, Any]], cfg: TrainConfig, engine: OffloadEngi
             "measured_steps": n, "step_s": mean("step_s"), "tokens_per_s": mean("tokens_per_s"),
             "step_s_median": statistics.median(r["step_s"] for r in measured),
             "cpu_s_median": statistics.median(r["cpu_s"] for r in measured),
-            "load_avg_1m": mean("load_avg_1m"),
+            "load_avg_1m": mean("load_avg_1m"), "torch_threads": torch.get_num_threads(),  # intra-op, per thread
             "device_hit_rate": mean("device_hit_rate"), "fetch_wait_s": mean("fetch_wait_s"),
             "fetch_wait_p99_s": max(r["fetch_wait_p99_s"] for r in measured),
             "allocations_per_step": mean("allocations"), "optimizer_miss_rate": mean("optimizer_miss_rate"),

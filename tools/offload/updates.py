@@ -65,12 +65,15 @@ class GradientUpdates:
             self._updated.add(e.idx)  # now, not when the worker gets to it: backward must not read it again
         buf, copy, slot = self.stager.stage(e.idx, grad)
         del grad
+        jobs_s = self._worker_s
         self.worker.submit(functools.partial(self._optimize, e, buf, copy, slot, first, last, update))
-        self.stats.optimizer_s += time.perf_counter() - t0
+        # a job run or waited for inside submit (the queue was full) is counted once, in _worker_s
+        self.stats.optimizer_s += max(0.0, time.perf_counter() - t0 - (self._worker_s - jobs_s))
 
     def _optimize(self, e: Entry, buf: torch.Tensor, copy, slot, first: bool, last: bool, update: bool) -> None:
-        """On the worker: add the staged gradient into e's fp32 slot; on the last pass, its squared norm and
-        (without clipping) the AdamW step, the new compute copy cast into `buf` for the tier thread."""
+        """On the worker (or the autograd thread, whichever gets there first): add the staged gradient into
+        e's fp32 slot; on the last pass, its squared norm and (without clipping) the AdamW step, the new
+        compute copy cast into `buf` for the tier thread."""
         t0 = time.perf_counter()
         done = None
         try:
