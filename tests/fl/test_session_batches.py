@@ -4,6 +4,7 @@ the same order as a client that reads them one by one; every update still gets i
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import numpy as np
 import pytest
@@ -125,3 +126,17 @@ def test_a_batching_client_hears_the_same_messages_in_fewer_wire_messages(tmp_pa
     # and what came next left as one wire message
     assert [_types(w["messages"]) for w in wire[0] if w["type"] == "batch"] == [
         ["receipt", "round_end", "train"], ["receipt", "round_end", "evaluate"]]
+
+
+def test_a_receipt_that_comes_with_its_round_end_is_not_a_second_info_line(caplog):
+    from mlsyskit.tools.fl.client import FlClient
+    from mlsyskit.tools.fl.task import ClientData
+
+    empty = np.zeros((0, 2), np.float32)
+    client = FlClient("127.0.0.1:1", 0, ClientData(0, empty, np.zeros(0, np.int64), empty, np.zeros(0, np.int64)))
+    with caplog.at_level(logging.DEBUG, logger="mlsyskit.fl.client"):
+        client._receipt(_receipt(1, True))  # alone (held past the hold): the client hears it was received
+        client._receipt(_receipt(2, True), verdict_follows=True)  # the round's verdict line follows at once
+        client._receipt(_receipt(3, False), verdict_follows=True)  # a refusal is always a warning
+    assert [(r.levelno, r.getMessage()[:8]) for r in caplog.records] == [
+        (logging.INFO, "round 1:"), (logging.DEBUG, "round 2:"), (logging.WARNING, "round 3:")]

@@ -250,7 +250,9 @@ class FlClient:
             async for message in session:
                 self._touch()
                 self._refused_since = None
-                for task in message["messages"] if message.get("type") == "batch" else [message]:
+                batch = message["messages"] if message.get("type") == "batch" else [message]
+                ended = {task.get("round") for task in batch if task.get("type") == "round_end"}
+                for task in batch:
                     kind = task.get("type")
                     self._tasks_seen += kind != "welcome"
                     if kind == "welcome" and float(task.get("heartbeat_s") or 0) > 0 and heartbeat is None:
@@ -259,7 +261,7 @@ class FlClient:
                         log.info("round %s: selected; training", task["round"])
                         await send(self._train(task))
                     elif kind == "receipt":
-                        self._receipt(task)
+                        self._receipt(task, task.get("round") in ended)
                     elif kind == "round_end":
                         self._round_end(task)
                     elif kind == "evaluate":
@@ -312,10 +314,12 @@ class FlClient:
         self._trained = (key, task["weights"], update)  # the task's arrays: compared only if a task comes again
         return update
 
-    def _receipt(self, receipt: dict) -> None:
-        """The server's first answer to an update: received, or refused with a reason (final then)."""
+    def _receipt(self, receipt: dict, verdict_follows: bool = False) -> None:
+        """The server's first answer to an update: received, or refused with a reason (final then). An
+        acceptance that came with its round's end (the usual batch) is a debug line: the verdict line follows."""
         if receipt.get("accepted"):
-            log.info("round %s: update received; round checks pending", receipt.get("round"))
+            log.log(logging.DEBUG if verdict_follows else logging.INFO, "round %s: update received; round checks "
+                    "pending", receipt.get("round"))
         else:
             log.warning("round %s: update rejected: %s", receipt.get("round"), receipt.get("reason"))
 
