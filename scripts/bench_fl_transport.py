@@ -22,7 +22,9 @@ clients' training CPU and the server's wall time per phase. Targets (issue 21 it
 medians over all measured rounds of all repeats: our overhead <= 0.5x Flower's at every epoch
 count; rounds/s >= 1.5x Flower's at 1 epoch and >= 1.0x at every epoch count.
 `--profile DIR` also runs the server and client 0 of each stack's first run under py-spy
-(from the Flower venv) and writes where their non-training time goes.
+(from the Flower venv) and writes where their non-training time goes. `--timeline DIR` runs each
+stack once more with every process marking a round's steps on the host's monotonic clock
+(flbench/timeline.py): when the clients get their tasks, train and answer, and where their CPU goes.
 
     .venv/bin/python scripts/bench_fl_transport.py --repeats 3 --out docs/results/bench_fl_transport.json
 """
@@ -49,6 +51,7 @@ from mlsyskit.tools.fl.config import DataSpec
 from mlsyskit.tools.fl.partition import write_partition
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/flbench
+from flbench import timeline  # noqa: E402
 from flbench.profile_summary import where_time_goes  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,6 +59,7 @@ VENV_BIN = Path(sys.executable).parent
 FLOWER_DIR = Path(__file__).resolve().parent / "bench_fl_flower"
 FLWR = "1.42.0"
 PY_SPY = REPO / ".bench-venvs" / "flwr" / "bin" / "py-spy"  # installed with flwr (--profile)
+TIMELINE: tuple[str, Path] | None = None  # (stack, folder): the run in progress leaves its marks there (--timeline)
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> float:
@@ -134,6 +138,8 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 
 def spawn(args: list[str], log_path: Path) -> subprocess.Popen:
+    if TIMELINE is not None:
+        args = timeline.launcher(sys.executable, f"{TIMELINE[0]}-{log_path.stem}", TIMELINE[1], args)
     env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     with log_path.open("w") as f:
         return subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
@@ -201,34 +207,11 @@ def ours(args, epochs: int, work: Path, fed: Path, profile: Path | None) -> dict
         # what local training alone costs per round (train_local's measured CPU, summed over clients)
         training = {r: sum(c["metrics"]["cpu_time_s"] for c in e["reports"].values()) for r, e in ends.items()}
         train_time = {r: [c["metrics"]["train_time_s"] for c in e["reports"].values()] for r, e in ends.items()}
-        phases = {r: e["phases"] | {f"ours:{k}": v for k, v in our_breakdown(events).items()}
+        phases = {r: e["phases"] | {f"ours:{k}": v for k, v in timeline.our_breakdown(events).items()}
                   for r, e in ends.items()}
         return end, acc, phases, training, train_time
 
     return measure(server, client, args.clients, work, marks, profile)
-
-
-def our_breakdown(events: list[dict]) -> dict[str, float]:
-    """Where our round goes, medians over rounds 2..R in seconds, from fl-server's events (each update
-    carries the client's own local_s, task in to update out, and train_time_s; the server adds received_s,
-    task out to update in): the server's gap between rounds (round-end messages, selection, dispatch),
-    and for the client whose update came last: its training, its work outside training (decode, model
-    load, test accuracy, encode), the transport both ways (received_s - local_s: gRPC, serialisation
-    and waiting for a core), the server's wait for it after it arrived, and the round's close (aggregate,
-    evaluate, commit)."""
-    starts = {e["round"]: e["t"] for e in events if e["kind"] == "round_start"}
-    ends = {e["round"]: e for e in events if e["kind"] == "round_end"}
-    rows = []
-    for r in range(2, max(ends) + 1):
-        e = ends[r]
-        last = max((c["metrics"] for c in e["reports"].values()), key=lambda m: m.get("received_s", 0.0))
-        rows.append({"server_between_rounds_s": starts[r] - ends[r - 1]["t"],
-                     "last_client_training_s": last["train_time_s"],
-                     "last_client_outside_training_s": last["local_s"] - last["train_time_s"],
-                     "transport_both_ways_s": last["received_s"] - last["local_s"],
-                     "server_after_last_update_s": e["phases"]["collect_s"] - last["received_s"],
-                     "close_round_s": e["t"] - starts[r] - e["phases"]["collect_s"]})
-    return {k: statistics.median(row[k] for row in rows) for k in rows[0]}
 
 
 def flower(args, python: Path, epochs: int, work: Path, fed: Path, task: dict, profile: Path | None) -> dict:
@@ -277,6 +260,9 @@ def main() -> int:
     p.add_argument("--profile-epochs", type=int, nargs="+", default=None,
                    help="the epoch counts to profile (default: the first of --epochs)")
     p.add_argument("--work", type=Path, default=None, help="keep the runs' folders (logs, run dirs) here")
+    p.add_argument("--timeline", type=Path, default=None,
+                   help="also run each stack once more (not timed) with every process marking a round's steps "
+                        "(flbench/timeline.py) and write the marks here; the medians go into the table and JSON")
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers and clients on the way out
 
@@ -289,6 +275,7 @@ def main() -> int:
         return 2
     results: dict[str, dict[str, list[dict]]] = {str(e): {"ours": [], "flower": []} for e in args.epochs}
     profiles: dict[str, dict] = {}
+    timelines: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-fl-") as scratch:
         tmp = args.work or scratch
         fed = Path(tmp) / "fed"
@@ -302,13 +289,31 @@ def main() -> int:
                     log(f"{epochs} epochs, {name} #{repeat}: {r['rounds_per_s']:.2f} rounds/s, overhead "
                         f"{1e3 * statistics.median(x['overhead_s'] for x in r['per_round']):.1f} ms/round, "
                         f"load {r['loadavg'][0]:.1f}")
+            if args.timeline is not None and i == 0:
+                timelines[str(epochs)] = traced_runs(args, python, epochs, Path(tmp), fed, task)
             if args.profile is not None and epochs in (args.profile_epochs or args.epochs[:1]):
                 for name in args.stacks:
                     out = args.profile / f"{name}-{epochs}ep"
                     out.mkdir(parents=True, exist_ok=True)
                     run_one(args, python, name, epochs, Path(tmp) / f"{name}-{epochs}-profile", fed, task, out)
                     profiles[f"{name}@{epochs}ep"] = {f.stem: where_time_goes(f) for f in sorted(out.glob("*.txt"))}
-    return report(args, python, results, profiles)
+    return report(args, python, results, profiles, timelines)
+
+
+def traced_runs(args, python: Path, epochs: int, tmp: Path, fed: Path, task: dict) -> dict[str, dict[str, float]]:
+    """Each stack once more with every process marking a round's steps: where the round's time goes."""
+    global TIMELINE
+    found = {}
+    for name in args.stacks:
+        marks = args.timeline / f"{name}-{epochs}ep"
+        marks.mkdir(parents=True, exist_ok=True)
+        TIMELINE = (name, marks)
+        try:
+            run_one(args, python, name, epochs, tmp / f"{name}-{epochs}-timeline", fed, task, None)
+        finally:
+            TIMELINE = None
+        found[name] = timeline.summarise(marks, name)
+    return found
 
 
 def run_one(args, python: Path, name: str, epochs: int, work: Path, fed: Path, task: dict,
@@ -323,7 +328,7 @@ def _median_overhead(run: dict) -> float:
     return statistics.median(row["overhead_s"] for row in run["per_round"])
 
 
-def report(args, python: Path, results: dict, profiles: dict) -> int:
+def report(args, python: Path, results: dict, profiles: dict, timelines: dict) -> int:
     summary: dict[str, dict] = {}
     targets: dict[str, dict] = {}
     rows, cpu_rows = [], []
@@ -364,12 +369,18 @@ def report(args, python: Path, results: dict, profiles: dict) -> int:
         for proc, prof in by_process.items():
             emit_table(make_table(f"py-spy {key} {proc}: share of {prof['samples']} samples", ["where", "share"],
                                   [(k, f"{100 * v:.1f}%") for k, v in prof["share"].items()]))
+    for epochs, by_stack in timelines.items():
+        steps = list(next(iter(by_stack.values())))
+        emit_table(make_table(f"one round's timeline at {epochs} epochs (ms after the round's start; client CPU ms "
+                              "per client and round), medians of an extra marked run", ["step", *by_stack],
+                              [(k, *(f"{s.get(k, float('nan')):.2f}" for s in by_stack.values())) for k in steps]))
     flwr_version = subprocess.run([str(python), "-c", "import flwr; print(flwr.__version__)"], capture_output=True,
                                   text=True).stdout.strip()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": {k: str(v) for k, v in vars(args).items()}, "flwr": flwr_version,
                                     "cpus": os.cpu_count(), "loadavg_end": os.getloadavg(), "summary": summary,
-                                    "targets": targets, "profiles": profiles, "runs": results}, indent=1))
+                                    "targets": targets, "profiles": profiles, "timelines": timelines,
+                                    "runs": results}, indent=1))
     log(f"wrote {args.out}")
     return 0 if targets and all(t["met"] for t in targets.values()) else 1
 
