@@ -26,7 +26,7 @@ from mlsyskit.tools.kv.controlets.base import (
     stored,
     wire_write,
 )
-from mlsyskit.tools.kv.controlets.batch import BATCH, ReplyBatch, batch_apply, origin_entry
+from mlsyskit.tools.kv.controlets.batch import BATCH, MIXED, ReplyBatch, batch_apply, has_rmw, origin_batch
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
 from mlsyskit.tools.kv.redis import rmw
 
@@ -86,12 +86,15 @@ class AsyncPrimaryBackup(OrderedStream):
         out.extend(Send(n, b"REPL", fields) for n in self.others)
         return out
 
-    def on_client_batch(self, reqs: Sequence[Any]) -> list[Action]:
-        """Plain SETs a connection pipelined in one read: one numbered stream entry (batch.py)."""
-        if self.node_id != self.master or self.mode is not self.READY_MODE or not self.others:
-            return [a for r in reqs for a in self.on_client(r)]  # one at a time, as ever
+    def on_client_batch(self, reqs: Sequence[Any]) -> list[Action] | None:
+        """Writes a connection pipelined in one read: one numbered stream entry (batch.py); None: the
+        runtime submits them one at a time (read-modify-writes the master cannot number together)."""
+        mixed = has_rmw(reqs)
+        if self.node_id != self.master or self.mode is not self.READY_MODE or not self.others \
+                or mixed and self.read_local is None:
+            return None if mixed else [a for r in reqs for a in self.on_client(r)]  # one at a time, as ever
         self.applied += 1
-        fields, apply = origin_entry(self.applied, reqs, 0)
+        fields, apply = origin_batch(self.applied, reqs, 0, self.read_local if mixed else None)
         self.record(fields)
         # Applied and answered together: a write that fails is answered with its error instead
         # (the interpreter skips the requests of a failed write), the others with OK.
@@ -100,7 +103,7 @@ class AsyncPrimaryBackup(OrderedStream):
         return out
 
     def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
-        if fields[1] == BATCH:
+        if fields[1] == BATCH or fields[1] == MIXED:
             return [batch_apply(fields, 0)]
         return [stored(fields[1], fields[2], fields[3])]
 

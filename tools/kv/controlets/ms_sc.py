@@ -42,7 +42,7 @@ from mlsyskit.tools.kv.controlets.base import (
     stored,
     wire_write,
 )
-from mlsyskit.tools.kv.controlets.batch import BATCH, ReplyBatch, batch_apply, origin_entry
+from mlsyskit.tools.kv.controlets.batch import BATCH, MIXED, ReplyBatch, batch_apply, has_rmw, origin_batch
 from mlsyskit.tools.kv.controlets.stream import SYNC_KINDS, OrderedStream
 from mlsyskit.tools.kv.controlets.undo import failed_message
 from mlsyskit.tools.kv.redis import rmw
@@ -131,21 +131,23 @@ class ChainReplication(OrderedStream):
         self.record(fields)
         return [write, Send(self.successor, b"CHAIN", fields)]
 
-    def on_client_batch(self, reqs: Sequence[Any]) -> list[Action]:
-        """Plain SETs a connection pipelined in one read: one numbered chain entry (batch.py)."""
+    def on_client_batch(self, reqs: Sequence[Any]) -> list[Action] | None:
+        """Writes a connection pipelined in one read: one numbered chain entry (batch.py); None: the
+        runtime submits them one at a time (read-modify-writes the head cannot number together)."""
+        mixed = has_rmw(reqs)
         if (self.node_id != self.head or self.successor is None or self.mode is not self.READY_MODE
-                or len(self.in_flight) + len(reqs) > self.options.max_pending):
-            return [a for r in reqs for a in self.on_client(r)]  # one at a time, as ever
+                or len(self.in_flight) + len(reqs) > self.options.max_pending or mixed and self.read_local is None):
+            return None if mixed else [a for r in reqs for a in self.on_client(r)]  # one at a time, as ever
         self.applied += 1
         seq, deadline = self.applied, self.now + self.options.write_timeout
         self.in_flight.extend([(seq, r, deadline) for r in reqs])
-        fields, apply = origin_entry(seq, reqs, seq)
+        fields, apply = origin_batch(seq, reqs, seq, self.read_local if mixed else None)
         self.record(fields)
         return [apply, Send(self.successor, b"CHAIN", fields)]
 
     def apply_stream(self, src: str, seq: int, fields: Sequence[Any]) -> list[Action]:
         code = fields[1]
-        if code == BATCH:
+        if code == BATCH or code == MIXED:
             if self.successor is None:
                 self.ack_due = seq
                 return [batch_apply(fields, seq)]

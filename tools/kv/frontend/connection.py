@@ -22,7 +22,9 @@ from mlsyskit.tools.kv.frontend.commands import HANDLERS
 from mlsyskit.tools.kv.frontend.session import PIPELINE_PAUSE, Session
 from mlsyskit.tools.kv.node.control import LeaseExpired
 from mlsyskit.tools.kv.node.requests import PEER_MESSAGE, RelayBatch, Request
-from mlsyskit.tools.kv.redis import resp, values
+from mlsyskit.tools.kv.redis import resp, rmw, values
+
+RMW_NAMES = frozenset(rmw.COMMANDS)  # pipelined, these join a read's batch of writes (Session.single)
 
 
 class ClientConnection(Session):
@@ -60,6 +62,7 @@ class ClientConnection(Session):
         # plain SETs or GETs gathered in one RelayBatch, relayed as one frame (Rider.forward_relay)
         relay = node.controlet is None
         batching, puts = node.batch_puts or relay, self.puts
+        self.gathering = True
         try:
             while (cmd := gets()) is not False:
                 count += 1
@@ -113,7 +116,7 @@ class ClientConnection(Session):
                     if cmd is False:
                         break
                 if puts and not gated and type(cmd) is list and len(cmd) == 3 and cmd[0] == b"SET" \
-                        and puts[0].op is PUT and (relay or not (self.held or self.unanswered_reads)):
+                        and puts[0].op is not GET and (relay or not (self.held or self.unanswered_reads)):
                     # a run of plain SETs into the open batch: a proxy's RelayBatch, or a stream origin's
                     # Requests (session order holds through the run: it adds writes only)
                     batch = puts[0] if relay else None
@@ -150,7 +153,7 @@ class ClientConnection(Session):
                         value, op = None, GET
                         take = cmd[0] == b"GET" and type(key) is bytes and len(key) <= max_key
                     if take:
-                        if puts and puts[0].op is not op:  # a batch is of one kind: GETs, or SETs
+                        if puts and (puts[0].op is GET) is not (op is GET):  # of one kind: GETs, or writes
                             self.submit_puts()
                             if self.transport is None:
                                 return
@@ -175,7 +178,10 @@ class ClientConnection(Session):
                                 self.unanswered_reads += 1
                             puts.append(item)
                             continue
-                if puts:  # anything else goes after the requests before it
+                if puts and not (relay or puts[0].op is GET or type(cmd) is not list or not cmd
+                                 or cmd[0] not in RMW_NAMES):
+                    pass  # a pipelined read-modify-write joins the open batch of writes (Session.single)
+                elif puts:  # anything else goes after the requests before it
                     self.submit_puts()
                     if self.transport is None:
                         return
@@ -251,7 +257,7 @@ class ClientConnection(Session):
             if puts:  # admitted (their slots are taken): submitted even when the read ended in an error
                 self.submit_puts()
             node.stats["commands"] += count
-            self.in_batch = False
+            self.in_batch = self.gathering = False
             if node.quiet_due:  # after every message of this read: deferred peer actions (cumulative acks)
                 node.quiet()
         if len(slots) + self.batched > PIPELINE_PAUSE and self.transport is not None and not self.reading_paused:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import hiredis
 
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, FENCED, FLUSH, GET, PUT, WRITES
+from mlsyskit.tools.kv.controlets.batch import has_rmw
 from mlsyskit.tools.kv.node.requests import Ready, RelayBatch, Request
 from mlsyskit.tools.kv.redis import resp, values
 
@@ -123,7 +124,8 @@ class Session(asyncio.Protocol):
         self.unacked_writes = 0
         self.unanswered_reads = 0
         self.held: deque[tuple[bool, Any]] = deque()  # (is_write, request) waiting for session order
-        self.puts: list[Any] = []  # plain SETs of the current read, admitted, for one batch (a proxy: a RelayBatch)
+        self.puts: list[Any] = []  # writes of the current read, admitted, for one batch (a proxy: a RelayBatch)
+        self.gathering = False  # in the read loop (connection.py): a read-modify-write may join `puts`
         self.reading_paused = False  # past PIPELINE_PAUSE unanswered requests (module docstring)
         self.batched = 0  # a proxy's relayed commands beyond one per slot (RelayBatch), still unanswered
 
@@ -241,8 +243,8 @@ class Session(asyncio.Protocol):
 
     # -- requests --------------------------------------------------------------
     def submit_puts(self) -> None:
-        """The plain SETs gathered from this read, admitted in order: to the node as one batch
-        (Node.submit_batch); at a proxy, the read's RelayBatch (Node.relay)."""
+        """The writes gathered from this read (plain SETs, read-modify-writes), admitted in order: to
+        the node as one batch (Node.submit_batch); at a proxy, the read's RelayBatch (Node.relay)."""
         puts = self.puts
         if type(puts[0]) is RelayBatch:
             batch = puts[0]
@@ -253,6 +255,10 @@ class Session(asyncio.Protocol):
         batch = puts[:]
         puts.clear()
         self.node.submit_batch(batch)
+        if has_rmw(batch):
+            for r in batch:  # a read-modify-write resolved to a value with a deadline: as _start notes it
+                if r.rmw is not None and r.op is PUT and r.value[:1] == values.FIRST:
+                    self.expiry.note(r.key, values.deadline_of(r.value))
 
     def single(self, op: str, key: bytes, value: bytes | None, rmw: list[bytes] | None = None) -> None:
         """One single-key request; _admit, _begin and _start inlined (the per-request path)."""
@@ -261,6 +267,14 @@ class Session(asyncio.Protocol):
         is_write = op in WRITES
         if rmw is not None:
             req.rmw = rmw
+            puts = self.puts
+            if is_write and self.gathering and (puts[0].op is not GET if puts else self.node.batch_puts
+                                                and not self.held and not self.unanswered_reads):
+                # a pipelined read-modify-write joins this read's batch of writes (controlets/batch.py)
+                rmw.now_ms = self.unix_ms()  # the instant it takes effect, as _start sets it
+                self.unacked_writes += 1
+                puts.append(req)
+                return
             self._admit(is_write, req)
         elif self.held or (self.unanswered_reads if is_write else self.unacked_writes):
             self.held.append((is_write, req))

@@ -41,7 +41,7 @@ from mlsyskit.tools.kv.controlets.base import (
     StreamFailure,
     Undo,
 )
-from mlsyskit.tools.kv.controlets.batch import ApplyBatch, ReplyBatch
+from mlsyskit.tools.kv.controlets.batch import ApplyBatch, ReplyBatch, as_singles
 from mlsyskit.tools.kv.datalets.base import Datalet
 from mlsyskit.tools.kv.node.snapshot import stream_snapshot
 from mlsyskit.tools.kv.node.undolog import UndoLog
@@ -110,7 +110,7 @@ class Interpreter:
         if self.sync and not self.queue:
             self._run_now(actions)
             return
-        actions = _one_by_one(actions)  # queued (a remote datalet's futures, or behind an Undo): one by one
+        actions = as_singles(actions)  # queued (a remote datalet's futures, or behind an Undo): one by one
         if self.held or any(type(a) is Undo for a in actions):
             self.held += 1
             self.queue.append((self.failures, [(a, UNISSUED if type(a) in DATALET_KINDS else None)
@@ -202,8 +202,19 @@ class Interpreter:
         seq, reqs = a.seq, a.reqs
         if failed is not None and -seq in failed:
             return failed
-        write = self.datalet.swap if seq else self.datalet.put
+        if a.ops is not None:
+            return self._apply_mixed(a, failed)
         keys, values = a.keys, a.values
+        many = getattr(self.datalet, "write_many", None)  # the memory datalet's: one step (datalets/memory.py)
+        try:
+            befores = None if many is None else many(keys, values)
+        except Exception:  # noqa: BLE001 - it changed nothing: the loop below finds the write that fails
+            befores = None
+        if befores is not None:
+            if seq:
+                self.undo.keep_batch(seq, keys, befores)
+            return failed
+        write = self.datalet.swap if seq else self.datalet.put
         n, start = len(keys), 0
         while start < n:
             befores: list[Any] = []
@@ -226,6 +237,37 @@ class Interpreter:
             if seq:
                 self.undo.keep_batch(seq, keys[start:] if start else keys, befores)
             break
+        return failed
+
+    def _apply_mixed(self, a: ApplyBatch, failed: set[int] | None) -> set[int] | None:
+        """A batch with deletes or deltas (controlets/batch.py MIXED), write by write in order. Its first
+        failed write stops it: numbered, the batch is taken back everywhere (as _apply_batch); else (an
+        ms-ec master) the writes after it fail unapplied: they were resolved as if it applied."""
+        keys, seq, reqs, ops, values, datalet = a.keys, a.seq, a.reqs, a.ops, a.values, self.datalet
+        befores: list[Any] = []
+        keep = befores.append
+        try:
+            for i, key in enumerate(keys):
+                op = ops[i]
+                value = values[i] if op is None else rmw.apply(op, datalet.get_live(key))[0]
+                if seq:
+                    keep(datalet.swap(key, value))
+                elif value is None:
+                    datalet.delete(key)
+                else:
+                    datalet.put(key, value)
+        except Exception as e:  # noqa: BLE001 - a datalet error fails the request, never the node
+            failed = failed or set()
+            if seq:  # the rest of the batch is failed by the controlet's undo (on_apply_failed)
+                self.undo.keep_batch(seq, keys[:i], befores)
+                failed.add(-seq)
+            self._datalet_failed(Apply(keys[i], values[i], None if reqs is None else reqs[i], seq, ops[i]), e, failed)
+            for r in () if seq or reqs is None else reqs[i + 1:]:
+                failed.add(id(r))
+                self.transport.fail(r, f"{TRYAGAIN} not applied: an earlier write of its pipeline batch failed ({e})")
+            return failed
+        if seq:
+            self.undo.keep_batch(seq, keys, befores)
         return failed
 
     def _reply_batch(self, a: ReplyBatch, failed: set[int] | None) -> set[int] | None:
@@ -342,19 +384,3 @@ class Interpreter:
     def spawn(self, work: Coroutine) -> None:
         self.transport.spawn(work)
 
-
-def _one_by_one(actions: list) -> list:
-    """A batch's actions (controlets/batch.py) as the single ones they stand for, in order."""
-    if not any(type(a) is ApplyBatch or type(a) is ReplyBatch for a in actions):
-        return actions
-    out: list = []
-    for a in actions:
-        if type(a) is ApplyBatch:
-            reqs = a.reqs
-            out.extend(Apply(k, v, None if reqs is None else reqs[i], a.seq)
-                       for i, (k, v) in enumerate(zip(a.keys, a.values, strict=True)))
-        elif type(a) is ReplyBatch:
-            out.extend(Reply(r) for r in a.reqs)
-        else:
-            out.append(a)
-    return out

@@ -251,16 +251,21 @@ class Node(ControlledNode):
             self.forward(req, targets[0])
 
     def submit_batch(self, reqs: list[Request]) -> None:
-        """Plain SETs one connection pipelined in one read, in its order: one controlet batch at their
-        shard's stream origin; else each submitted as it would be alone."""
+        """Writes one connection pipelined in one read (plain SETs, read-modify-writes), in its order:
+        one controlet batch at their shard's stream origin; else each submitted as it would be alone."""
         if len(reqs) == 1 or not self.batch_puts or self.riding or self.deposed \
                 or (self.lease_until is not None and self.fenced() is not None) \
                 or (not self.only_shard and any(self.map.shard_for(r.key) != self.shard for r in reqs)):
             for r in reqs:
                 self.submit(r)
             return
+        actions = self.controlet.on_client_batch(reqs)
+        if actions is None:  # read-modify-writes it cannot number together: each after the one before
+            for r in reqs:
+                self.submit(r)
+            return
         self.stats["batches"] += 1
-        self.execute(self.controlet.on_client_batch(reqs))
+        self.execute(actions)
 
     def relay(self, batch: RelayBatch) -> None:
         """A proxy's RelayBatch: one frame to the node that serves all its keys (Rider.forward_relay),
