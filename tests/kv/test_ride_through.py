@@ -42,6 +42,13 @@ def test_redis_cluster_works_unchanged_against_two_shards_and_other_keys_are_mov
             assert rc.mget_nonatomic([f"k{i}" for i in range(100)]) == [f"v{i}".encode() for i in range(100)]
             assert rc.incr("{user1}.n") == 1 and rc.lpush("{user1}.l", "a") == 1  # one slot, one shard
             assert rc.keyslot("{user1}.n") == key_slot(b"user1") == rc.cluster_keyslot("user1")
+            # SCAN goes to every primary and is merged: each key once (nodes answer for their own shard)
+            assert sorted(rc.scan_iter(match="k*")) == sorted(f"k{i}".encode() for i in range(100))
+            primaries = [redis.Redis(smap.nodes[n].host, smap.nodes[n].port) for n in ("s0r0", "s1r0")]
+            assert sum(p.dbsize() for p in primaries) == 102
+            assert all(smap.shard_for(k) == s for s, p in enumerate(primaries) for k in p.keys("*"))
+            for p in primaries:
+                p.close()
         finally:
             rc.close()
         on_s0 = next(f"k{i}" for i in range(100) if smap.shard_for(b"k%d" % i) == 0)

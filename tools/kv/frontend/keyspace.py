@@ -2,7 +2,11 @@
 
 The node that gets the command lists its own shard from its datalet and asks one read
 replica of every other shard over its authenticated links (`BKV.KEYS pattern`, a peer-only
-command), then merges. Like Redis's own KEYS, the answer is a scan, not a snapshot: keys
+command), then merges. A node that redirects other shards' keys (`node.redirect`, as `bespokv
+up`'s nodes do) is a Redis Cluster node, and answers for its own shard only, as Redis Cluster's
+do: cluster clients send SCAN to every primary and merge (redis-py's scan_iter, go-redis,
+Jedis), so a cluster-wide answer from each would list every key once per shard. Plain clients
+get the whole keyspace from the proxy. Like Redis's own KEYS, the answer is a scan, not a snapshot: keys
 written meanwhile may or may not appear. SCAN returns everything in one call with cursor 0
 (Redis allows that; COUNT is a hint). FLUSHALL/FLUSHDB send one FLUSH per shard, ordered at
 its write point like any write (chain head, master, sequencer), so every replica empties its
@@ -44,6 +48,8 @@ async def local_keys(node: Node, pattern: bytes, now_ms: int) -> list[bytes]:
 
 
 async def all_keys(node: Node, pattern: bytes, now_ms: int) -> list[bytes]:
+    if node.redirect:  # a Redis Cluster node: its own shard (module docstring)
+        return sorted(await local_keys(node, pattern, now_ms))
     calls = []
     for shard, replicas in enumerate(node.map.shards):
         if shard == node.shard:
