@@ -77,6 +77,15 @@ def chain(tmp_path_factory):
         down(d)
 
 
+def test_the_proxy_of_bespokv_up_answers_keyspace_commands_for_the_whole_cluster(chain) -> None:
+    proxy = redis.Redis(chain["proxy"]["host"], chain["proxy"]["port"])
+    for i in range(20):
+        proxy.set(f"scan{i}", i)
+    assert sorted(proxy.scan_iter(match="scan*")) == sorted(f"scan{i}".encode() for i in range(20))
+    assert proxy.dbsize() >= 20 and len(proxy.keys("scan*")) == 20
+    proxy.close()
+
+
 def test_clients_ride_through_a_kill_9_of_the_chain_head(chain) -> None:
     result = ridecheck.run(chain, after_s=1.0)
     assert result["killed"] == "s0r0" and result["new_map_s"] > 0

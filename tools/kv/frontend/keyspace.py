@@ -48,7 +48,7 @@ async def local_keys(node: Node, pattern: bytes, now_ms: int) -> list[bytes]:
 
 
 async def all_keys(node: Node, pattern: bytes, now_ms: int) -> list[bytes]:
-    if node.redirect:  # a Redis Cluster node: its own shard (module docstring)
+    if node.redirect and node.shard is not None:  # a Redis Cluster node (not the proxy): its own shard
         return sorted(await local_keys(node, pattern, now_ms))
     calls = []
     for shard, replicas in enumerate(node.map.shards):
