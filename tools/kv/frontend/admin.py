@@ -5,7 +5,7 @@ node's real connections, COMMAND COUNT counts the commands this node really has,
 GET reports the limits in force (and an empty list for parameters bespokv does not have,
 as Redis does for an unknown name).
 
-Transactions are refused, safely: MULTI answers an error and puts the connection in a
+Transactions are refused, safely: WATCH answers an error (nothing is watched), MULTI answers an error and puts the connection in a
 refused block in which every command is answered with an error and not run, until EXEC
 (-EXECABORT) or DISCARD ends it. A client that pipelines MULTI, SET, EXEC (as redis-py's
 transactions do) therefore gets errors and nothing it queued is ever applied.
@@ -37,6 +37,8 @@ ARITY: dict[bytes, tuple[int, tuple[bytes, ...], int, int, int]] = {
     b"CLIENT": (-2, (), 0, 0, 0), b"COMMAND": (-1, (), 0, 0, 0), b"CONFIG": (-2, (b"admin",), 0, 0, 0),
     b"MULTI": (1, (), 0, 0, 0), b"EXEC": (1, (), 0, 0, 0), b"DISCARD": (1, (), 0, 0, 0),
     b"WATCH": (-2, (), 1, -1, 1), b"UNWATCH": (1, (), 0, 0, 0),
+    b"UNLINK": (-2, (b"write", b"fast"), 1, -1, 1), b"TOUCH": (-2, (b"readonly", b"fast"), 1, -1, 1),
+    b"OBJECT": (-2, (b"readonly",), 2, 2, 1), b"TIME": (1, (b"fast",), 0, 0, 0),
     b"INCR": (2, (b"write",), 1, 1, 1), b"DECR": (2, (b"write",), 1, 1, 1),
     b"INCRBY": (3, (b"write",), 1, 1, 1), b"DECRBY": (3, (b"write",), 1, 1, 1),
     b"SETNX": (3, (b"write",), 1, 1, 1),
@@ -175,8 +177,13 @@ def cmd_discard(conn: Session, cmd: list) -> None:
     conn.reply(resp.error("DISCARD without MULTI"))
 
 
+WATCH_REFUSED = b"-ERR WATCH is not supported by bespokv: there are no transactions (MULTI is refused), nothing is watched\r\n"
+
+
 def cmd_watch(conn: Session, cmd: list) -> None:
-    conn.reply(resp.error("WATCH is not supported by bespokv (no transactions)"))
+    if len(cmd) < 2:
+        return conn.reply(resp.error("wrong number of arguments for 'watch' command"))
+    conn.reply(WATCH_REFUSED)
 
 
 def cmd_unwatch(conn: Session, cmd: list) -> None:

@@ -8,12 +8,14 @@ Connection-level commands (AUTH, CLIENT, COMMAND, CONFIG, MULTI) live in admin.p
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from mlsyskit.core import __version__
 from mlsyskit.tools.kv import peerauth
 from mlsyskit.tools.kv.controlets.base import DEL, EXISTS, GET, PUT, RMW
 from mlsyskit.tools.kv.frontend import admin, cluster, keyspace
+from mlsyskit.tools.kv.frontend.expiry import wall_ms
 from mlsyskit.tools.kv.frontend.session import Session
 from mlsyskit.tools.kv.node.requests import FLUSH_SHARD, PEER_AUTH, PEER_MESSAGE, PEER_NONCE, Ready
 from mlsyskit.tools.kv.redis import queries, resp, resp3, rmw, values
@@ -79,7 +81,11 @@ def cmd_query(conn: Session, cmd: list) -> None:
     refused = queries.check(command)
     if refused is not None:
         return conn.reply(refused)
-    key = command[1]
+    _serve_read(conn, command, command[1])
+
+
+def _serve_read(conn: Session, command: rmw.Command, key: bytes) -> None:
+    """A read command answered where GET is served: here from a live value, or as a request."""
     if conn.bad_key(key):
         return None
     node = conn.node
@@ -88,6 +94,39 @@ def cmd_query(conn: Session, cmd: list) -> None:
         conn.out.append(resp3.shape(command, answer) if conn.protocol == 3 else answer)
     else:
         conn.single(GET, key, None, command)
+
+
+OBJECT_HELP = [b"OBJECT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+               b"ENCODING <key>", b"    Return how bespokv holds the value of <key>: raw, rope, chunklist,",
+               b"    hashtrie, hashtrie+btree or msgpack (REFCOUNT, IDLETIME and FREQ are not kept).",
+               b"HELP", b"    Print this help."]
+
+
+def cmd_object(conn: Session, cmd: list) -> None:
+    """OBJECT ENCODING key (served where GET is: queries.object_encoding) and OBJECT HELP. bespokv
+    keeps no reference counts, access times or frequencies, so REFCOUNT, IDLETIME and FREQ are refused."""
+    if len(cmd) < 2:
+        return _arity(conn, cmd, "object")
+    sub = cmd[1].upper()
+    if sub == b"HELP" and len(cmd) == 2:
+        return conn.reply(b"*%d\r\n" % len(OBJECT_HELP) + b"".join(b"+%b\r\n" % line for line in OBJECT_HELP))
+    if sub in (b"ENCODING", b"REFCOUNT", b"IDLETIME", b"FREQ", b"HELP") and len(cmd) != (2 if sub == b"HELP" else 3):
+        return _arity(conn, cmd, f"object|{sub.decode().lower()}")
+    if sub in (b"REFCOUNT", b"IDLETIME", b"FREQ"):
+        return conn.reply(resp.error(f"OBJECT {sub.decode()} is not supported by bespokv (it keeps no reference "
+                                     "counts, access times or frequencies; ENCODING is)"))
+    if sub != b"ENCODING":
+        what = cmd[1][:32].decode(errors="replace")
+        return conn.reply(resp.error(f"unknown subcommand '{what}'. Try OBJECT HELP."))
+    _serve_read(conn, rmw.Command([b"OBJECT", b"ENCODING", cmd[2]]), cmd[2])
+
+
+def cmd_time(conn: Session, cmd: list) -> None:
+    """TIME: the clock this node reads deadlines against, as [seconds, microseconds]."""
+    if len(cmd) != 1:
+        return _arity(conn, cmd, "time")
+    micros = time.time_ns() // 1000 if conn.unix_ms is wall_ms else conn.unix_ms() * 1000
+    conn.reply(resp.array([b"%d" % (micros // 1_000_000), b"%d" % (micros % 1_000_000)]))
 
 
 def peers_only(name: bytes, handler: Any) -> Any:
@@ -252,6 +291,9 @@ HANDLERS: dict[bytes, Any] = {
     b"GET": cmd_get, b"SET": cmd_set, b"MSET": cmd_mset,
     b"DEL": _keys_command(DEL, "del", b"DEL"), b"EXISTS": _keys_command(EXISTS, "exists", b"EXISTS"),
     b"MGET": _keys_command(GET, "mget", b"MGET"),
+    # UNLINK is DEL (a delete frees nothing later here), TOUCH is EXISTS (no access times are kept)
+    b"UNLINK": _keys_command(DEL, "unlink", b"DEL"), b"TOUCH": _keys_command(EXISTS, "touch", b"EXISTS"),
+    b"OBJECT": cmd_object, b"TIME": cmd_time,
     b"PING": cmd_ping, b"ECHO": cmd_echo, b"INFO": cmd_info, b"HELLO": cmd_hello, b"SELECT": cmd_select,
     b"QUIT": cmd_quit, b"AUTH": admin.cmd_auth, b"CLIENT": admin.cmd_client, b"COMMAND": admin.cmd_command,
     b"CONFIG": admin.cmd_config, b"MULTI": admin.cmd_multi, b"EXEC": admin.cmd_exec,

@@ -14,12 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from mlsyskit.tools.kv.redis import (
+    collwrites,
     datatypes,
     listedit,
     listpush,
     livelist,
     livemap,
     livestring,
+    members,
     resp,
     values,
     zranges,
@@ -30,7 +32,10 @@ from mlsyskit.tools.kv.redis.values import FIRST, HASH, LIST, SET, STRING, ZSET,
 
 MAP_WRITES = {b"SADD": SET, b"SREM": SET, b"SPOP": SET,
               b"HSET": HASH, b"HMSET": HASH, b"HSETNX": HASH, b"HDEL": HASH,
-              b"HINCRBY": HASH, b"ZADD": ZSET, b"ZINCRBY": ZSET, b"ZREM": ZSET, b"ZPOPMIN": ZSET, b"ZPOPMAX": ZSET}
+              b"HINCRBY": HASH, b"ZADD": ZSET, b"ZINCRBY": ZSET, b"ZREM": ZSET, b"ZPOPMIN": ZSET, b"ZPOPMAX": ZSET,
+              **collwrites.KINDS}
+MAP_HANDLERS = {name: table[name][1] for table in (datatypes.WRITES, collwrites.WRITES) for name in table
+                if name in MAP_WRITES}
 
 
 def map_write(cmd: list[bytes], current: Any, now_ms: int, limit: int) -> tuple[Any, bytes] | None:
@@ -42,7 +47,7 @@ def map_write(cmd: list[bytes], current: Any, now_ms: int, limit: int) -> tuple[
     else:
         return None
     try:
-        after, answer = datatypes.WRITES[cmd[0]][1](cmd, entry, now_ms)
+        after, answer = MAP_HANDLERS[cmd[0]](cmd, entry, now_ms)
     except datatypes.CommandError as e:
         return current, resp.error(f"ERR {e}")
     if after is None:
@@ -68,7 +73,7 @@ FAST = {**dict.fromkeys(listpush.PUSHES, listpush.push), **dict.fromkeys(listpus
 # never decoding the other members.
 VIEWED_READS = frozenset((b"TTL", b"PTTL", b"EXPIRETIME", b"PEXPIRETIME", b"TYPE", b"LLEN", b"LINDEX", b"LRANGE",
                           b"SCARD", b"SISMEMBER", b"SMISMEMBER", b"HGET", b"HMGET", b"HLEN", b"HEXISTS",
-                          b"ZCARD", b"ZSCORE", *zranges.READS))
+                          b"ZCARD", b"ZSCORE", *zranges.READS, *members.VIEWED))
 
 
 def read_entry(name: bytes, stored: Any, now_ms: int) -> Entry | None:

@@ -10,9 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mlsyskit.tools.kv.redis import live, resp, values, zranges
+from mlsyskit.tools.kv.redis import live, members, resp, strings, values, zranges
 from mlsyskit.tools.kv.redis.datatypes import CommandError, _int, _of, _span, fmt_score
-from mlsyskit.tools.kv.redis.values import HASH, LIST, SET, TYPE_NAMES, ZSET, Entry, WrongType
+from mlsyskit.tools.kv.redis.livelist import LiveList
+from mlsyskit.tools.kv.redis.livemap import LiveMap
+from mlsyskit.tools.kv.redis.livestring import LiveString
+from mlsyskit.tools.kv.redis.values import HASH, LIST, SET, STRING, TYPE_NAMES, ZSET, Entry, WrongType
 
 
 def _ttl(cmd: list, entry: Entry | None, now: int) -> bytes:
@@ -114,14 +117,35 @@ READS: dict[bytes, tuple[int, Handler]] = {  # name: (Redis arity, handler)
     b"HGET": (3, _hget), b"HMGET": (-3, _hmget), b"HGETALL": (2, _members(HASH, True, True)),
     b"HLEN": (2, _len(HASH)), b"HEXISTS": (3, _hexists), b"HKEYS": (2, _members(HASH, True, False)),
     b"HVALS": (2, _members(HASH, False, True)),
-    b"ZCARD": (2, _len(ZSET)), b"ZSCORE": (3, _zscore), **zranges.READS,
+    b"ZCARD": (2, _len(ZSET)), b"ZSCORE": (3, _zscore), **zranges.READS, **strings.READS, **members.READS,
 }
+
+
+def object_encoding(stored: Any, now_ms: int) -> bytes:
+    """OBJECT ENCODING's answer: how this replica really holds the value, in bespokv's own words
+    (Redis's names describe structures bespokv does not have): a string's bytes "raw", an APPENDed
+    string "rope" (livestring.py), a list "chunklist" (livelist.py), a set or hash "hashtrie" and a
+    sorted set "hashtrie+btree" (livemap.py, counted.py), a collection kept as its record's bytes (a
+    blob datalet such as lmdb) "msgpack"."""
+    entry = live.read_entry(b"TYPE", stored, now_ms)  # a live value's kind and deadline: nothing decoded
+    if entry is None:
+        return resp.NULL
+    cls = stored.__class__
+    if cls is LiveString:
+        return resp.bulk(b"rope")
+    if cls is LiveList:
+        return resp.bulk(b"chunklist")
+    if cls is LiveMap:
+        return resp.bulk(b"hashtrie+btree" if entry.kind == ZSET else b"hashtrie")
+    return resp.bulk(b"raw" if entry.kind == STRING else b"msgpack")
 
 
 def answer(cmd: list, stored: Any, now_ms: int) -> bytes:
     """A read command's answer from a replica's stored bytes or live value (live.read_entry: a point
     or size read of a live collection looks into its structure instead of decoding it)."""
     try:
+        if cmd[0] == b"OBJECT":  # OBJECT ENCODING key: looks at the stored form itself
+            return object_encoding(stored, now_ms)
         entry = live.read_entry(cmd[0], stored, now_ms)
         return READS[cmd[0]][1](cmd, entry, now_ms)
     except values.CorruptValue:

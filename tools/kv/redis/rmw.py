@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import msgpack
 
-from mlsyskit.tools.kv.redis import datatypes, live, resp, values
+from mlsyskit.tools.kv.redis import collwrites, datatypes, live, resp, strings, values
 from mlsyskit.tools.kv.redis.values import STRING, Entry, WrongType
 
 INT64 = (-(2 ** 63), 2 ** 63 - 1)
@@ -43,12 +43,13 @@ class Command(list):
     largest value it may leave behind (the front end's max_value_bytes: a string's length, a
     collection's stored size)."""
 
-    __slots__ = ("max_bytes", "now_ms")
+    __slots__ = ("effect", "max_bytes", "now_ms")
 
     def __init__(self, parts, now_ms: int = 0, max_bytes: int = MAX_VALUE_BYTES) -> None:
         super().__init__(parts)
         self.now_ms = now_ms
         self.max_bytes = max_bytes
+        self.effect: list[bytes] | None = None  # what replicas apply instead (collwrites.BY_EFFECT)
 
 
 Handler = Callable[[list, Entry | None, int], tuple[Entry | None, bytes]]
@@ -91,7 +92,7 @@ def _append(cmd: list, entry: Entry | None, now: int) -> tuple[Entry | None, byt
 def _deadline(unit_ms: int, raw: bytes, now: int, absolute: bool, name: str) -> int:
     amount = _integer(raw)
     deadline = amount * unit_ms if absolute else now + amount * unit_ms
-    if amount <= 0 and name in ("set", "setex", "psetex") or not INT64[0] <= deadline <= INT64[1]:
+    if amount <= 0 and name in ("set", "setex", "psetex", "getex") or not INT64[0] <= deadline <= INT64[1]:
         raise RmwSyntaxError(f"invalid expire time in '{name}' command")
     return deadline
 
@@ -168,6 +169,33 @@ def _getdel(cmd: list, entry: Entry | None, now: int) -> tuple[Entry | None, byt
     return (None if value is not None else entry), resp.bulk(value)
 
 
+GETEX_OPTIONS = {**SET_EXPIRY, b"PERSIST": (0, False)}
+
+
+def _getex(cmd: list, entry: Entry | None, now: int) -> tuple[Entry | None, bytes]:
+    """GETEX key [EX s|PX ms|EXAT s|PXAT ms|PERSIST]: the string, its deadline set or removed.
+    Redis's order: the options' syntax, then nil for an absent key, WRONGTYPE, the time's value."""
+    chosen, amount = None, None
+    i = 2
+    while i < len(cmd):
+        option = cmd[i].upper()
+        takes_value = option in SET_EXPIRY
+        if option not in GETEX_OPTIONS or chosen not in (None, option) or takes_value and i + 1 == len(cmd):
+            raise RmwSyntaxError("syntax error")  # one kind of expiry (repeating it is allowed: the last wins)
+        chosen, amount = option, cmd[i + 1] if takes_value else None
+        i += 2 if takes_value else 1
+    if entry is None:
+        return None, resp.NULL
+    value = values.string_of(entry)
+    if chosen is None:
+        return entry, resp.bulk(value)
+    if chosen == b"PERSIST":
+        return entry._replace(deadline=0), resp.bulk(value)
+    unit, absolute = SET_EXPIRY[chosen]
+    deadline = _deadline(unit, amount, now, absolute, "getex")
+    return (entry._replace(deadline=deadline) if deadline > now else None), resp.bulk(value)
+
+
 def _reap(cmd: list, entry: Entry | None, now: int) -> tuple[Entry | None, bytes]:
     """The sweep's delete: `entry` is already None when the key expired (live() dropped it)."""
     return entry, resp.ZERO if entry is not None else resp.ONE
@@ -178,7 +206,7 @@ WRITES: dict[bytes, tuple[int, Handler]] = {  # name: (Redis arity, handler)
     b"SETNX": (3, _setnx), b"APPEND": (3, _append), b"SET": (-3, _set), b"SETEX": (4, _setex),
     b"PSETEX": (4, _setex), b"EXPIRE": (-3, _expire), b"PEXPIRE": (-3, _expire), b"EXPIREAT": (-3, _expire),
     b"PEXPIREAT": (-3, _expire), b"PERSIST": (2, _persist), b"GETDEL": (2, _getdel), REAP: (2, _reap),
-    **datatypes.WRITES,
+    b"GETEX": (-2, _getex), **strings.WRITES, **datatypes.WRITES, **collwrites.WRITES,
 }
 COMMANDS = tuple(name for name in WRITES if name not in (b"SET", REAP))
 
@@ -204,6 +232,13 @@ def parse(cmd: list[bytes], now_ms: int = 0, max_bytes: int = MAX_VALUE_BYTES) -
 
 def apply(cmd: list[bytes], current: bytes | None) -> tuple[bytes | None, bytes]:
     """(the key's stored bytes afterwards -- None: absent --, the RESP answer) for one command."""
+    after, answer = _apply(cmd, current)
+    if cmd[0] in collwrites.BY_EFFECT and cmd.__class__ is Command:
+        cmd.effect = collwrites.effect_of(cmd, answer)  # what replicas apply (delta_of)
+    return after, answer
+
+
+def _apply(cmd: list[bytes], current: bytes | None) -> tuple[bytes | None, bytes]:
     now = getattr(cmd, "now_ms", 0)
     limit = getattr(cmd, "max_bytes", MAX_VALUE_BYTES)
     fast = live.FAST.get(cmd[0])
@@ -244,15 +279,19 @@ def too_large(after: Entry | None, stored: bytes | None, current: bytes | None, 
 # Replicated as the command (a delta), not as the key's new value: collections and APPEND, whose
 # values grow. Every replica holds the same bytes before it, and apply() is deterministic in the
 # command, its instant and its limit (SPOP's draw is seeded by key and instant), so each replica
-# computes the same bytes the write point did, from a message the size of the command.
-DELTAS = frozenset((*datatypes.WRITES, b"APPEND"))
+# computes the same bytes the write point did, from a message the size of the command. A command
+# whose result the write point computed with arithmetic replicas need not share (HINCRBYFLOAT's long
+# double) goes as the write it amounted to (Command.effect: HSET of the result), as Redis replicates
+# it; when it changed nothing (an error), as the key's whole value.
+DELTAS = frozenset((*datatypes.WRITES, *collwrites.WRITES, b"APPEND"))
 
 
 def delta_of(cmd: list[bytes] | None) -> bytes | None:
     """The wire form of a command replicated as a delta, or None (replicate its whole value)."""
     if cmd is None or cmd[0] not in DELTAS:
         return None
-    return msgpack.packb([getattr(cmd, "now_ms", 0), getattr(cmd, "max_bytes", MAX_VALUE_BYTES), *cmd],
+    parts = cmd.effect if cmd[0] in collwrites.BY_EFFECT else cmd
+    return msgpack.packb([getattr(cmd, "now_ms", 0), getattr(cmd, "max_bytes", MAX_VALUE_BYTES), *parts],
                          use_bin_type=True)
 
 
