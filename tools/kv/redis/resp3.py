@@ -39,10 +39,16 @@ def _reshape(cmd: list, value) -> bytes | None:
         return _pairs(value, True) if b"WITHSCORES" in (a.upper() for a in cmd[4:]) else None
     if name in (b"ZPOPMIN", b"ZPOPMAX"):
         return _pairs(value, len(cmd) > 2)
+    if name == b"ZMSCORE":
+        return b"*%d\r\n" % len(value) + b"".join(resp.NULL if s is None else _double(s) for s in value)
+    if name == b"HRANDFIELD" and len(cmd) == 4:  # WITHVALUES: [field, value] pairs
+        return b"*%d\r\n" % (len(value) // 2) + b"".join(
+            b"*2\r\n" + resp.bulk(f) + resp.bulk(v) for f, v in zip(value[0::2], value[1::2], strict=True))
     return None
 
 
-SHAPED = {b"HGETALL", b"SMEMBERS", b"ZSCORE", b"ZINCRBY", b"ZADD", *RANGES, b"ZPOPMIN", b"ZPOPMAX"}
+SHAPED = {b"HGETALL", b"SMEMBERS", b"ZSCORE", b"ZINCRBY", b"ZADD", *RANGES, b"ZPOPMIN", b"ZPOPMAX", b"ZMSCORE",
+          b"HRANDFIELD"}
 
 
 def shape(cmd: list, payload: bytes) -> bytes:
