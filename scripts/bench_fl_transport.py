@@ -219,7 +219,7 @@ def flower(args, python: Path, epochs: int, work: Path, fed: Path, task: dict, p
     server = [str(python), str(FLOWER_DIR / "server.py"), "127.0.0.1:{port}", str(fed / "server"), str(args.clients),
               str(args.rounds), str(out)]
     client = [str(python), str(FLOWER_DIR / "client.py"), "127.0.0.1:{port}", str(fed / "client-{cid}"), "{cid}",
-              str(epochs), str(task["num_features"]), str(task["num_classes"])]
+              str(epochs), str(task["num_features"]), str(task["num_classes"]), str(fed / "server")]
 
     def marks(_work):
         data = json.loads(out.read_text())

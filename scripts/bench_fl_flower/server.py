@@ -27,7 +27,7 @@ from mlsyskit.tools.fl.threads import single_threaded
 
 address, server_dir, clients, rounds, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 single_threaded()  # the same thread policy as fl-server
-data = load_server_data(server_dir)
+data = load_server_data(server_dir, input_scaling="standardize")  # as fl-server run: the root set's statistics
 initial = init_weights(data.num_features, data.num_classes, TrainSpec().hidden, sub_seed(0, "model-init"))
 names = list(initial)
 marks: dict[str, dict[int, float]] = {"start": {}, "end": {}}
