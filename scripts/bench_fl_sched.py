@@ -75,14 +75,28 @@ def world(args) -> WorldConfig:
                        slowdown_fraction=args.slowdown_fraction, slowdown_horizon_s=args.slowdown_horizon)
 
 
-def run_one(config: JobConfig, scheduler: str, args) -> dict:
+class _Reached(Exception):
+    """Ends a --stop-at-target run after the round that reached the target."""
+
+
+def run_one(config: JobConfig, scheduler: str, args, stop_at: float | None = None) -> dict:
+    """One simulated job; with `stop_at`, it ends at the first round whose accuracy reaches it (time to target
+    is all such a run measures: no per-client evaluation, and its last accuracy is that round's)."""
     started = time.process_time()
+
+    def reached(outcome) -> None:
+        if outcome.global_metrics.get("accuracy", -1.0) >= stop_at:
+            raise _Reached
+
     with MetaStore(":memory:") as store:
         sim = Simulation(config, store, options=SimulationOptions(scheduler, world=world(args),
                                                                   scheduler_config=scheduler_config(args, scheduler),
                                                                   eval_clients=args.eval_clients,
                                                                   time_budget_s=args.time_budget))
-        sim.run()
+        try:
+            sim.run(on_round=None if stop_at is None else reached)
+        except _Reached:
+            pass
         records = [r for _, r in store.read_log("fl_rounds")]
     return {"records": records, "client_accuracy": sim.result.client_accuracy, "cpu_s": time.process_time() - started}
 
@@ -103,7 +117,7 @@ def cell_targets(means: dict[str, dict]) -> dict[str, dict]:
         ratio_random, ratio_tifl = tta("fast") / tta("random"), tta("fast") / tta("tifl")
         out["fast_tta_vs_random<=0.5"] = {"value": ratio_random, "met": ratio_random <= 0.5}
         out["fast_tta_vs_tifl<=0.85"] = {"value": ratio_tifl, "met": ratio_tifl <= 0.85}
-    if {"afair", "random"} <= means.keys():
+    if {"afair", "random"} <= means.keys() and "client_accuracy_std" in means["afair"] | means["random"]:
         ratio = means["afair"]["client_accuracy_std"] / means["random"]["client_accuracy_std"]
         out["afair_std_vs_random<=0.8"] = {"value": ratio, "met": ratio <= 0.8}
     if "rfair" in means:
@@ -143,6 +157,8 @@ def mean_metrics(runs: list[dict]) -> dict:
             "participation_jain", "cpu_jain", "client_accuracy_std", "client_accuracy_worst10_mean")
     out = {}
     for key in keys:
+        if not all(key in r for r in runs):  # per-client figures: absent from --stop-at-target runs
+            continue
         values = [r[key] for r in runs]
         # a seed that never reached the target counts as its whole run time (a lower bound), flagged
         if key == "time_to_target_s":
@@ -155,6 +171,29 @@ def mean_metrics(runs: list[dict]) -> dict:
     return out
 
 
+# what must match for an earlier run's figures to stand beside this run's (--peers)
+SAME_WORLD = ("rounds", "time_budget", "availability", "mean_on", "mean_off", "slowdown_fraction",
+              "slowdown_horizon", "eval_clients")
+
+
+def peer_runs(args, dataset: str, clients: int, per_round: int, seed: int) -> dict[str, dict]:
+    """Per scheduler, seed's figures from the --peers JSON's matching cell (schedulers rerun here are left out):
+    the same jobs, world and recipe, so a scheduler under study is compared without rerunning the peers."""
+    if args.peers is None:
+        return {}
+    doc = json.loads(args.peers.read_text())
+    if differ := [k for k in SAME_WORLD if doc["settings"][k] != getattr(args, k)]:
+        raise SystemExit(f"--peers {args.peers}: other settings ({', '.join(differ)})")
+    for cell in doc["cells"]:
+        if (cell["dataset"], cell["clients"], cell["per_round"]) != (dataset, clients, per_round):
+            continue
+        if cell["train"] != train_spec(args, dataset).__dict__:
+            raise SystemExit(f"--peers {args.peers}: another training recipe for {dataset}")
+        return {name: run for name, runs in cell["runs"].items() if name not in args.schedulers
+                for run in runs if run["seed"] == seed}
+    return {}
+
+
 def bench_cells(args, save) -> list[dict]:
     """Every cell; `save(cells)` after each seed, so an interrupted run keeps what finished."""
     cells: list[dict] = []
@@ -164,20 +203,30 @@ def bench_cells(args, save) -> list[dict]:
                 if per_round > clients:
                     continue
                 log(f"cell {dataset} {clients} clients {per_round}/round, seeds {args.seeds}")
-                per_scheduler: dict[str, list[dict]] = {s: [] for s in args.schedulers}
+                per_scheduler: dict[str, list[dict]] = {}
                 cost = 0.0
                 for seed in args.seeds:
                     config = job(dataset, clients, per_round, args.rounds, seed, train_spec(args, dataset))
-                    runs = {s: run_one(config, s, args) for s in args.schedulers}
+                    peers = peer_runs(args, dataset, clients, per_round, seed)
+                    runs: dict[str, dict] = {}
+                    if "random" in peers:  # the same job and world: the target that run set
+                        target = peers["random"]["target_accuracy"]
+                    else:  # random's whole run sets it (else the first scheduler's)
+                        first = "random" if "random" in args.schedulers else args.schedulers[0]
+                        runs[first] = run_one(config, first, args)
+                        target = TARGET_FRACTION * tail_mean(runs[first]["records"])
+                    for s in args.schedulers:
+                        if s not in runs:
+                            runs[s] = run_one(config, s, args, target if args.stop_at_target else None)
                     cost += sum(r["cpu_s"] for r in runs.values())
-                    reference = runs["random"] if "random" in runs else next(iter(runs.values()))
-                    target = TARGET_FRACTION * tail_mean(reference["records"])
+                    for name, figures in peers.items():
+                        per_scheduler.setdefault(name, []).append(figures | {"from": str(args.peers)})
                     for name, run in runs.items():
-                        per_scheduler[name].append(schedule_metrics(run["records"], clients, run["client_accuracy"],
+                        per_scheduler.setdefault(name, []).append(schedule_metrics(run["records"], clients, run["client_accuracy"],
                                                                     target) | {"seed": seed})
                     partial = {name: runs for name, runs in per_scheduler.items() if runs}
                     save([*cells, {"dataset": dataset, "clients": clients, "per_round": per_round, "partial": True,
-                                   "seeds_done": len(partial.get("random", [])), "runs": partial}])
+                                   "seeds_done": len(next(iter(partial.values()))), "runs": partial}])
                     if args.plots:
                         plot_schedules({n: (r["records"], clients, r["client_accuracy"]) for n, r in runs.items()},
                                        args.plots, prefix=f"{dataset}-{clients}-{per_round}-s{seed}-")
@@ -239,7 +288,7 @@ def print_tables(cells: list[dict], scale: list[dict]) -> None:
         title = f"{cell['dataset']}, {cell['clients']} clients, {cell['per_round']}/round, seeds {cell['seeds']}"
         rows = [(name, fmt(m["time_to_target_s"]), f"{m['reached_target']}/{len(cell['seeds'])}",
                  fmt(m["final_accuracy"]), fmt(m["cpu_s"]), fmt(m["wasted_fraction"]), fmt(m["participation_jain"]),
-                 fmt(m["cpu_jain"]), fmt(m["client_accuracy_std"]), fmt(m["client_accuracy_worst10_mean"]))
+                 fmt(m["cpu_jain"]), fmt(m.get("client_accuracy_std")), fmt(m.get("client_accuracy_worst10_mean")))
                 for name, m in cell["means"].items()]
         emit_table(make_table(title, ["scheduler", "time to target s", "reached", "final acc", "client CPU-s",
                                       "wasted", "part. Jain", "CPU Jain", "acc std", "worst-10%"], rows))
@@ -317,6 +366,12 @@ def main() -> None:
     ap.add_argument("--scale-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--set", type=settings, default={}, metavar="NAME=JSON",
                     help='a scheduler\'s config fields, e.g. oort=\'{"explore_by": "random"}\' (; between several)')
+    ap.add_argument("--peers", type=Path, default=None,
+                    help="an earlier bench JSON of the same settings: its other schedulers' figures (and random's "
+                         "target) stand in this run's cells instead of rerunning them")
+    ap.add_argument("--stop-at-target", action="store_true",
+                    help="end each run but the target's reference at the round that reaches the target (time to "
+                         "target only, for a fraction of the CPU; 'final acc' is then that round's)")
     ap.add_argument("--plots", type=Path, default=None)
     ap.add_argument("--json-out", type=Path, default=Path("docs/results/bench_fl_sched.json"))
     args = ap.parse_args()

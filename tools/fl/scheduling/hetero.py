@@ -106,6 +106,15 @@ class HeteroConfig:
     fast_floor: float = 0.25
     explore_by: str = "random"  # explore slots: unprofiled clients uniformly, or "size" (Oort's FedScale rule)
     util_prior: str = "median"  # util of a client not measured yet: the median known, or "size" (its count x median)
+    # > 0: the other knobs' terms of a client slower than fast's L* are scaled by (L* / its latency) ** this, as Oort
+    # scales utility by its duration penalty: a slow client stretches everyone's round, so fairness picks it only
+    # when its term outweighs the time it costs (0: the terms are added as they are)
+    slow_penalty: float = 0.0
+    # True: a client drawn for an explore slot does not stretch the round's deadline; a slow one is measured late (as
+    # deadline_profiled_only does for unprofiled clients), so a random draw cannot hold the whole round for its 50 s
+    deadline_skips_explored: bool = False
+    slow_knobs: tuple[str, ...] = ("rfair", "afair", "perf", "util")  # the knobs slow_penalty applies to
+    slow_by: str = "latency"  # slow_penalty's measure: latency against L*, or "per-sample" (samples/s against the median)
 
     def __post_init__(self) -> None:
         require(self.preset in PRESETS, f"preset must be one of {', '.join(PRESETS)}")
@@ -120,7 +129,9 @@ class HeteroConfig:
                 "temperature and fast_pool must be >= 0")
         require(self.fast_unit in FAST_UNITS, f"fast_unit must be one of {FAST_UNITS}")
         require(0 < self.util_clip <= 100, "util_clip must be in (0, 100]")
-        require(0 <= self.fast_floor <= 1, "fast_floor must be in [0, 1]")
+        require(0 <= self.fast_floor <= 1 and self.slow_penalty >= 0, "fast_floor in [0, 1], slow_penalty >= 0")
+        require(self.slow_by in FAST_UNITS, f"slow_by must be one of {FAST_UNITS}")
+        require(set(self.slow_knobs) <= set(KNOBS[1:]), f"slow_knobs may only name {', '.join(KNOBS[1:])}")
         require(self.fast_cutoff in (None, *FAST_CUTOFFS), f"fast_cutoff must be one of {FAST_CUTOFFS}")
         require(self.explore_by in EXPLORE_BY and self.util_prior in UTIL_PRIORS,
                 f"explore_by must be one of {EXPLORE_BY}, util_prior one of {UTIL_PRIORS}")
@@ -165,6 +176,7 @@ class HeteroScheduler(TrackingScheduler):
         self.shifts: list[tuple[int, str]] = []
         self.samples: dict[int, int] = {}  # each client's latest reported training-sample count
         self.utility: dict[int, float] = {}  # each client's latest statistical utility (util)
+        self.exploring: set[int] = set()  # the last selection's explore draws (deadline_skips_explored)
 
     def speed_cost(self, ids: Sequence[int]) -> dict[int, float]:
         """What `fast` minimises per profiled client: its EMA latency, or that per training sample (fast_unit);
@@ -202,7 +214,21 @@ class HeteroScheduler(TrackingScheduler):
             out["afair"][c] = (1 - share) * tier_term + share * client_term.get(c, 0.5)
             out["perf"][c] = gain.get(tier, 0.5) if tier is not None else 0.5
             out["util"][c] = util_term.get(c, 0.5)
+        for c, slowdown in self.slowdowns(ids, latency, pool_latency).items():
+            for knob in self.config.slow_knobs:
+                out[knob][c] *= slowdown
         return out
+
+    def slowdowns(self, ids: Sequence[int], latency: dict[int, float], pool_latency: float) -> dict[int, float]:
+        """slow_penalty: the factor on the other knobs' terms of each client slower than the reference."""
+        alpha = self.config.slow_penalty
+        if not alpha:
+            return {}
+        if self.config.slow_by == "latency":
+            return {c: (pool_latency / v) ** alpha for c, v in latency.items() if v > pool_latency}
+        rate = {c: self.samples[c] / v for c in ids if self.samples.get(c) and (v := self.tiers.expected_latency(c))}
+        typical = statistics.median(rate.values()) if rate else 0.0
+        return {c: (r / typical) ** alpha for c, r in rate.items() if r < typical}
 
     def expected_utility(self, ids: Iterable[int]) -> dict[int, float]:
         """Measured utility; with util_prior "size", a client not measured yet gets its registered count x the
@@ -255,6 +281,7 @@ class HeteroScheduler(TrackingScheduler):
             more = rng.sample([c for c in ids if c not in taken], n_explore - len(explore))
             explore += more
             taken.update(more)
+        self.exploring = set(explore)
         # A client never selected nor measured scores the same constant; score only the others, so a
         # round costs O(clients touched) on top of one pass over the available ids.
         known = [c for c in ids if c not in taken and (c in self.participation or c in self.tiers.ema)]
@@ -275,6 +302,10 @@ class HeteroScheduler(TrackingScheduler):
         top = max([score[c] for c in known] + [fresh_score])
         weights = [math.exp((score.get(c, fresh_score) - top) / self.config.temperature) for c in pool]
         return sorted(explore + weighted_sample(pool, weights, need, rng))
+
+    def round_deadline(self, selected: Sequence[int]) -> float:
+        exploited = [c for c in selected if c not in self.exploring]
+        return super().round_deadline(exploited if self.config.deadline_skips_explored and exploited else selected)
 
     def observe(self, outcome: RoundOutcome) -> None:
         super().observe(outcome)
