@@ -8,14 +8,18 @@ distinctness, and membership. (The cluster-wide differential test is test_redis_
 from __future__ import annotations
 
 import random
+import re
+import time
 
 import pytest
 import redis
 
+from mlsyskit.tools.kv.ops.cluster import LocalCluster, node_datalet
 from mlsyskit.tools.kv.redis import live, members, queries, rmw
+from tests.kv.conftest import ThreadedCluster, make_map
 from tests.kv.test_collections_vs_redis import _value
 
-pytestmark = pytest.mark.slow  # a redis-server
+pytestmark = pytest.mark.slow  # a redis-server, a cluster
 
 KEYS = [b"s", b"n", b"l", b"h", b"t", b"z", b"zl", b"none"]
 MEMBERS = [b"a", b"b", b"c", b"d", b"e"]
@@ -131,3 +135,31 @@ def test_new_commands_answer_as_real_redis_does(redis_port: int, as_live: bool, 
             ours_type = _value(queries.answer(rmw.Command([b"TYPE", command[1]]), store.get(command[1]), 1_000))
             assert ours_type == real.read_response(), (round_, i, command, "the key's kind differs afterwards")
     real.disconnect()
+
+
+def test_front_end_commands_through_a_cluster() -> None:
+    """OBJECT ENCODING served where GET is (forwarded from the chain head to the tail), its other
+    subcommands, TIME on the node's clock, UNLINK/TOUCH, WATCH refused as MULTI is, and the command
+    table redis-py's RedisCluster routes by."""
+    smap = make_map("ms-sc", shards=1, replicas=3)
+    with ThreadedCluster(LocalCluster(smap, lambda n: node_datalet("memory", n))) as tc:
+        head = tc.cluster.map.nodes[smap.shards[0][0]]
+        r = redis.Redis(head.host, head.port, protocol=2)
+        r.rpush("l", "a")
+        r.append("s", "x")
+        assert [r.object("encoding", k) for k in ("l", "s", "none")] == [b"chunklist", b"rope", None]
+        for bad, message in ((("OBJECT", "REFCOUNT", "l"), "not supported by bespokv"),
+                             (("OBJECT", "FOO", "l"), "unknown subcommand 'FOO'. Try OBJECT HELP."),
+                             (("OBJECT", "ENCODING"), "wrong number of arguments for 'object|encoding' command"),
+                             (("WATCH", "l"), "WATCH is not supported by bespokv"),
+                             (("WATCH",), "wrong number of arguments for 'watch' command")):
+            with pytest.raises(redis.ResponseError, match=re.escape(message)):
+                r.execute_command(*bad)
+        assert r.execute_command("UNWATCH") is True and r.get("s") == b"x"  # the connection stays usable
+        seconds, micros = r.time()
+        assert abs(seconds + micros / 1e6 - time.time()) < 5
+        assert r.touch("l", "s", "none", "l") == 3 and r.unlink("l", "none") == 1 and r.exists("l") == 0
+        info = r.execute_command("COMMAND", "INFO", "OBJECT", "UNLINK", "GETEX")
+        assert info["object"]["first_key_pos"] == 2 and info["unlink"]["last_key_pos"] == -1
+        assert "write" in info["getex"]["flags"]
+        r.close()
