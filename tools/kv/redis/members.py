@@ -87,7 +87,7 @@ def lpos(cmd: list, entry: Entry | None, now: int) -> bytes:
     return b"*%d\r\n" % len(found) + b"".join(resp.integer(x) for x in found)
 
 
-def _draw_count(cmd: list, withvalues: bool) -> int | None:
+def _draw_count(cmd: list) -> int | None:
     """SRANDMEMBER's / HRANDFIELD's count (None: absent), with Redis's range checks."""
     if len(cmd) < 3:
         return None
@@ -114,7 +114,7 @@ def _draw(data, count: int) -> list[bytes]:
 def srandmember(cmd: list, entry: Entry | None, now: int) -> bytes:
     if len(cmd) > 3:
         raise CommandError("syntax error")
-    count = _draw_count(cmd, False)
+    count = _draw_count(cmd)
     if entry is None:
         return resp.NULL if count is None else resp.EMPTY_ARRAY
     data = _of(entry, SET, None).data
@@ -125,7 +125,7 @@ def srandmember(cmd: list, entry: Entry | None, now: int) -> bytes:
 
 def hrandfield(cmd: list, entry: Entry | None, now: int) -> bytes:
     withvalues = len(cmd) == 4 and cmd[3].upper() == b"WITHVALUES"
-    count = _draw_count(cmd, withvalues)
+    count = _draw_count(cmd)
     if len(cmd) > 4 or len(cmd) == 4 and not withvalues:
         raise CommandError("syntax error")
     if withvalues and not -(LONG_MAX // 2) <= count <= LONG_MAX // 2:

@@ -1,4 +1,6 @@
-"""Read commands over any key (TTL, TYPE, LRANGE, HGET, ZSCORE ...), as pure functions.
+"""Read commands over any key (TTL, TYPE, LRANGE, HGET, ZSCORE ...; GETRANGE and the bit reads in
+strings.py, LPOS, ZMSCORE, the random draws and the SCAN family in members.py, the sorted-set ranges
+in zranges.py, OBJECT ENCODING below), as pure functions.
 
 Each takes the command, the live entry a read replica holds (values.live: None when absent
 or past its deadline) and the instant of the read (Unix ms), and returns the RESP answer.

@@ -1,5 +1,6 @@
-"""Read-modify-write commands as pure functions: strings, counters, expiry, and (via
-datatypes.py) lists, sets, hashes and sorted sets.
+"""Read-modify-write commands as pure functions: strings, counters, expiry (GETEX too), and (via
+strings.py, datatypes.py and collwrites.py) GETSET, SETRANGE, INCRBYFLOAT, SETBIT, lists, sets,
+hashes and sorted sets.
 
 They run where a shard's writes are ordered -- the chain head (ms-sc), the master (ms-ec),
 the sequencer (aa-sc): the serialization point reads the key from its own datalet (every

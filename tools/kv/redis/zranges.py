@@ -1,5 +1,7 @@
-"""The sorted-set reads by rank or score: ZRANGE (by rank or BYSCORE, REV, LIMIT), ZREVRANGE,
-ZRANGEBYSCORE, ZREVRANGEBYSCORE, ZCOUNT, ZRANK and ZREVRANK, as pure read handlers (queries.py).
+"""The sorted-set reads by rank, score or member bytes: ZRANGE (by rank, BYSCORE or BYLEX, REV,
+LIMIT), ZREVRANGE, ZRANGEBYSCORE, ZREVRANGEBYSCORE, ZCOUNT, ZRANK, ZREVRANK, ZRANGEBYLEX,
+ZREVRANGEBYLEX and ZLEXCOUNT, as pure read handlers (queries.py); the ZREMRANGE writes
+(collwrites.py) remove what these select.
 
 They read the set's order (zorder.Ranking): a live sorted set's score index, so O(log n + k) for k
 members answered; bytes decoded whole build the order first (O(n log n)).
