@@ -90,8 +90,7 @@ class AsyncPrimaryBackup(OrderedStream):
         """Writes a connection pipelined in one read: one numbered stream entry (batch.py); None: the
         runtime submits them one at a time (read-modify-writes the master cannot number together)."""
         mixed = has_rmw(reqs)
-        if self.node_id != self.master or self.mode is not self.READY_MODE or not self.others \
-                or mixed and self.read_local is None:
+        if self.node_id != self.master or self.mode is not self.READY_MODE or mixed and self.read_local is None:
             return None if mixed else [a for r in reqs for a in self.on_client(r)]  # one at a time, as ever
         self.applied += 1
         fields, apply = origin_batch(self.applied, reqs, 0, self.read_local if mixed else None)

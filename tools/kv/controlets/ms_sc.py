@@ -135,6 +135,9 @@ class ChainReplication(OrderedStream):
         """Writes a connection pipelined in one read: one numbered chain entry (batch.py); None: the
         runtime submits them one at a time (read-modify-writes the head cannot number together)."""
         mixed = has_rmw(reqs)
+        if self.successor is None and len(self.replicas) == 1 and self.mode is self.READY_MODE \
+                and not (mixed and self.read_local is None):  # a chain of one: applied and answered, as on_client
+            return [origin_batch(0, reqs, 0, self.read_local if mixed else None)[1], ReplyBatch(reqs)]
         if (self.node_id != self.head or self.successor is None or self.mode is not self.READY_MODE
                 or len(self.in_flight) + len(reqs) > self.options.max_pending or mixed and self.read_local is None):
             return None if mixed else [a for r in reqs for a in self.on_client(r)]  # one at a time, as ever

@@ -268,7 +268,7 @@ class Session(asyncio.Protocol):
         if rmw is not None:
             req.rmw = rmw
             puts = self.puts
-            if is_write and self.gathering and (puts[0].op is not GET if puts else self.node.batch_puts
+            if is_write and self.gathering and (puts[0].op is not GET if puts else self.node.batch_rmw
                                                 and not self.held and not self.unanswered_reads):
                 # a pipelined read-modify-write joins this read's batch of writes (controlets/batch.py)
                 rmw.now_ms = self.unix_ms()  # the instant it takes effect, as _start sets it

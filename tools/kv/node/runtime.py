@@ -79,7 +79,7 @@ class Node(ControlledNode):
         self.src_bytes = (node_id or "proxy").encode()
         self.sync_datalet = datalet is not None and not datalet.is_async
         self.fast_get = self.fast_put = None
-        self.batch_puts = False
+        self.batch_puts = self.batch_rmw = False
         self._fast_ready: bool | None = None
         self.rider = Rider(self)  # forwards, holding and retrying them across a failover (ridethrough.py)
         self.riding = self.rider.held  # non-empty: some connection's requests are held (see submit)
@@ -124,7 +124,11 @@ class Node(ControlledNode):
             return
         self._fast_ready = ready
         # Plain SETs of one read go to the controlet as one batch (controlets/batch.py) at a stream origin.
-        self.batch_puts = ready and getattr(c, "on_client_batch", None) is not None and bool(c.downstream())
+        batches = ready and getattr(c, "on_client_batch", None) is not None
+        self.batch_puts = batches and bool(c.downstream())
+        # A pipelined read-modify-write joins a read's batch there, and at a lone replica too (whose plain
+        # SETs take fast_put instead): one resolve-and-apply step for the read's writes (Session.single).
+        self.batch_rmw = batches and (self.batch_puts or len(c.replicas) == 1)
         local = self.sync_datalet and ready
         if not local:
             self.fast_get = self.fast_put = None
@@ -253,7 +257,7 @@ class Node(ControlledNode):
     def submit_batch(self, reqs: list[Request]) -> None:
         """Writes one connection pipelined in one read (plain SETs, read-modify-writes), in its order:
         one controlet batch at their shard's stream origin; else each submitted as it would be alone."""
-        if len(reqs) == 1 or not self.batch_puts or self.riding or self.deposed \
+        if len(reqs) == 1 or not self.batch_rmw or self.riding or self.deposed \
                 or (self.lease_until is not None and self.fenced() is not None) \
                 or (not self.only_shard and any(self.map.shard_for(r.key) != self.shard for r in reqs)):
             for r in reqs:
