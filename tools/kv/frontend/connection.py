@@ -18,13 +18,15 @@ import hiredis
 from mlsyskit.core.clock import RealClock
 from mlsyskit.tools.kv.controlets.base import GET, PUT
 from mlsyskit.tools.kv.frontend import admin
-from mlsyskit.tools.kv.frontend.commands import HANDLERS
+from mlsyskit.tools.kv.frontend.commands import HANDLERS, cmd_rmw
 from mlsyskit.tools.kv.frontend.session import PIPELINE_PAUSE, Session
 from mlsyskit.tools.kv.node.control import LeaseExpired
 from mlsyskit.tools.kv.node.requests import PEER_MESSAGE, RelayBatch, Request
 from mlsyskit.tools.kv.redis import resp, rmw, values
 
-RMW_NAMES = frozenset(rmw.COMMANDS)  # pipelined, these join a read's batch of writes (Session.single)
+# Pipelined, these join a read's batch of writes (Session.single): commands whose handler is cmd_rmw,
+# which only validates and hands the command to single (anything else must not skip the batch's submit).
+RMW_NAMES = frozenset(name for name in rmw.COMMANDS if HANDLERS.get(name) is cmd_rmw)
 
 
 class ClientConnection(Session):
