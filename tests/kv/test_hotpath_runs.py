@@ -12,9 +12,11 @@ import hiredis
 import pytest
 
 from mlsyskit.tools.kv.client.rawrelay import SIMPLE, RawBatch, RelayConnection
+from mlsyskit.tools.kv.controlets.base import GET, PUT
 from mlsyskit.tools.kv.datalets.memory import MemoryDatalet
 from mlsyskit.tools.kv.frontend.connection import ClientConnection
 from mlsyskit.tools.kv.frontend.expiry import ActiveExpiry
+from mlsyskit.tools.kv.node.requests import RelayBatch
 from mlsyskit.tools.kv.node.runtime import Node
 from mlsyskit.tools.kv.redis.resp import Limits
 from mlsyskit.tools.kv.shardmap import ShardMap
@@ -168,3 +170,19 @@ def test_all_ok_replies_of_a_set_batch_are_found_in_one_step_and_an_odd_one_is_n
     assert asyncio.run(body(b"+OK\r\n" * 7, 7)) == ([b"+OK\r\n" * 7], [])
     raw, parsed = asyncio.run(body(b"+OK\r\n" * 3 + b":42\r\n" + b"+OK\r\n" * 3, 7))  # as long, not +OK
     assert raw == [] and parsed[0] == [b"OK"] * 3 + [42] + [b"OK"] * 3
+
+
+def test_a_relay_batch_frame_is_its_commands_packed_one_by_one() -> None:
+    """The proxy's frame of a batch (one join when keys, or keys and values, are of one length) is
+    exactly what packing each command alone gives, for equal and mixed lengths."""
+    rng = random.Random(5)
+    for _ in range(200):
+        n = rng.randint(1, 20)
+        width = rng.choice([None, rng.randint(0, 40)])  # None: every key its own length
+        keys = [rng.randbytes(width if width is not None else rng.randint(0, 40)) for _ in range(n)]
+        vwidth = rng.choice([None, rng.randint(0, 64)])
+        vals = [rng.randbytes(vwidth if vwidth is not None else rng.randint(0, 64)) for _ in range(n)]
+        gets, sets = RelayBatch(GET, None), RelayBatch(PUT, None)
+        gets.keys, sets.keys, sets.values = keys, keys, vals
+        assert gets.frame() == b"".join(hiredis.pack_command((b"GET", k)) for k in keys)
+        assert sets.frame() == b"".join(hiredis.pack_command((b"SET", k, v)) for k, v in zip(keys, vals, strict=True))
