@@ -110,23 +110,10 @@ class RelayBatch:
     def frame(self) -> bytes:
         """The batch as the commands its node runs (Request.frame's, inlined: plain SETs are never
         escaped, the front end batches only values stored as they came)."""
-        keys = self.keys
-        key_lengths = set(map(len, keys))
         if self.op is GET:
-            if len(key_lengths) == 1:  # keys of one length (as a benchmark's, or any fixed-width key): one
-                head = b"*2\r\n$3\r\nGET\r\n$%d\r\n" % key_lengths.pop()  # C-level join, no step per key
-                return head + (b"\r\n" + head).join(keys) + b"\r\n"
-            return b"".join([b"*2\r\n$3\r\nGET\r\n$%d\r\n%b\r\n" % (len(k), k) for k in keys])
-        values = self.values
-        value_lengths = set(map(len, values))
-        if len(key_lengths) == 1 and len(value_lengths) == 1:  # the same, for SETs: the pieces interleaved
-            n, head = len(keys), b"*3\r\n$3\r\nSET\r\n$%d\r\n" % key_lengths.pop()
-            parts = [b"\r\n$%d\r\n" % value_lengths.pop()] * (4 * n + 1)
-            parts[0::4] = [b"\r\n" + head] * n + [b"\r\n"]
-            parts[0], parts[1::4], parts[3::4] = head, keys, values
-            return b"".join(parts)
+            return b"".join([b"*2\r\n$3\r\nGET\r\n$%d\r\n%b\r\n" % (len(k), k) for k in self.keys])
         return b"".join([b"*3\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(k), k, len(v), v)
-                         for k, v in zip(keys, values, strict=True)])
+                         for k, v in zip(self.keys, self.values, strict=True)])
 
 
 class Ready:
