@@ -71,17 +71,22 @@ def test_the_ddp_example_gives_a_real_curve(tmp_path):
 
 def test_serve_profiles_adds_measured_apps_and_refuses_shipped_names(tmp_path):
     from mlsyskit.core.errors import UsageError
-    from mlsyskit.tools.sched.daemon.runner import _model
+    from mlsyskit.tools.sched.daemon.runner import daemon_model
 
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "placements.csv").write_text(
         "placement,local_bsz,step_time,sync_time\n1,64,0.1,0\n2,32,0.08,0.03\n4,16,0.09,0.06\n")
-    model = _model(tmp_path)
-    assert "mine" in model.apps and "bert" in model.apps
+    model = daemon_model(tmp_path)
+    assert "mine" in model.apps and "bert" in model.apps and "linear" in model.apps
     assert model.rate("mine", (2,), 64) == pytest.approx(64 / 0.08)
     (tmp_path / "bert").mkdir()
     (tmp_path / "bert" / "placements.csv").write_text("placement,local_bsz,step_time,sync_time\n1,64,0.1,0\n")
     with pytest.raises(UsageError, match="bert would replace a shipped application"):
-        _model(tmp_path)
+        daemon_model(tmp_path)
     with pytest.raises(UsageError, match="--profiles"):
-        _model(tmp_path / "missing")
+        daemon_model(tmp_path / "missing")
+    (tmp_path / "bert" / "placements.csv").rename(tmp_path / "bert.csv")
+    (tmp_path / "linear").mkdir()   # the name a job without --app is sized by is taken too
+    (tmp_path / "linear" / "placements.csv").write_text("placement,local_bsz,step_time,sync_time\n1,64,0.1,0\n")
+    with pytest.raises(UsageError, match="linear would replace a shipped application"):
+        daemon_model(tmp_path)
