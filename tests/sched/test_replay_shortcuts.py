@@ -1,6 +1,6 @@
 """The replay's shortcuts are for speed only: marble's share of spare GPUs without ranking when
 they cover every ladder, its set of grown jobs kept up incrementally, and pollux's rows of goodput
-per GPU count decide exactly as the plain code paths (same finish times, restarts and batches)."""
+per GPU count (read directly by its greedy's gains) decide exactly as the plain code paths (same finish times, restarts and batches)."""
 from mlsyskit.tools.sched.cluster import ClusterSpec
 from mlsyskit.tools.sched.experiment import WorkloadSource, policy_model
 from mlsyskit.tools.sched.policies import create_policy
@@ -52,4 +52,5 @@ def test_pollux_rows_decide_as_plain_rates(monkeypatch):
     fast = _replay("pollux", "workload-2", "16x4")
     assert len(reads) > 1000
     monkeypatch.setattr(Pollux, "_rates", Optimus._rates)   # every read through _rate and the memo
+    monkeypatch.setattr(Pollux, "_gain", Optimus._gain)     # no kept goodputs read directly
     assert _replay("pollux", "workload-2", "16x4") == fast

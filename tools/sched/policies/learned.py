@@ -94,10 +94,16 @@ class LearnedModel:
         self._measured: dict[tuple[str, int], dict[tuple[int, int], float]] = {}   # snapshot of mean log ratios
         self._cache: dict[tuple[str, int], dict[Shape, float]] = {}
         self._batches: dict[str, set[int]] = {}   # batches asked about per application
+        self._factors: dict[str, dict[tuple, float | None]] = {}   # _estimate's corrections per app
 
     @property
     def apps(self) -> list[str]:
         return self.prior.apps
+
+    @property
+    def pending(self) -> bool:
+        """Samples reported that the next `rate` takes in first (moving its estimates)."""
+        return self._seen != len(self.samples)
 
     def refresh(self) -> None:
         """Take in the samples reported since the last call."""
@@ -123,6 +129,8 @@ class LearnedModel:
             self.versions[key] = self.versions.get(key, 0) + 1
         if changed:
             self.version += 1
+        for app, _ in changed:
+            self._factors.pop(app, None)
 
     def rate(self, app: str, shape: Shape, global_batch: int) -> float:
         if self._seen != len(self.samples):
@@ -146,14 +154,27 @@ class LearnedModel:
         same = self._measured.get((app, batch), {})
         if where in same:
             return prior * math.exp(same[where])
+        # the weighted correction depends on the batch only through whose points it averages (its
+        # own, else the application's): kept per (app, own batch or None, GPUs, nodes) until a
+        # refresh changes that application's points, the same sum in the same order
+        factors = self._factors.get(app)
+        if factors is None:
+            factors = self._factors[app] = {}
+        key = (batch if same else None, *where)
+        factor = factors.get(key, False)
+        if factor is False:
+            factor = factors[key] = self._correction(app, same, where)
+        return prior * factor if factor is not None else prior
+
+    def _correction(self, app: str, same: dict, where: tuple[int, int]) -> float | None:
         points = list(same.items())
         if not points:   # the application's other batch sizes
             points = [p for (a, _), per in self._measured.items() if a == app for p in per.items()]
         if not points:
-            return prior
+            return None
         num = den = 0.0
         for (gpus, nodes), log_ratio in points:
             w = 1.0 / (1.0 + abs(math.log2(where[0] / gpus)) + (nodes != where[1])) ** 2
             num += w * log_ratio
             den += w
-        return prior * math.exp(num / den)
+        return math.exp(num / den)

@@ -86,11 +86,7 @@ class Optimus(Policy):
     def allocate(self, state: ClusterState, jobs: list[JobView], gpus: int) -> dict[int, int]:
         """Greedy GPU counts per job id for `jobs` (in priority order) sharing `gpus` GPUs."""
         counts, work, _, caps, rates, gpus = self.one_gpu_each(state, jobs, gpus)
-
-        def gain(job_id: int, k: int) -> float:
-            left, rate = work[job_id], rates[job_id]
-            return left / rate(k) - left / rate(k + 1)
-
+        gain = self._gain(work, rates)
         heap = [(-gain(i, 1), i) for i in rates]
         heapq.heapify(heap)
         while gpus > 0 and heap:
@@ -103,6 +99,14 @@ class Optimus(Policy):
             if k < caps[job_id]:
                 heapq.heappush(heap, (-gain(job_id, k), job_id))
         return counts
+
+    def _gain(self, work: dict[int, float], rates: dict[int, Callable[[int], float]]
+              ) -> Callable[[int, int], float]:
+        """The greedy's gain of a job's (k+1)-th GPU: its estimated remaining time saved."""
+        def gain(job_id: int, k: int) -> float:
+            left, rate = work[job_id], rates[job_id]
+            return left / rate(k) - left / rate(k + 1)
+        return gain
 
     def _rates(self, job: JobView, gpn: int) -> Callable[[int], float]:
         """The job's _rate by GPU count, for one allocation (after every job in it was weighed)."""
