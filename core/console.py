@@ -276,16 +276,27 @@ def fmt(value: Any) -> str:
 
 def emit_table(table: Table, console: Console | None = None) -> None:
     """Print a table without ever cutting a cell: cells fold; a table too wide for the console
-    is printed as one vertical block per row (column: value) instead."""
+    is printed without borders (a rule under the header, columns two spaces apart, then one) if
+    that fits, and as one vertical block per row (column: value) only if even that does not, so a
+    status table stays one line per row in an 80-column terminal."""
+    from rich import box
     from rich.measure import Measurement
 
     console = console or _console("out")
     for column in table.columns:
         column.overflow = "fold"
-    needed = Measurement.get(console, console.options.update_width(10**6), table).maximum
-    if needed <= console.width or len(table.columns) <= 2:
+    def fits() -> bool:
+        return Measurement.get(console, console.options.update_width(10**6), table).maximum <= console.width
+
+    if len(table.columns) <= 2 or fits():
         console.print(table)
         return
+    table.box, table.show_edge, table.pad_edge = box.SIMPLE_HEAD, False, False
+    for padding, collapse in (((0, 1), True), ((0, 0), False)):   # two spaces between columns, then one
+        table.padding, table.collapse_padding = padding, collapse
+        if fits():
+            console.print(table)
+            return
     console.print(_vertical(table))
 
 

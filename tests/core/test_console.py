@@ -38,6 +38,19 @@ def test_wide_table_never_cuts_numbers():
     assert max(len(line) for line in text.splitlines()) <= 80
 
 
+def test_a_table_a_little_too_wide_drops_its_borders_before_going_vertical():
+    columns = ["node", "endpoint", "pid", "up", "role", "epoch", "state", "commands", "keys", "restarts"]
+    rows = [[f"s0r{i}", f"127.0.0.1:2730{i}", 19_199 + i, "yes", "middle", 1, "ready", 27, 0, 0] for i in range(3)]
+    bordered = _render(make_table("bespokv cluster", columns, rows), 120)
+    assert "┃" in bordered and max(len(line) for line in bordered.splitlines()) > 80   # 95 wide with borders
+    compact = _render(make_table("bespokv cluster", columns, rows), 80).splitlines()
+    assert "┃" not in "".join(compact) and max(len(line) for line in compact) <= 80
+    assert [line.split() for line in compact[3:]] == [[str(c) if not isinstance(c, int) else f"{c:,}" for c in r]
+                                                      for r in rows]   # one line per row, every cell whole
+    vertical = _render(make_table("bespokv cluster", columns, rows), 50)
+    assert "endpoint  127.0.0.1:27300" in vertical   # too narrow even without borders: column: value
+
+
 def test_narrow_table_stays_a_table():
     text = _render(make_table("t", ["a", "b"], [["x", 1.5]]), 80)
     assert "1.500" in text and "┃" in text or "│" in text
