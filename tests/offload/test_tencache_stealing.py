@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mlsyskit.tools.offload.grad_pipeline import OptimizerWorker
-from mlsyskit.tools.offload.stealing import StealingPool
+from mlsyskit.tools.offload.stealing import StealingPool, Task
 from mlsyskit.tools.offload.trainer import train, train_plain
 
 
@@ -42,6 +42,36 @@ def test_a_task_no_helper_has_started_runs_in_the_waiting_thread_once():
     first.result()
     pool.shutdown(wait=True)
     assert ran == [("b", threading.get_ident())]  # the helper found it claimed and did not run it again
+
+
+def test_an_ordered_task_runs_every_earlier_one_first_in_the_waiting_thread():
+    ran, job = _recorder()
+    first = Task(lambda: job("a"))
+    second = Task(lambda: job("b"), first)
+    third = Task(lambda: job("c"), second)
+    assert third.result() == "c"   # no helper has started any: the waiter runs a, b, then c
+    assert [name for name, _ in ran] == ["a", "b", "c"] and first.done() and second.done()
+    assert not first.claim() and not second.claim()   # each ran once; a helper finding them skips them
+    unordered = [Task(lambda: job("x")), Task(lambda: job("y"))]
+    assert unordered[1].result() == "y" and not unordered[0].done()   # unordered: only what is waited for
+
+
+def test_an_ordered_pool_runs_tasks_one_after_another_in_submission_order_whoever_runs_them():
+    for _ in range(20):   # the helper and the waiter race for the tasks; the order must not depend on who wins
+        pool = StealingPool(1, "test-ordered", ordered=True)
+        events: list[tuple[str, str]] = []
+
+        def step(name: str, events=events) -> str:
+            events.append(("start", name))
+            events.append(("end", name))
+            return name
+
+        tasks = [pool.submit(step, name) for name in "abcdef"]
+        assert tasks[-1].result() == "f"
+        pool.shutdown(wait=True)
+        assert events == [(e, n) for n in "abcdef" for e in ("start", "end")]   # in order, never overlapping
+    with pytest.raises(ValueError, match="ordered one exactly one"):
+        StealingPool(2, "test-ordered", ordered=True)
 
 
 def test_a_task_a_helper_started_is_waited_for_not_run_twice_and_its_error_reaches_the_waiter():

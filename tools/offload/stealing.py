@@ -8,7 +8,9 @@ already started is waited for. So a descheduled helper delays only the task it i
 
 `Task` is future-like (`done`, `result`); `StealingPool` runs tasks in submission order on its helpers.
 Tasks may wait on tasks submitted before them (a read after the write of its block): such a wait runs the
-earlier task or waits for the helper running it, so it cannot deadlock.
+earlier task or waits for the helper running it, so it cannot deadlock. An `ordered` pool (one helper) also
+keeps a copy stream's guarantee that tasks run one after another in submission order: a waiter first runs
+(or waits for) every earlier task, and the helper starts a task only once the one before it finished.
 """
 from __future__ import annotations
 
@@ -24,10 +26,11 @@ from typing import Any
 class Task:
     """One call, run once by whichever thread claims it first: a pool's helper, or `result`'s caller."""
 
-    __slots__ = ("_call", "_claim", "_finished", "_value", "_error")
+    __slots__ = ("_call", "_claim", "_finished", "_value", "_error", "_prev")
 
-    def __init__(self, call: Callable[[], Any]) -> None:
+    def __init__(self, call: Callable[[], Any], prev: Task | None = None) -> None:
         self._call: Callable[[], Any] | None = call
+        self._prev = prev  # an ordered pool's task before this one (None once it finished, or unordered)
         self._claim = threading.Lock()  # acquired once, never released: the claim to run the call
         self._finished = threading.Event()
         self._value: Any = None
@@ -38,6 +41,8 @@ class Task:
         return self._claim.acquire(blocking=False)
 
     def run(self) -> None:
+        """Run the claimed call (after every earlier task of an ordered pool has finished)."""
+        self._after_earlier()
         try:
             self._value = self._call()
         except BaseException as exc:  # re-raised by `result` (a storage error belongs to whoever waits)
@@ -45,6 +50,19 @@ class Task:
         finally:
             self._call = None  # the call's buffers are not kept alive by a finished task
             self._finished.set()
+
+    def _after_earlier(self) -> None:
+        """Ordered pools: run or wait for the unfinished tasks before this one, oldest first."""
+        earlier, t = [], self._prev
+        while t is not None and not t.done():
+            earlier.append(t)
+            t = t._prev
+        for t in reversed(earlier):
+            if t.claim():
+                t.run()
+            else:
+                t._finished.wait()
+        self._prev = None  # nothing earlier is kept alive
 
     def done(self) -> bool:
         return self._finished.is_set()
@@ -61,6 +79,7 @@ class Task:
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
+_UNORDERED: Any = object()  # StealingPool._last of a pool whose tasks may run in any order
 
 
 @atexit.register
@@ -74,9 +93,10 @@ def _drain_at_exit() -> None:
 class StealingPool:
     """`workers` helper threads taking tasks in submission order; a task's waiter may run it first."""
 
-    def __init__(self, workers: int, name: str) -> None:
-        if workers < 1:
-            raise ValueError(f"a pool needs at least one worker, got {workers}")
+    def __init__(self, workers: int, name: str, *, ordered: bool = False) -> None:
+        if workers < 1 or (ordered and workers != 1):
+            raise ValueError(f"a pool needs at least one worker (an ordered one exactly one), got {workers}")
+        self._last: Task | None = None if ordered else _UNORDERED
         self._tasks: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._closed = False
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)]
@@ -87,7 +107,11 @@ class StealingPool:
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Task:
         if self._closed:
             raise RuntimeError("submit after shutdown")
-        task = Task(functools.partial(fn, *args, **kwargs) if args or kwargs else fn)
+        call = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
+        if self._last is _UNORDERED:
+            task = Task(call)
+        else:
+            task = self._last = Task(call, self._last)
         self._tasks.put(task)
         return task
 

@@ -135,7 +135,8 @@ class Mover:
         if streams is None and device.type == "cuda":
             streams = CudaStreams(device)
         self.streams = streams
-        self._thread = None if streams is not None else StealingPool(1, "tencache-copy")
+        # ordered: copies run in submission order, as on a CUDA stream (the tiers are written against one)
+        self._thread = None if streams is not None else StealingPool(1, "tencache-copy", ordered=True)
 
     def copy(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> Any:
         if self.streams is not None:
