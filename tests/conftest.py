@@ -143,6 +143,18 @@ def invoke_cli(app: Any, args: Sequence[str]) -> CliResult:
 
 # ---------------------------------------------------------------- parallel workers and the fast tier
 
+def load_script(path: Path, name: str) -> Any:
+    """A script outside the package (scripts/*.py, a torchrun worker) imported as module `name`,
+    registered in sys.modules so process pools can pickle its functions by name."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def pytest_configure(config) -> None:
     """Each pytest-xdist worker picks ports from its own slice of the window, and so do the
     processes it starts (they inherit MLSYSKIT_PORT_WINDOW): parallel workers never race for a port."""

@@ -2,22 +2,18 @@
 that meet each) and its JSON; the --quick mode runs end to end as CI runs it."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_fl_tiff.py"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_fl_tiff", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # worker processes find run_cell by its module's name
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "bench_fl_tiff")  # worker processes find run_cell by its module's name
 
 
 def run(accuracy: float, honest: float, malicious: float | None) -> dict:

@@ -2,20 +2,18 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import load_script
 
 _PATH = Path(__file__).resolve().parents[2] / "scripts" / "bench_fl_sched.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_fl_sched_recipes", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(_PATH, "bench_fl_sched_recipes")
 
 
 def _run(seed: int, tta: float | None) -> dict:

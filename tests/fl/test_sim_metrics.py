@@ -7,6 +7,7 @@ import math
 import pytest
 
 from mlsyskit.tools.fl.sched_report import schedule_metrics
+from tests.conftest import load_script
 
 
 def record(rnd, duration, accuracy, reports):
@@ -52,13 +53,10 @@ def test_report_plots_accuracy_vs_wall_clock_and_fairness(tmp_path):
 
 
 def test_benchmark_checks_every_target_and_writes_json(tmp_path, monkeypatch):
-    import importlib.util
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "scripts" / "bench_fl_sched.py"
-    spec = importlib.util.spec_from_file_location("bench_fl_sched", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script(path, "bench_fl_sched")
     out = tmp_path / "b.json"
     monkeypatch.setattr("sys.argv", ["bench", "--clients", "20", "--per-round", "3", "--datasets", "synthetic",
                                      "--seeds", "0", "--rounds", "3", "--eval-clients", "5", "--json-out", str(out)])

@@ -2,20 +2,16 @@
 seed comes from the earlier sweep's JSON, and the cell records which runs were reused and from where."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
+
+from tests.conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_fl_tiff.py"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_fl_tiff", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "bench_fl_tiff")
 
 
 def fake(accuracy: float) -> dict:

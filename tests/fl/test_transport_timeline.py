@@ -1,22 +1,18 @@
 """bench_fl_transport --timeline: the per-round medians it reports come from the marks as written."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "flbench" / "timeline.py"
 
 
 @pytest.fixture(scope="module")
 def timeline():
-    spec = importlib.util.spec_from_file_location("flbench_timeline", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "flbench_timeline")
 
 
 def _write(folder: Path, role: str, marks: list[tuple[float, str, float]]) -> None:

@@ -11,7 +11,7 @@ import hiredis
 import pytest
 import redis
 
-from mlsyskit.tools.kv.redis import live, queries, rmw
+from tests.kv.inprocess import execute
 from tests.kv.test_live_reads import random_bounds, random_range_options
 
 pytestmark = pytest.mark.slow  # a redis-server
@@ -53,22 +53,6 @@ def _list_command(rng: random.Random) -> list[bytes]:
     ])
 
 
-def _ours(command: list[bytes], store: dict) -> bytes:
-    name = command[0].upper()
-    if name in queries.READS:
-        return queries.answer(rmw.Command([name, *command[1:]]), store.get(command[1]), 1)
-    try:
-        cmd = rmw.parse(command, now_ms=1)
-    except rmw.RmwSyntaxError as e:
-        return b"-ERR %b\r\n" % str(e).encode()
-    after, answer = rmw.apply(cmd, store.get(command[1]))
-    if after is None:
-        store.pop(command[1], None)
-    else:
-        store[command[1]] = live.promote(after) if after.__class__ is bytes else after
-    return answer
-
-
 def _value(answer: bytes):
     reader = hiredis.Reader()
     reader.feed(answer)
@@ -91,6 +75,6 @@ def test_a_random_sequence_answers_as_real_redis_does(redis_port: int, kind: str
             theirs = real.read_response()
         except redis.ResponseError as e:
             theirs = ("error", str(e))
-        ours = _value(_ours(command, store))
+        ours = _value(execute(command, store, 1))
         assert ours == theirs, (i, command, ours, theirs)
     real.disconnect()

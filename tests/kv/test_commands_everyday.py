@@ -14,6 +14,7 @@ from mlsyskit.tools.kv.frontend.commands import HANDLERS
 from mlsyskit.tools.kv.redis import live, members, queries, rmw, values
 from mlsyskit.tools.kv.redis.glob import matcher
 from mlsyskit.tools.kv.redis.values import HASH, SET, STRING, ZSET, Entry
+from tests.kv.inprocess import execute
 
 NOW = 1_000_000
 
@@ -21,25 +22,7 @@ NOW = 1_000_000
 def run(commands: list[list[bytes]], as_live: bool = True) -> tuple[list[bytes], dict]:
     """Each command's RESP answer, applied in order to one in-process keyspace (live values or bytes)."""
     store: dict = {}
-    answers = []
-    for command in commands:
-        name = command[0].upper()
-        if name in queries.READS:
-            cmd = rmw.Command([name, *command[1:]])
-            answers.append(queries.check(cmd) or queries.answer(cmd, store.get(command[1]), NOW))
-            continue
-        try:
-            cmd = rmw.parse(command, now_ms=NOW)
-        except rmw.RmwSyntaxError as e:
-            answers.append(b"-ERR %b\r\n" % str(e).encode())
-            continue
-        after, answer = rmw.apply(cmd, store.get(command[1]))
-        if after is None:
-            store.pop(command[1], None)
-        else:
-            live_form = live.promote(after) if after.__class__ is bytes else after  # as the memory datalet keeps it
-            store[command[1]] = live_form if as_live else bytes(after)
-        answers.append(answer)
+    answers = [execute(command, store, NOW, as_live) for command in commands]
     return answers, store
 
 

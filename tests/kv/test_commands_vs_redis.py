@@ -15,8 +15,9 @@ import pytest
 import redis
 
 from mlsyskit.tools.kv.ops.cluster import LocalCluster, node_datalet
-from mlsyskit.tools.kv.redis import live, members, queries, rmw
+from mlsyskit.tools.kv.redis import members, queries, rmw
 from tests.kv.conftest import ThreadedCluster, make_map
+from tests.kv.inprocess import execute
 from tests.kv.test_collections_vs_redis import _value
 
 pytestmark = pytest.mark.slow  # a redis-server, a cluster
@@ -67,23 +68,6 @@ def _command(rng: random.Random) -> list[bytes]:
     ])
 
 
-def _ours(command: list[bytes], store: dict, as_live: bool) -> bytes:
-    name = command[0].upper()
-    if name in queries.READS:
-        refused = queries.check(rmw.Command([name, *command[1:]]))
-        return refused or queries.answer(rmw.Command([name, *command[1:]]), store.get(command[1]), 1_000)
-    try:
-        cmd = rmw.parse(command, now_ms=1_000)
-    except rmw.RmwSyntaxError as e:
-        return b"-ERR %b\r\n" % str(e).encode()
-    after, answer = rmw.apply(cmd, store.get(command[1]))
-    if after is None:
-        store.pop(command[1], None)
-    else:
-        store[command[1]] = live.promote(bytes(after)) if as_live else bytes(after)
-    return answer
-
-
 def _members(real: redis.Connection, key: bytes) -> set:
     real.send_command("TYPE", key)
     kind = real.read_response()
@@ -115,7 +99,7 @@ def test_new_commands_answer_as_real_redis_does(redis_port: int, as_live: bool, 
         for command in _setup():
             real.send_command(*command)
             real.read_response()
-            _ours(command, store, as_live)
+            execute(command, store, 1_000, as_live)
         for i in range(250):
             command = _command(rng)
             real.send_command(*command)  # raw replies: no client-side parsing
@@ -123,7 +107,7 @@ def test_new_commands_answer_as_real_redis_does(redis_port: int, as_live: bool, 
                 theirs = real.read_response()
             except redis.ResponseError as e:
                 theirs = ("error", str(e))
-            ours = _value(_ours(command, store, as_live))
+            ours = _value(execute(command, store, 1_000, as_live))
             name = command[0]
             if name in RANDOM and not isinstance(theirs, tuple):
                 assert _same_draw(command, ours, theirs, _members(real, command[1])), (round_, i, command, ours, theirs)

@@ -3,21 +3,19 @@ checks, and the summary and targets it computes from runs (DeepSpeed itself is n
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_offload_deepspeed.py"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_offload_deepspeed", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_bench():
+    return load_script(SCRIPT, "bench_offload_deepspeed")
 
 
 @pytest.mark.slow
@@ -51,7 +49,7 @@ def test_dry_run_plans_both_systems_with_the_same_model_seed_batches_and_steps(t
 
 
 def test_equal_budgets_add_up_to_deepspeeds_memory():
-    bench = load_script()
+    bench = load_bench()
     n = 50_000_000
     for placement in ("nvme", "cpu"):
         for total in (18 * n, 30 * n):
@@ -79,7 +77,7 @@ def run(step_s, rss, losses=(5.0, 4.0, 3.0)):
 
 
 def test_summary_drops_each_runs_warm_up_step_and_targets_compare_medians():
-    bench = load_script()
+    bench = load_bench()
     tc = [run([9.0, 1.0, 1.2], 2 << 30), run([8.0, 1.1, 0.9], 3 << 30)]
     ds = [run([20.0, 2.0, 1.8], 4 << 30), run([30.0, 1.6, 1.7], 4 << 30)]
     s = bench.summarize(tc)
@@ -96,7 +94,7 @@ def test_summary_drops_each_runs_warm_up_step_and_targets_compare_medians():
 
 
 def test_round_ratios_pair_the_runs_of_each_round():
-    bench = load_script()
+    bench = load_bench()
     tc = [run([9.0, 1.0, 1.0], 1), run([9.0, 2.0, 2.0], 1)]
     ds = [run([9.0, 2.0, 2.0], 1), run([9.0, 3.0, 3.0], 1)]
     assert bench.round_ratios(tc, ds) == [2.0, 1.5]
@@ -107,16 +105,12 @@ def test_round_ratios_pair_the_runs_of_each_round():
 
 
 def test_a_missing_peer_yields_no_target():
-    bench = load_script()
+    bench = load_bench()
     assert bench.targets({"tencache-nvme": {"summary": bench.summarize([run([1, 1, 1], 1)])}}) == []
 
 
 def load_worker():
-    spec = importlib.util.spec_from_file_location("bench_offload_ds_worker", SCRIPT.parent / "bench_offload_ds" /
-                                                  "worker.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT.parent / "bench_offload_ds" / "worker.py", "bench_offload_ds_worker")
 
 
 @pytest.mark.parametrize("swap", ["pipelined", "sync"])

@@ -7,7 +7,6 @@ Each rank's tiers hold about half of the single process's bytes (measured: pool 
 A rank that fails makes the other exit with a clear error instead of hanging."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from safetensors.torch import load_file
 
 from mlsyskit.tools.offload import checkpoint
 from mlsyskit.tools.offload.trainer import TrainConfig, train
+from tests.conftest import load_script
 
 pytestmark = pytest.mark.slow  # starts torchrun and two rank processes
 
@@ -34,9 +34,7 @@ ARGS = ["--model", "gpt-small", "--batch", "1", "--seq", "32", "--steps", "2", "
 # (LayerNorm's weight gradient) sum in another order
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 WORKER = Path(__file__).with_name("ranks_worker.py")  # the torchrun script (tests are not importable as modules)
-_spec = importlib.util.spec_from_file_location("ranks_worker", WORKER)
-ranks_worker = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ranks_worker)
+ranks_worker = load_script(WORKER, "ranks_worker")
 
 
 def _held(run: dict) -> int:
