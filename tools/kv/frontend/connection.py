@@ -180,10 +180,10 @@ class ClientConnection(Session):
                                 self.unanswered_reads += 1
                             puts.append(item)
                             continue
-                if puts and not (relay or puts[0].op is GET or type(cmd) is not list or not cmd
-                                 or cmd[0] not in RMW_NAMES):
-                    pass  # a pipelined read-modify-write joins the open batch of writes (Session.single)
-                elif puts:  # anything else goes after the requests before it
+                # anything else goes after the requests before it; a pipelined read-modify-write instead
+                # joins the open batch of writes (Session.single)
+                if puts and (relay or puts[0].op is GET or type(cmd) is not list or not cmd
+                             or cmd[0] not in RMW_NAMES):
                     self.submit_puts()
                     if self.transport is None:
                         return
